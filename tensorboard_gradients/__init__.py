@@ -1,0 +1,31 @@
+"""Per-layer gradient statistics for TensorBoard: writers, reader and the Gradients plugin.
+
+Importing this package never imports TensorFlow or PyTorch. The TensorFlow summary op lives in
+`tensorboard_gradients.summary` and is imported on first attribute access.
+"""
+
+import importlib
+
+from tensorboard_gradients.metadata import UnsupportedFormatError
+from tensorboard_gradients.reader import GradientHistograms, GradientSeries, read_logdir
+from tensorboard_gradients.writer import GradientWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GradientHistograms",
+    "GradientSeries",
+    "GradientWriter",
+    "UnsupportedFormatError",
+    "read_logdir",
+    "summary",
+]
+
+# Submodules that import a framework: loaded only when used.
+_FRAMEWORK_MODULES = ("summary",)
+
+
+def __getattr__(name):
+    if name in _FRAMEWORK_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

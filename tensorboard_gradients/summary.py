@@ -1,0 +1,301 @@
+"""TensorFlow summary op for gradient statistics (imports TensorFlow; import it only from TF code).
+
+Use like `tf.summary.scalar`, under a default writer, eagerly or inside `tf.function`::
+
+    writer = tf.summary.create_file_writer("logs/run1")
+
+    @tf.function
+    def train_step(x, y, step):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        with writer.as_default(step=step):
+            tensorboard_gradients.summary.gradients(grads, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+All statistics of all variables are computed on the gradients' device and written as ONE summary
+(a ``[variables, stats]`` matrix, see `tensorboard_gradients.metadata`).
+
+XLA: summary ops cannot run inside a ``jit_compile=True`` function. There, compute the matrix
+inside the compiled function with `gradient_statistics` (XLA-compatible for dense gradients),
+return it, and write it outside with `write_statistics`.
+"""
+
+import contextlib
+import logging
+import weakref
+
+import tensorflow as tf
+
+from tensorboard_gradients import metadata, statistics
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["gradients", "gradient_statistics", "write_statistics"]
+
+
+class TensorFlowOps:
+    """`statistics` adapter for TensorFlow (runs on the tensors' device, traceable)."""
+
+    @staticmethod
+    def computation_dtype(dtypes):
+        return tf.float64 if any(tf.as_dtype(d) == tf.float64 for d in dtypes) else tf.float32
+
+    to_float = staticmethod(lambda x, dtype: tf.cast(x, dtype))
+    constant = staticmethod(lambda value, like: tf.cast(value, like.dtype))
+    numel = staticmethod(lambda x: tf.cast(tf.size(x), x.dtype))
+    sum = staticmethod(tf.reduce_sum)
+    count = staticmethod(lambda mask, like: tf.reduce_sum(tf.cast(mask, like.dtype)))
+    max = staticmethod(lambda x, initial: tf.maximum(tf.reduce_max(x), initial))
+    min = staticmethod(lambda x, initial: tf.minimum(tf.reduce_min(x), initial))
+    abs = staticmethod(tf.abs)
+    sqrt = staticmethod(tf.sqrt)
+    floor = staticmethod(tf.floor)
+    log10 = staticmethod(lambda x: tf.math.log(x) / tf.math.log(tf.constant(10, x.dtype)))
+    isnan = staticmethod(tf.math.is_nan)
+    isinf = staticmethod(tf.math.is_inf)
+    isfinite = staticmethod(tf.math.is_finite)
+    where = staticmethod(tf.where)
+    maximum = staticmethod(tf.maximum)
+    minimum = staticmethod(tf.minimum)
+
+    @staticmethod
+    def clip(x, low, high):
+        return tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
+
+    @staticmethod
+    def bincount(indices, length, like):
+        indices = tf.cast(tf.reshape(indices, [-1]), tf.int32)
+        return tf.cast(
+            tf.math.bincount(indices, minlength=length, maxlength=length, dtype=tf.int64), like.dtype
+        )
+
+    stack = staticmethod(tf.stack)
+
+
+def _variable_name(variable):
+    if isinstance(variable, str):
+        return variable
+    # Keras 3 `.name` is just "kernel" (not unique); `.path` is "dense_3/kernel".
+    return getattr(variable, "path", None) or variable.name
+
+
+def _has_value(variable):
+    return not isinstance(variable, str)
+
+
+def _variable_shape(variable, gradient):
+    if _has_value(variable):
+        return tuple(variable.shape)
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tuple(tf.get_static_value(gradient.dense_shape))
+    return tuple(gradient.shape)
+
+
+def _layout(gradients, variables):
+    if len(gradients) != len(variables):
+        raise ValueError(
+            f"got {len(gradients)} gradients for {len(variables)} variables; pass them in the "
+            "same order, as from tape.gradient(loss, variables)"
+        )
+    if not variables:
+        raise ValueError("no variables to log gradients for")
+    return metadata.Layout.create(
+        [_variable_name(v) for v in variables],
+        [_variable_shape(v, g) for v, g in zip(variables, gradients)],
+        with_weights=all(_has_value(v) for v in variables),
+    )
+
+
+def _entries(gradients, variables, dtype):
+    """Per variable None or (present values, dense size); sparse rows de-duplicated, not densified."""
+    entries = []
+    for gradient, variable in zip(gradients, variables):
+        if gradient is None:
+            entries.append(None)
+        elif isinstance(gradient, tf.IndexedSlices):
+            # Embedding gradients repeat a row once per lookup: sum repeats before any norm.
+            rows, positions = tf.unique(gradient.indices)
+            summed = tf.math.unsorted_segment_sum(
+                tf.cast(gradient.values, dtype), positions, tf.size(rows)
+            )
+            dense_shape = (
+                variable.shape if _has_value(variable) else gradient.dense_shape
+            )
+            entries.append((summed, tf.reduce_prod(tf.cast(dense_shape, tf.int64))))
+        else:
+            gradient = tf.convert_to_tensor(gradient)
+            entries.append((tf.cast(gradient, dtype), tf.size(gradient, out_type=tf.int64)))
+    return entries
+
+
+def _dtype(gradients):
+    return TensorFlowOps.computation_dtype(
+        [g.dtype for g in gradients if g is not None]
+    )
+
+
+def gradient_statistics(gradients, variables, histograms=False):
+    """Computes the statistics matrix (and optionally the histogram matrix) without writing.
+
+    Pure computation on the gradients' device: usable inside ``jit_compile=True`` functions for
+    dense gradients. Write the result with `write_statistics`.
+
+    Returns:
+      ``stats`` (``[variables, stats]``), or ``(stats, histogram_counts)`` if `histograms`.
+    """
+    gradients, variables = list(gradients), list(variables)
+    _layout(gradients, variables)
+    dtype = _dtype(gradients)
+    entries = _entries(gradients, variables, dtype)
+    weights = (
+        [tf.cast(tf.convert_to_tensor(v), dtype) for v in variables]
+        if all(_has_value(v) for v in variables)
+        else None
+    )
+    stats = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype)
+    if not histograms:
+        return stats
+    return stats, statistics.histogram_matrix(TensorFlowOps, entries, dtype)
+
+
+# Per default writer (weakly held): which tag each variable layout goes to under each name.
+_LAYOUT_TAGS = weakref.WeakKeyDictionary()
+_NO_WRITER_TAGS = metadata.LayoutTags()
+_WARNED_MISSING = set()
+
+
+def _tag_for(name, layout):
+    from tensorflow.python.ops import summary_ops_v2  # the only way to see the default writer
+
+    writer = getattr(getattr(summary_ops_v2, "_summary_state", None), "writer", None)
+    tags = _NO_WRITER_TAGS if writer is None else _LAYOUT_TAGS.setdefault(writer, metadata.LayoutTags())
+    return tags.tag_for(name, layout)
+
+
+def _warn_missing(gradients, layout):
+    new = [
+        v for g, v in zip(gradients, layout.variables) if g is None and v not in _WARNED_MISSING
+    ]
+    if new:
+        _WARNED_MISSING.update(new)
+        logger.warning(
+            "No gradient for %d variable(s) (logged as missing, not as zeros): %s",
+            len(new),
+            ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""),
+        )
+
+
+def write_statistics(
+    stats,
+    variables,
+    step=None,
+    name=metadata.DEFAULT_NAME,
+    histogram_counts=None,
+    description=None,
+):
+    """Writes a matrix from `gradient_statistics` (e.g. returned from an XLA-compiled step).
+
+    Args:
+      stats: ``[variables, stats]`` from `gradient_statistics` for the same `variables`.
+      variables: the variables (or their names) in the same order.
+      step: defaults to ``tf.summary.experimental.get_step()``.
+      name: summary name = tag.
+      histogram_counts: optional histogram matrix, written under ``<tag>_histograms``.
+      description: optional summary description.
+
+    Returns:
+      True if the statistics were written (a default writer exists and is recording).
+    """
+    variables = list(variables)
+    layout = _layout([None] * len(variables), variables)
+    return _write(
+        layout,
+        name,
+        step,
+        description,
+        lambda: stats,
+        lambda: histogram_counts,
+        histogram_counts is not None,
+    )
+
+
+def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_condition):
+    tag = _tag_for(name, layout)
+    with tf.name_scope(name):
+        written = tf.summary.write(
+            tag,
+            stats_fn,
+            step=step,
+            metadata=metadata.create_summary_metadata(
+                metadata.stats_metadata_content(name, layout), description
+            ),
+        )
+        if histograms_condition is False:
+            return written
+        recording = (
+            contextlib.nullcontext()
+            if histograms_condition is True
+            else tf.summary.record_if(
+                tf.logical_and(
+                    tf.summary.should_record_summaries(), tf.cast(histograms_condition, tf.bool)
+                )
+            )
+        )
+        with recording:
+            tf.summary.write(
+                metadata.histogram_tag(tag),
+                histograms_fn,
+                step=step,
+                metadata=metadata.create_summary_metadata(
+                    metadata.histogram_metadata_content(name, layout), description
+                ),
+            )
+    return written
+
+
+def gradients(
+    gradients,
+    variables,
+    step=None,
+    name=metadata.DEFAULT_NAME,
+    histograms=False,
+    description=None,
+):
+    """Writes per-variable gradient statistics as one summary, like `tf.summary.scalar`.
+
+    Args:
+      gradients: one gradient per variable, as returned by ``tape.gradient(loss, variables)``:
+        dense tensors, `tf.IndexedSlices` (repeated rows are summed, the table is not densified)
+        or None (logged as missing, with a one-time warning). float16, bfloat16, float32 and
+        float64 are accepted; statistics are computed in float32 (float64 if any gradient is).
+      variables: the variables, in model order (input side first). Their values give the
+        ``weight_l2_norm`` column; plain strings (names) are accepted too, without that column.
+      step: the step; defaults to ``tf.summary.experimental.get_step()``.
+      name: the summary name and tag (a changed variable set goes to ``<name>_varset<k>``).
+      histograms: a Python bool or a boolean tensor (e.g. ``step % 100 == 0``): also write
+        the log10|g| histograms under ``<tag>_histograms`` when true.
+      description: optional description stored with the summary metadata.
+
+    Returns:
+      True (a boolean tensor in graph mode) if the statistics were written, False if no default
+      summary writer is set or recording is off.
+
+    Raises:
+      ValueError: gradients and variables differ in length, or are empty.
+    """
+    gradients, variables = list(gradients), list(variables)
+    layout = _layout(gradients, variables)
+    _warn_missing(gradients, layout)
+
+    return _write(
+        layout,
+        name,
+        step,
+        description,
+        lambda: gradient_statistics(gradients, variables),
+        lambda: gradient_statistics(gradients, variables, histograms=True)[1],
+        histograms,
+    )

@@ -1,0 +1,126 @@
+"""The TF-free GradientWriter: statistics, histograms, missing gradients and layout changes."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from tensorboard_gradients import metadata
+
+from conftest import assert_row_matches, reference_histogram, reference_stats
+
+RNG = np.random.default_rng(7)
+
+EDGE_CASES = {
+    "dense/kernel": RNG.normal(size=(16, 8)).astype(np.float32),
+    "dense/bias": np.array([np.nan, np.inf, -np.inf, 0.0, 2.0, -3.0], np.float32),
+    "zeros/kernel": np.zeros((5, 5), np.float32),
+    "scalar": np.float32(-0.25),
+    "half/kernel": RNG.normal(size=(7,)).astype(np.float16),
+    "huge/kernel": np.array([2e30, -3e30, 1e30], np.float32),  # squares overflow float32
+    "all_nan/kernel": np.full((3,), np.nan, np.float32),
+    "empty/kernel": np.zeros((0, 4), np.float32),
+}
+
+
+def _write_and_read(logdir, gradients, **kwargs):
+    with tg.GradientWriter(logdir) as writer:
+        tag = writer.write(3, gradients, **kwargs)
+    return tg.read_logdir(logdir)["."][tag]
+
+
+def test_statistics_match_independent_numpy(logdir):
+    weights = {name: np.ones(np.shape(g), np.float32) * 0.5 for name, g in EDGE_CASES.items()}
+    series = _write_and_read(logdir, EDGE_CASES, weights=weights)
+    assert series.stat_names == metadata.GRADIENT_STATS + metadata.WEIGHT_STATS
+    assert list(series.steps) == [3]
+    for name, gradient in EDGE_CASES.items():
+        assert_row_matches(series, 0, name, reference_stats(gradient, weights[name]))
+
+
+def test_overflowing_squares_still_give_a_finite_norm(logdir):
+    series = _write_and_read(logdir, {"huge/kernel": EDGE_CASES["huge/kernel"]})
+    norm = series.stat("l2_norm")[0, 0]
+    assert np.isfinite(norm)
+    np.testing.assert_allclose(norm, np.sqrt(14) * 1e30, rtol=1e-5)
+
+
+def test_nan_and_inf_are_counted_not_propagated(logdir):
+    series = _write_and_read(logdir, {"dense/bias": EDGE_CASES["dense/bias"]})
+    row = dict(zip(series.stat_names, series.values[0, 0]))
+    assert row["nan_count"] == 1 and row["inf_count"] == 2
+    assert row["l2_norm"] == pytest.approx(np.sqrt(13.0))
+    assert row["min"] == -3.0 and row["max"] == 2.0
+
+
+def test_missing_gradient_is_missing_not_zero(logdir, caplog):
+    gradients = {"used/kernel": np.ones((2, 2)), "unused/kernel": None}
+    with caplog.at_level(logging.WARNING):
+        with tg.GradientWriter(logdir) as writer:
+            for step in range(3):
+                writer.write(step, gradients)
+    warnings = [r for r in caplog.records if "unused/kernel" in r.getMessage()]
+    assert len(warnings) == 1, "a missing gradient is reported once, not every step"
+    series = tg.read_logdir(logdir)["."]["gradients"]
+    assert series.missing[:, 1].all() and not series.missing[:, 0].any()
+    assert np.isnan(series.stat("l2_norm")[:, 1]).all()
+    assert (series.stat("l2_norm")[:, 0] == 2.0).all()
+
+
+def test_histograms_on_fixed_edges(logdir):
+    series = _write_and_read(logdir, EDGE_CASES, histograms=True)
+    histograms = series.histograms
+    assert histograms is not None and list(histograms.steps) == [3]
+    assert histograms.log10_edges == metadata.HISTOGRAM_LOG10_EDGES
+    assert len(histograms.bin_labels) == metadata.HISTOGRAM_BINS
+    for index, (name, gradient) in enumerate(EDGE_CASES.items()):
+        np.testing.assert_array_equal(
+            histograms.counts[0, index], reference_histogram(gradient), err_msg=name
+        )
+        assert histograms.counts[0, index].sum() == np.size(gradient)
+
+
+def test_histograms_have_their_own_frequency(logdir):
+    with tg.GradientWriter(logdir) as writer:
+        for step in range(10):
+            writer.write(step, {"a/kernel": np.ones(3)}, histograms=step % 5 == 0)
+    series = tg.read_logdir(logdir)["."]["gradients"]
+    assert list(series.steps) == list(range(10))
+    assert list(series.histograms.steps) == [0, 5]
+
+
+def test_changed_variable_set_starts_a_new_tag(logdir):
+    with tg.GradientWriter(logdir) as writer:
+        first = writer.write(0, {"a/kernel": np.ones(3)})
+        second = writer.write(1, {"a/kernel": np.ones(3), "b/kernel": np.ones(2)})
+        back = writer.write(2, {"a/kernel": np.ones(3)})
+    assert (first, second, back) == ("gradients", "gradients_varset2", "gradients")
+    run = tg.read_logdir(logdir)["."]
+    assert list(run["gradients"].steps) == [0, 2]
+    assert run["gradients_varset2"].variables == ("a/kernel", "b/kernel")
+    assert run["gradients_varset2"].name == "gradients"
+
+
+def test_float64_gradients_keep_their_range(logdir):
+    series = _write_and_read(logdir, {"wide/kernel": np.array([1e300, -2e300])})
+    assert series.values.dtype == np.float64
+    np.testing.assert_allclose(series.stat("abs_max")[0, 0], 2e300)
+
+
+def test_bad_input_is_a_clear_error(logdir):
+    writer = tg.GradientWriter(logdir)
+    with pytest.raises(ValueError, match="at least one gradient"):
+        writer.write(0, {})
+    with pytest.raises(ValueError, match="weights missing"):
+        writer.write(0, {"a/kernel": np.ones(2)}, weights={})
+    with pytest.raises(TypeError, match="not numeric"):
+        writer.write(0, {"a/kernel": np.array(["x"])})
+    writer.close()
+
+
+def test_layer_names_follow_the_framework_conventions():
+    assert metadata.layer_of("dense_3/kernel") == "dense_3"
+    assert metadata.layer_of("model/block/conv/kernel:0") == "model/block/conv"
+    assert metadata.layer_of("layer1.0.conv1.weight") == "layer1.0.conv1"
+    assert metadata.layer_of("bias") == "bias"
