@@ -5,10 +5,11 @@ unguarded at start-up and dies if it raises.
 """
 
 from tensorboard import context as tb_context
+from tensorboard import plugin_util
 from tensorboard import errors
 from tensorboard.backend import http_util
 from tensorboard.data import provider
-from tensorboard.plugins import base_plugin, plugin_util
+from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tensorboard_gradients import metadata

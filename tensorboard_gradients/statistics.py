@@ -63,114 +63,104 @@ class NumpyOps:
         return np.stack(values, axis=axis)
 
 
-def _safe_divide(ops, numerator, denominator):
-    return numerator / ops.maximum(denominator, ops.constant(1, denominator))
+# Per-variable reductions (one small vector each) that `_finalize` turns into the stats of all
+# variables at once: a few big reductions per variable, the arithmetic on [variables] vectors.
+_PRESENT, _NAN, _FINITE, _ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _MIN, _MAX, _ZEROS = range(10)
+_NUM_REDUCTIONS = 10
 
 
-def _nan_where(ops, condition, value):
-    return ops.where(condition, ops.constant(np.nan, value), value)
-
-
-def variable_statistics(ops, values, size, weights=None):
-    """The `metadata.GRADIENT_STATS` (+ `WEIGHT_STATS` when `weights` is given) of one variable.
-
-    Args:
-      ops: the array library adapter.
-      values: the gradient entries that are present, any shape, in the computation dtype.
-      size: entries of the dense gradient (0-d, computation dtype); more than ``values`` holds
-        for a sparse gradient, whose absent entries are zeros.
-      weights: the variable's value (computation dtype), or None.
-
-    Returns:
-      A 1-D array of the statistics in `metadata` column order.
-    """
-    nan_count = ops.count(ops.isnan(values), like=size)
-    inf_count = ops.count(ops.isinf(values), like=size)
+def _reductions(ops, values):
+    """Reductions of one variable's present entries; sums are of values / abs_max (no overflow)."""
+    like = ops.constant(0, values)
     finite = ops.isfinite(values)
-    zero = ops.constant(0, size)
-    x = ops.where(finite, values, zero)
-    implicit_zeros = size - ops.numel(values)
-    finite_count = size - nan_count - inf_count
-    no_finite = finite_count <= zero
-
-    abs_max = ops.max(ops.abs(x), initial=zero)
-    scale = ops.where(abs_max > zero, abs_max, ops.constant(1, size))
-    scaled = x / scale
-    mean_scaled = _safe_divide(ops, ops.sum(scaled), finite_count)
-    centered = ops.where(finite, scaled - mean_scaled, zero)
-    variance_scaled = _safe_divide(
-        ops,
-        ops.sum(centered * centered) + implicit_zeros * mean_scaled * mean_scaled,
-        finite_count,
+    x = ops.where(finite, values, like)
+    abs_max = ops.max(ops.abs(x), initial=like)
+    scaled = x / ops.where(abs_max > like, abs_max, ops.constant(1, like))
+    infinity = ops.constant(np.inf, like)
+    return ops.stack(
+        [
+            ops.numel(values),
+            ops.count(ops.isnan(values), like=like),
+            ops.count(finite, like=like),
+            abs_max,
+            ops.sum(scaled),
+            ops.sum(scaled * scaled),
+            ops.sum(ops.abs(scaled)),
+            ops.min(ops.where(finite, values, infinity), initial=infinity),
+            ops.max(ops.where(finite, values, -infinity), initial=-infinity),
+            ops.count(values == like, like=like),
+        ]
     )
-    infinity = ops.constant(np.inf, size)
+
+
+def _finalize(ops, reductions, sizes):
+    """`metadata.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 10]) and sizes."""
+    column = lambda index: reductions[:, index]  # noqa: E731
+    zero = ops.constant(0, sizes)
+    one = ops.constant(1, sizes)
+    nan = ops.constant(np.nan, sizes)
+    abs_max = column(_ABS_MAX)
+    scale = ops.where(abs_max > zero, abs_max, one)
+    nan_count = column(_NAN)
+    inf_count = column(_PRESENT) - column(_FINITE) - nan_count
+    implicit_zeros = sizes - column(_PRESENT)  # absent rows of a sparse gradient
+    finite_count = column(_FINITE) + implicit_zeros
+    divisor = ops.maximum(finite_count, one)
+    mean_scaled = column(_SUM) / divisor
+    variance_scaled = ops.maximum(column(_SUM_SQUARES) / divisor - mean_scaled * mean_scaled, zero)
     has_implicit_zeros = implicit_zeros > zero
-    minimum = ops.min(ops.where(finite, values, infinity), initial=infinity)
-    maximum = ops.max(ops.where(finite, values, -infinity), initial=-infinity)
-    minimum = ops.where(has_implicit_zeros, ops.minimum(minimum, zero), minimum)
-    maximum = ops.where(has_implicit_zeros, ops.maximum(maximum, zero), maximum)
-    zeros = ops.count(values == zero, like=size) + implicit_zeros
-
-    stats = [
-        scale * ops.sqrt(ops.sum(scaled * scaled)),  # l2_norm
-        _nan_where(ops, no_finite, scale * mean_scaled),  # mean
-        _nan_where(ops, no_finite, scale * ops.sqrt(variance_scaled)),  # std
-        _nan_where(ops, no_finite, minimum),  # min
-        _nan_where(ops, no_finite, maximum),  # max
-        _nan_where(ops, no_finite, abs_max),  # abs_max
-        _nan_where(ops, no_finite, scale * _safe_divide(ops, ops.sum(ops.abs(scaled)), finite_count)),
-        _nan_where(ops, size <= zero, _safe_divide(ops, zeros, size)),  # zero_fraction
-        nan_count,
-        inf_count,
-        size,
-    ]
-    if weights is not None:
-        stats.append(finite_l2_norm(ops, weights))
-    return ops.stack(stats)
+    minimum = ops.where(has_implicit_zeros, ops.minimum(column(_MIN), zero), column(_MIN))
+    maximum = ops.where(has_implicit_zeros, ops.maximum(column(_MAX), zero), column(_MAX))
+    no_finite = finite_count <= zero
+    undefined_without_finite = lambda value: ops.where(no_finite, nan, value)  # noqa: E731
+    return ops.stack(
+        [
+            scale * ops.sqrt(column(_SUM_SQUARES)),  # l2_norm: an empty sum is 0
+            undefined_without_finite(scale * mean_scaled),
+            undefined_without_finite(scale * ops.sqrt(variance_scaled)),
+            undefined_without_finite(minimum),
+            undefined_without_finite(maximum),
+            undefined_without_finite(abs_max),
+            undefined_without_finite(scale * column(_SUM_ABS) / divisor),
+            ops.where(sizes > zero, (column(_ZEROS) + implicit_zeros) / ops.maximum(sizes, one), nan),
+            nan_count,
+            inf_count,
+            sizes,
+        ],
+        axis=1,
+    )
 
 
-def finite_l2_norm(ops, values):
-    """L2 norm over the finite entries, scaled so that it cannot overflow."""
-    zero = ops.constant(0, values)
-    x = ops.where(ops.isfinite(values), values, zero)
-    abs_max = ops.max(ops.abs(x), initial=zero)
-    scale = ops.where(abs_max > zero, abs_max, ops.constant(1, values))
-    scaled = x / scale
-    return scale * ops.sqrt(ops.sum(scaled * scaled))
+def l2_norm(ops, values):
+    """Plain L2 norm, for weights: NaN/Inf weights make it NaN/Inf, which is the news to report."""
+    return ops.sqrt(ops.sum(values * values))
 
 
 def statistics_matrix(ops, gradients, weights, dtype):
-    """The ``[variables, stats]`` matrix of one step.
+    """The ``[variables, stats]`` matrix of one step, in `metadata` column order.
 
     Args:
+      ops: the array library adapter (`NumpyOps`, the TensorFlow one, ...).
       gradients: per variable, None (missing: a row of NaN, see `metadata`) or a pair
-        ``(present values, dense size)`` already in `dtype`.
-      weights: per variable values in `dtype`, or None for no `weight_l2_norm` column.
+        ``(present values, dense size)`` with values in `dtype`; the dense size exceeds the
+        present entries for a sparse gradient, whose absent entries are exact zeros.
+      weights: per variable values in `dtype` for the `weight_l2_norm` column, or None.
+        Unlike the gradient stats, the weight norm is over all entries: corrupted weights show.
       dtype: the computation dtype (`ArrayOps.computation_dtype`).
     """
     like = ops.to_float(0, dtype)
-    num_stats = len(metadata.GRADIENT_STATS) + (len(metadata.WEIGHT_STATS) if weights else 0)
-    rows = []
-    for index, gradient in enumerate(gradients):
-        if gradient is None:
-            rows.append(ops.stack([ops.constant(np.nan, like)] * num_stats))
-        else:
-            values, size = gradient
-            weight = weights[index] if weights else None
-            rows.append(variable_statistics(ops, values, ops.constant(size, like), weight))
-    return ops.stack(rows)
-
-
-def histogram_matrix(ops, gradients, dtype):
-    """The ``[variables, HISTOGRAM_BINS]`` counts of one step (missing gradients: all zero)."""
-    like = ops.to_float(0, dtype)
-    empty = ops.constant(np.zeros(metadata.HISTOGRAM_BINS), like)
-    return ops.stack(
-        [
-            empty if g is None else variable_histogram(ops, g[0], ops.constant(g[1], like))
-            for g in gradients
-        ]
+    nan = ops.constant(np.nan, like)
+    missing_reductions = ops.stack([nan] * _NUM_REDUCTIONS)
+    reductions = ops.stack(
+        [missing_reductions if g is None else _reductions(ops, g[0]) for g in gradients]
     )
+    sizes = ops.stack([nan if g is None else ops.constant(g[1], like) for g in gradients])
+    stats = _finalize(ops, reductions, sizes)
+    if not weights:
+        return stats
+    weight_norms = ops.stack([l2_norm(ops, w) for w in weights])
+    weight_norms = ops.where(sizes == sizes, weight_norms, nan)  # a missing row is NaN throughout
+    return ops.stack([stats[:, i] for i in range(len(metadata.GRADIENT_STATS))] + [weight_norms], axis=1)
 
 
 def variable_histogram(ops, values, size):
@@ -190,4 +180,16 @@ def variable_histogram(ops, values, size):
     implicit_zeros = size - ops.numel(values)
     return counts + implicit_zeros * ops.constant(
         np.eye(1, metadata.HISTOGRAM_BINS, metadata.HIST_ZERO)[0], size
+    )
+
+
+def histogram_matrix(ops, gradients, dtype):
+    """The ``[variables, HISTOGRAM_BINS]`` counts of one step (a missing gradient: all zero)."""
+    like = ops.to_float(0, dtype)
+    empty = ops.constant(np.zeros(metadata.HISTOGRAM_BINS), like)
+    return ops.stack(
+        [
+            empty if g is None else variable_histogram(ops, g[0], ops.constant(g[1], like))
+            for g in gradients
+        ]
     )

@@ -65,10 +65,9 @@ class TensorFlowOps:
 
     @staticmethod
     def bincount(indices, length, like):
+        # A segment sum, not tf.math.bincount: DenseBincount has no XLA kernel.
         indices = tf.cast(tf.reshape(indices, [-1]), tf.int32)
-        return tf.cast(
-            tf.math.bincount(indices, minlength=length, maxlength=length, dtype=tf.int64), like.dtype
-        )
+        return tf.math.unsorted_segment_sum(tf.ones_like(indices, like.dtype), indices, length)
 
     stack = staticmethod(tf.stack)
 
