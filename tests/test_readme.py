@@ -1,0 +1,24 @@
+"""Every Python example in README.md runs as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def test_readme_has_examples():
+    assert len(EXAMPLES) >= 4
+
+
+@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+def test_readme_example_runs(index, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", EXAMPLES[index]], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list(tmp_path.glob("logs/*/events.out.tfevents.*")), "the example wrote no event file"
