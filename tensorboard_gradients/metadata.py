@@ -154,19 +154,15 @@ class Layout:
 
 def unique_names(names: Sequence[str]):
     """Makes names unique by suffixing repeats with ``_1``, ``_2``, ... (rows must be tellable)."""
-    seen = {}
+    originals = set(names)
+    used = set()
     result = []
-    taken = set(names)
     for name in names:
-        if name not in seen:
-            seen[name] = 0
-            result.append(name)
-            continue
-        candidate = name
-        while candidate in taken:
-            seen[name] += 1
-            candidate = f"{name}_{seen[name]}"
-        taken.add(candidate)
+        candidate, suffix = name, 0
+        while candidate in used or (candidate != name and candidate in originals):
+            suffix += 1
+            candidate = f"{name}_{suffix}"
+        used.add(candidate)
         result.append(candidate)
     return result
 

@@ -1,0 +1,104 @@
+"""The on-disk contract: version policy, unique names, and the plugin's route over real loaders."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins import base_plugin
+from tensorboard.util import tensor_util
+from werkzeug import test as werkzeug_test
+
+import tensorboard_gradients as tg
+from tensorboard_gradients import event_files, metadata, plugin
+
+
+def _write_future_format(run_dir):
+    content = json.loads(metadata.stats_metadata_content(
+        "gradients", metadata.Layout.create(["a/kernel"], [(2,)], with_weights=False)
+    ))
+    content["format_version"] = [2, 0]
+    value = summary_pb2.Summary.Value(
+        tag="gradients",
+        tensor=tensor_util.make_tensor_proto(np.zeros((1, 11), np.float32)),
+        metadata=metadata.create_summary_metadata(json.dumps(content).encode()),
+    )
+    writer = event_files.EventFileWriter(run_dir)
+    writer.write(event_pb2.Event(wall_time=time.time(), step=0, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+
+
+def test_reader_refuses_a_newer_major_version_clearly(tmp_path):
+    _write_future_format(str(tmp_path / "future"))
+    with pytest.raises(tg.UnsupportedFormatError, match=r"format 2\.0.*pip install -U"):
+        tg.read_logdir(str(tmp_path))
+
+
+def test_newer_minor_version_is_read():
+    layout = metadata.Layout.create(["a/kernel"], [(2,)], with_weights=False)
+    content = json.loads(metadata.stats_metadata_content("gradients", layout))
+    content["format_version"] = [1, 7]
+    content["added_in_1_7"] = "ignored"
+    parsed = metadata.parse_plugin_data(json.dumps(content).encode())
+    assert parsed.layout == layout
+
+
+def test_malformed_metadata_is_a_clear_error():
+    with pytest.raises(tg.UnsupportedFormatError, match="not valid"):
+        metadata.parse_plugin_data(b"\xff not json")
+
+
+def test_duplicate_variable_names_stay_distinct():
+    assert metadata.unique_names(["kernel", "kernel", "kernel_1", "bias"]) == [
+        "kernel", "kernel_2", "kernel_1", "bias"
+    ]
+
+
+def test_reader_reports_a_missing_logdir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such log directory"):
+        tg.read_logdir(str(tmp_path / "absent"))
+
+
+def test_reader_survives_a_half_written_record(tmp_path):
+    with tg.GradientWriter(str(tmp_path)) as writer:
+        for step in range(3):
+            writer.write(step, {"a/kernel": np.ones(2)})
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    with open(path, "ab") as f:
+        f.write(b"\x10\x00\x00")  # a writer caught mid-record
+    assert list(tg.read_logdir(str(tmp_path))["."]["gradients"].steps) == [0, 1, 2]
+
+
+def _client(logdir):
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    context = base_plugin.TBContext(logdir=logdir, data_provider=provider)
+    app = application.TensorBoardWSGI([plugin.GradientsLoader().load(context)], data_provider=provider)
+    return werkzeug_test.Client(app)
+
+
+def test_runs_route_lists_stats_tags(tmp_path):
+    with tg.GradientWriter(str(tmp_path / "run_a")) as writer:
+        for step in range(12):
+            writer.write(step, {"a/kernel": np.ones(2), "b/kernel": np.ones(3)}, histograms=step == 0)
+    response = _client(str(tmp_path)).get("/data/plugin/gradients/runs")
+    assert response.status_code == 200
+    assert json.loads(response.get_data()) == {
+        "run_a": {
+            "gradients": {
+                "variables": 2, "steps": 12, "stats": list(metadata.GRADIENT_STATS), "histograms": True
+            }
+        }
+    }
+
+
+def test_runs_route_answers_400_for_a_newer_format(tmp_path):
+    _write_future_format(str(tmp_path / "future"))
+    response = _client(str(tmp_path)).get("/data/plugin/gradients/runs")
+    assert response.status_code == 400
+    assert b"upgrade" in response.get_data()
