@@ -5,6 +5,7 @@ step run interleaved in one process, so machine noise hits them alike:
 
   none          no gradient logging
   ours          tensorboard_gradients.summary.gradients: all stats of all variables, one summary
+  ours_every_10 the same under tf.summary.record_if(step % 10 == 0)
   histograms    tf.summary.histogram per variable (TensorBoard's Histograms tab)
   scalar_norms  tf.summary.scalar(tf.norm(g)) per variable (the hand-written callback recipe)
 
@@ -49,20 +50,26 @@ def make_step(model, optimizer, log, writer):
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, variables)
         with writer.as_default(step=step):
-            log(grads, variables)
+            log(grads, variables, step)
         optimizer.apply_gradients(zip(grads, variables))
         return loss
 
     return step
 
 
+def every_10_steps(grads, variables, step):
+    with tf.summary.record_if(step % 10 == 0):
+        summary.gradients(grads, variables)
+
+
 VARIANTS = {
-    "none": lambda grads, variables: None,
-    "ours": lambda grads, variables: summary.gradients(grads, variables),
-    "histograms": lambda grads, variables: [
+    "none": lambda grads, variables, step: None,
+    "ours": lambda grads, variables, step: summary.gradients(grads, variables),
+    "ours_every_10": every_10_steps,
+    "histograms": lambda grads, variables, step: [
         tf.summary.histogram(v.path, g) for g, v in zip(grads, variables)
     ],
-    "scalar_norms": lambda grads, variables: [
+    "scalar_norms": lambda grads, variables, step: [
         tf.summary.scalar(v.path + "/norm", tf.norm(g)) for g, v in zip(grads, variables)
     ],
 }

@@ -53,6 +53,12 @@ class NumpyOps:
     minimum = staticmethod(np.minimum)
     clip = staticmethod(np.clip)
 
+    all = staticmethod(np.all)
+
+    @staticmethod
+    def cond(predicate, true_fn, false_fn):
+        return true_fn() if predicate else false_fn()
+
     @staticmethod
     def bincount(indices, length, like):
         counts = np.bincount(indices.reshape(-1).astype(np.int64), minlength=length)
@@ -69,8 +75,45 @@ _PRESENT, _NAN, _FINITE, _ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _MIN, _MAX, _ZE
 _NUM_REDUCTIONS = 10
 
 
-def _reductions(ops, values):
-    """Reductions of one variable's present entries; sums are of values / abs_max (no overflow)."""
+def _fast_reductions(ops, values):
+    """The reductions without masking or scaling, for the common step where every entry is finite.
+
+    Sums come back unscaled (`_scale_sums` divides them); any NaN/Inf entry or overflowing sum
+    shows up as a non-finite result, which `statistics_matrix` checks before trusting them.
+    """
+    like = ops.constant(0, values)
+    magnitude = ops.abs(values)
+    count = ops.numel(values)
+    infinity = ops.constant(np.inf, like)
+    return ops.stack(
+        [
+            count,
+            like,
+            count,
+            ops.max(magnitude, initial=like),
+            ops.sum(values),
+            ops.sum(values * values),
+            ops.sum(magnitude),
+            ops.min(values, initial=infinity),
+            ops.max(values, initial=-infinity),
+            ops.count(values == like, like=like),
+        ]
+    )
+
+
+def _scale_sums(ops, reductions):
+    """Divides the sum columns of `_fast_reductions` rows by each variable's abs_max."""
+    columns = [reductions[:, index] for index in range(_NUM_REDUCTIONS)]
+    abs_max = columns[_ABS_MAX]
+    scale = ops.where(abs_max > ops.constant(0, abs_max), abs_max, ops.constant(1, abs_max))
+    columns[_SUM] = columns[_SUM] / scale
+    columns[_SUM_SQUARES] = columns[_SUM_SQUARES] / scale / scale
+    columns[_SUM_ABS] = columns[_SUM_ABS] / scale
+    return ops.stack(columns, axis=1)
+
+
+def _masked_reductions(ops, values):
+    """Reductions over the finite entries, sums of values / abs_max: correct for any input."""
     like = ops.constant(0, values)
     finite = ops.isfinite(values)
     x = ops.where(finite, values, like)
@@ -131,11 +174,6 @@ def _finalize(ops, reductions, sizes):
     )
 
 
-def l2_norm(ops, values):
-    """Plain L2 norm, for weights: NaN/Inf weights make it NaN/Inf, which is the news to report."""
-    return ops.sqrt(ops.sum(values * values))
-
-
 def statistics_matrix(ops, gradients, weights, dtype):
     """The ``[variables, stats]`` matrix of one step, in `metadata` column order.
 
@@ -150,15 +188,22 @@ def statistics_matrix(ops, gradients, weights, dtype):
     """
     like = ops.to_float(0, dtype)
     nan = ops.constant(np.nan, like)
-    missing_reductions = ops.stack([nan] * _NUM_REDUCTIONS)
-    reductions = ops.stack(
-        [missing_reductions if g is None else _reductions(ops, g[0]) for g in gradients]
-    )
+    missing_row = ops.stack([nan] * _NUM_REDUCTIONS)
     sizes = ops.stack([nan if g is None else ops.constant(g[1], like) for g in gradients])
+
+    def stacked(reduce):
+        return ops.stack([missing_row if g is None else reduce(ops, g[0]) for g in gradients])
+
+    fast = _scale_sums(ops, stacked(_fast_reductions))
+    checked = ops.stack([fast[:, c] for c in (_ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS)], axis=1)
+    trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
+    # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
+    reductions = ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions))
     stats = _finalize(ops, reductions, sizes)
     if not weights:
         return stats
-    weight_norms = ops.stack([l2_norm(ops, w) for w in weights])
+    # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
+    weight_norms = ops.sqrt(ops.stack([ops.sum(w * w) for w in weights]))
     weight_norms = ops.where(sizes == sizes, weight_norms, nan)  # a missing row is NaN throughout
     return ops.stack([stats[:, i] for i in range(len(metadata.GRADIENT_STATS))] + [weight_norms], axis=1)
 

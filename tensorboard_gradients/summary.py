@@ -70,6 +70,8 @@ class TensorFlowOps:
         return tf.math.unsorted_segment_sum(tf.ones_like(indices, like.dtype), indices, length)
 
     stack = staticmethod(tf.stack)
+    all = staticmethod(tf.reduce_all)
+    cond = staticmethod(tf.cond)
 
 
 def _variable_name(variable):

@@ -92,12 +92,13 @@ class GradientWriter:
             for n in names
         ]
         ops = statistics.NumpyOps
-        stats = statistics.statistics_matrix(
-            ops,
-            entries,
-            None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
-            dtype,
-        )
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow routes to the masked pass
+            stats = statistics.statistics_matrix(
+                ops,
+                entries,
+                None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
+                dtype,
+            )
         with self._lock:
             tag = self._tags.tag_for(self._name, layout)
             self._write_tensor(

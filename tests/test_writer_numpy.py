@@ -124,3 +124,16 @@ def test_layer_names_follow_the_framework_conventions():
     assert metadata.layer_of("model/block/conv/kernel:0") == "model/block/conv"
     assert metadata.layer_of("layer1.0.conv1.weight") == "layer1.0.conv1"
     assert metadata.layer_of("bias") == "bias"
+
+
+def test_a_nan_elsewhere_does_not_change_the_finite_rows(logdir):
+    """Steps with NaN/Inf take the masked path; finite rows must come out the same as without."""
+    finite = {"a/kernel": RNG.normal(size=(30,)), "b/kernel": RNG.normal(size=(4, 4)) * 1e3}
+    poisoned = dict(finite, **{"c/kernel": np.array([np.nan, 1.0])})
+    with tg.GradientWriter(logdir) as writer:
+        writer.write(0, finite)
+    with tg.GradientWriter(logdir + "_poisoned") as writer:
+        writer.write(0, poisoned)
+    clean = tg.read_logdir(logdir)["."]["gradients"].values[0]
+    masked = tg.read_logdir(logdir + "_poisoned")["."]["gradients"].values[0, :2]
+    np.testing.assert_allclose(masked, clean, rtol=1e-12)
