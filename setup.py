@@ -30,7 +30,7 @@ setup(
         "tensorflow": ["tensorflow>=2.16"],
         "tensorflow-cpu": ["tensorflow-cpu>=2.16"],
         "torch": ["torch>=2.1"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "setuptools>=61", "wheel"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],
