@@ -197,6 +197,24 @@ class LayoutTags:
         return layouts[layout]
 
 
+class MissingGradientWarnings:
+    """Warns once per variable that had no gradient (logged as a missing row, not as zeros)."""
+
+    def __init__(self, logger):
+        self._logger = logger
+        self._warned = set()
+
+    def warn(self, names):
+        new = [n for n in names if n not in self._warned]
+        if new:
+            self._warned.update(new)
+            self._logger.warning(
+                "No gradient for %d variable(s) (logged as missing, not as zeros): %s",
+                len(new),
+                ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""),
+            )
+
+
 def histogram_tag(stats_tag: str) -> str:
     return stats_tag + HISTOGRAM_TAG_SUFFIX
 

@@ -165,7 +165,7 @@ def gradient_statistics(gradients, variables, histograms=False):
 # Per default writer (weakly held): which tag each variable layout goes to under each name.
 _LAYOUT_TAGS = weakref.WeakKeyDictionary()
 _NO_WRITER_TAGS = metadata.LayoutTags()
-_WARNED_MISSING = set()
+_MISSING = metadata.MissingGradientWarnings(logger)
 
 
 def _tag_for(name, layout):
@@ -174,19 +174,6 @@ def _tag_for(name, layout):
     writer = getattr(getattr(summary_ops_v2, "_summary_state", None), "writer", None)
     tags = _NO_WRITER_TAGS if writer is None else _LAYOUT_TAGS.setdefault(writer, metadata.LayoutTags())
     return tags.tag_for(name, layout)
-
-
-def _warn_missing(gradients, layout):
-    new = [
-        v for g, v in zip(gradients, layout.variables) if g is None and v not in _WARNED_MISSING
-    ]
-    if new:
-        _WARNED_MISSING.update(new)
-        logger.warning(
-            "No gradient for %d variable(s) (logged as missing, not as zeros): %s",
-            len(new),
-            ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""),
-        )
 
 
 def write_statistics(
@@ -289,7 +276,7 @@ def gradients(
     """
     gradients, variables = list(gradients), list(variables)
     layout = _layout(gradients, variables)
-    _warn_missing(gradients, layout)
+    _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
 
     return _write(
         layout,

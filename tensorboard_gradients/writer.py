@@ -41,7 +41,7 @@ class GradientWriter:
         self._tags = metadata.LayoutTags()
         self._described = set()
         self._lock = threading.Lock()
-        self._warned_missing = set()
+        self._missing = metadata.MissingGradientWarnings(logger)
 
     @property
     def logdir(self):
@@ -78,7 +78,7 @@ class GradientWriter:
         weight_arrays = (
             None if weights is None else {n: _as_float_array(weights[n], n) for n in names}
         )
-        self._warn_missing([n for n in names if arrays[n] is None])
+        self._missing.warn([n for n in names if arrays[n] is None])
         dtype = statistics.NumpyOps.computation_dtype(
             [a.dtype for a in arrays.values() if a is not None]
         )
@@ -125,16 +125,6 @@ class GradientWriter:
                 wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=[value])
             )
         )
-
-    def _warn_missing(self, names):
-        new = [n for n in names if n not in self._warned_missing]
-        if new:
-            self._warned_missing.update(new)
-            logger.warning(
-                "No gradient for %d variable(s) (logged as missing, not as zeros): %s",
-                len(new),
-                ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""),
-            )
 
     def flush(self):
         self._events.flush()
