@@ -162,6 +162,12 @@ def gradient_statistics(gradients, variables, histograms=False):
     return stats, statistics.histogram_matrix(TensorFlowOps, entries, dtype)
 
 
+def _histogram_counts(gradients, variables):
+    """Only the histogram matrix: histogram steps must not recompute the stats matrix."""
+    dtype = _dtype(gradients)
+    return statistics.histogram_matrix(TensorFlowOps, _entries(gradients, variables, dtype), dtype)
+
+
 # Per default writer (weakly held): which tag each variable layout goes to under each name.
 _LAYOUT_TAGS = weakref.WeakKeyDictionary()
 _NO_WRITER_TAGS = metadata.LayoutTags()
@@ -284,6 +290,6 @@ def gradients(
         step,
         description,
         lambda: gradient_statistics(gradients, variables),
-        lambda: gradient_statistics(gradients, variables, histograms=True)[1],
+        lambda: _histogram_counts(gradients, variables),
         histograms,
     )
