@@ -18,13 +18,20 @@ The optional distribution is a second summary under tag ``<name>_histograms`` (i
 log10 edges shared by all variables, steps and runs, with explicit bins for exact zeros, values
 below/above the edges, NaN and +-Inf (see ``histogram_bin_labels``).
 
+Training monitors (the Keras `GradientMonitor`) also mark where epochs start: tag
+``<name>_epochs`` (``kind = "epochs"``), one scalar per epoch = the epoch index (0-based, as Keras
+counts), logged at the step that starts the epoch. Readers take the epochs of a name for every tag
+of that name.
+
 Metadata ``content`` is small UTF-8 JSON::
 
-    {"format_version": [1, 0], "kind": "stats" | "histograms", "name": "gradients",
+    {"format_version": [1, 1], "kind": "stats" | "histograms" | "epochs", "name": "gradients",
      "variables": [...], "layers": [...], "shapes": [[...], ...],
      "stats": [...]                      # kind == "stats"
      "log10_edges": [...], "bins": [...] # kind == "histograms"
-    }
+    }                                    # kind == "epochs": no variables/layers/shapes
+
+History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l2_norm`` stat.
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -32,7 +39,7 @@ version with ``UnsupportedFormatError`` instead of guessing.
 
 Both TensorBoard loaders keep only the FIRST metadata seen for a tag, so the variable layout of a
 tag never changes: when a writer sees a different variable set (or stat set) under a name it has
-already used, it writes to ``<name>_varset<k>`` (k = 2, 3, ...) instead; see ``layout_tag``.
+already used, it writes to ``<name>_varset<k>`` (k = 2, 3, ...) instead; see `LayoutTags`.
 """
 
 import dataclasses
@@ -43,13 +50,15 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 PLUGIN_NAME = "gradients"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"
+KIND_EPOCHS = "epochs"
 
 DEFAULT_NAME = "gradients"
 HISTOGRAM_TAG_SUFFIX = "_histograms"
+EPOCHS_TAG_SUFFIX = "_epochs"
 VARSET_TAG_INFIX = "_varset"
 
 # Column order of the stats matrix. Finite statistics are over the finite entries only; the
@@ -69,6 +78,10 @@ GRADIENT_STATS = (
 )
 # Appended when the variables' values are known (enables gradient/weight ratios).
 WEIGHT_STATS = ("weight_l2_norm",)
+# Appended when the writer sees the optimizer's update: ||w_after - w_before|| of the step (the
+# update/weight ratio ``update_l2_norm / weight_l2_norm``, with ``weight_l2_norm`` taken before
+# the update).
+UPDATE_STATS = ("update_l2_norm",)
 
 # Histogram of log10|g|: half-decade bins from 1e-20 to 1e10. float32 gradients below 1e-20 are
 # numerically dead for any practical learning rate and land in "below"; above 1e10 is far past any
@@ -142,13 +155,17 @@ class Layout:
     stats: Tuple[str, ...]
 
     @classmethod
-    def create(cls, variables: Sequence[str], shapes, with_weights: bool) -> "Layout":
+    def create(
+        cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False
+    ) -> "Layout":
         names = unique_names([clean_variable_name(v) for v in variables])
         return cls(
             variables=tuple(names),
             layers=tuple(layer_of(v) for v in names),
             shapes=tuple(None if s is None else tuple(int(d) for d in s) for s in shapes),
-            stats=GRADIENT_STATS + (WEIGHT_STATS if with_weights else ()),
+            stats=GRADIENT_STATS
+            + (WEIGHT_STATS if with_weights else ())
+            + (UPDATE_STATS if with_updates else ()),
         )
 
 
@@ -173,7 +190,7 @@ class PluginData:
 
     kind: str
     name: str
-    layout: Layout
+    layout: Optional[Layout]  # None for kind "epochs"
     format_version: Tuple[int, int]
     log10_edges: Optional[Tuple[float, ...]] = None
     bins: Optional[Tuple[str, ...]] = None
@@ -219,15 +236,18 @@ def histogram_tag(stats_tag: str) -> str:
     return stats_tag + HISTOGRAM_TAG_SUFFIX
 
 
-def _content(kind: str, name: str, layout: Layout, **extra) -> bytes:
-    content = {
-        "format_version": list(FORMAT_VERSION),
-        "kind": kind,
-        "name": name,
-        "variables": list(layout.variables),
-        "layers": list(layout.layers),
-        "shapes": [None if s is None else list(s) for s in layout.shapes],
-    }
+def epochs_tag(name: str) -> str:
+    return name + EPOCHS_TAG_SUFFIX
+
+
+def _content(kind: str, name: str, layout: Optional[Layout], **extra) -> bytes:
+    content = {"format_version": list(FORMAT_VERSION), "kind": kind, "name": name}
+    if layout is not None:
+        content.update(
+            variables=list(layout.variables),
+            layers=list(layout.layers),
+            shapes=[None if s is None else list(s) for s in layout.shapes],
+        )
     content.update(extra)
     return json.dumps(content, separators=(",", ":")).encode("utf-8")
 
@@ -244,6 +264,10 @@ def histogram_metadata_content(name: str, layout: Layout) -> bytes:
         log10_edges=list(HISTOGRAM_LOG10_EDGES),
         bins=histogram_bin_labels(),
     )
+
+
+def epochs_metadata_content(name: str) -> bytes:
+    return _content(KIND_EPOCHS, name, None)
 
 
 def create_summary_metadata(content: bytes, description: Optional[str] = None):
@@ -276,6 +300,8 @@ def parse_plugin_data(content: bytes) -> PluginData:
         )
     try:
         kind = data["kind"]
+        if kind == KIND_EPOCHS:
+            return PluginData(kind=kind, name=data["name"], layout=None, format_version=version)
         if kind not in (KIND_STATS, KIND_HISTOGRAMS):
             raise ValueError(f"unknown kind {kind!r}")
         variables = tuple(data["variables"])

@@ -47,6 +47,10 @@ class GradientSeries:
     wall_times: np.ndarray
     values: np.ndarray
     histograms: Optional[GradientHistograms] = None
+    # Where epochs start, when a training monitor marked them: the first step of each epoch and
+    # its 0-based epoch index (None when the writer recorded no epochs).
+    epoch_starts: Optional[np.ndarray] = None
+    epoch_indices: Optional[np.ndarray] = None
 
     def stat(self, name: str) -> np.ndarray:
         """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``."""
@@ -64,6 +68,13 @@ class _TagData:
     def __init__(self, plugin_data):
         self.plugin_data = plugin_data
         self.by_step = {}  # step -> (wall_time, matrix); a rewritten step keeps its last value
+
+
+def _expected_shape(parsed):
+    if parsed.kind == metadata.KIND_EPOCHS:
+        return ()
+    columns = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
+    return (len(parsed.layout.variables), columns)
 
 
 def _read_run(directory, files):
@@ -86,9 +97,7 @@ def _read_run(directory, files):
                             f"{os.path.join(directory, filename)}, tag {value.tag!r}: {error}"
                         ) from None
                     tags[value.tag] = _TagData(parsed)
-                    layout = parsed.layout
-                    columns = len(layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
-                    expected_shapes[value.tag] = (len(layout.variables), columns)
+                    expected_shapes[value.tag] = _expected_shape(parsed)
                 matrix = tensor_util.make_ndarray(value.tensor)
                 if matrix.shape != expected_shapes[value.tag]:
                     rejected[value.tag] = rejected.get(value.tag, 0) + 1
@@ -150,6 +159,11 @@ def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
                 )
             steps, wall_times, values = _arrays(data)
             layout = data.plugin_data.layout
+            epoch_data = tags.get(metadata.epochs_tag(data.plugin_data.name))
+            epoch_starts = epoch_indices = None
+            if epoch_data is not None and epoch_data.by_step:
+                epoch_starts, _, epoch_values = _arrays(epoch_data)
+                epoch_indices = epoch_values.astype(np.int64)
             series[tag] = GradientSeries(
                 run=run_name,
                 tag=tag,
@@ -162,6 +176,8 @@ def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
                 wall_times=wall_times,
                 values=values,
                 histograms=histograms,
+                epoch_starts=epoch_starts,
+                epoch_indices=epoch_indices,
             )
         if series:
             result[run_name] = series

@@ -110,6 +110,31 @@ def _layout(gradients, variables):
     )
 
 
+def _summed_rows(gradient, dtype, table_rows):
+    """An IndexedSlices gradient's rows with repeated indices summed, without densifying.
+
+    Sort-based rather than `tf.unique` so that it compiles under XLA: XLA needs a static segment
+    count, so the summed matrix may carry trailing all-zero rows, which the statistics count as
+    the zeros they stand for (``size`` is the dense size, absent entries are zeros anyway).
+    """
+    indices = tf.reshape(gradient.indices, [-1])
+    order = tf.argsort(indices)
+    sorted_indices = tf.gather(indices, order)
+    starts_row = tf.concat(
+        [tf.ones([1], tf.bool), tf.not_equal(sorted_indices[1:], sorted_indices[:-1])], 0
+    )
+    segments = tf.cumsum(tf.cast(starts_row, tf.int32)) - 1
+    lookups = indices.shape[0]
+    segment_count = (
+        tf.minimum(tf.size(indices), table_rows)
+        if lookups is None or table_rows is None
+        else min(lookups, table_rows)
+    )
+    return tf.math.unsorted_segment_sum(
+        tf.gather(tf.cast(gradient.values, dtype), order), segments, segment_count
+    )
+
+
 def _entries(gradients, variables, dtype):
     """Per variable None or (present values, dense size); sparse rows de-duplicated, not densified."""
     entries = []
@@ -118,14 +143,15 @@ def _entries(gradients, variables, dtype):
             entries.append(None)
         elif isinstance(gradient, tf.IndexedSlices):
             # Embedding gradients repeat a row once per lookup: sum repeats before any norm.
-            rows, positions = tf.unique(gradient.indices)
-            summed = tf.math.unsorted_segment_sum(
-                tf.cast(gradient.values, dtype), positions, tf.size(rows)
-            )
             dense_shape = (
-                variable.shape if _has_value(variable) else gradient.dense_shape
+                tf.constant(tuple(variable.shape), tf.int64)
+                if _has_value(variable)
+                else tf.cast(gradient.dense_shape, tf.int64)
             )
-            entries.append((summed, tf.reduce_prod(tf.cast(dense_shape, tf.int64))))
+            table_rows = variable.shape[0] if _has_value(variable) else None
+            entries.append(
+                (_summed_rows(gradient, dtype, table_rows), tf.reduce_prod(dense_shape))
+            )
         else:
             gradient = tf.convert_to_tensor(gradient)
             entries.append((tf.cast(gradient, dtype), tf.size(gradient, out_type=tf.int64)))

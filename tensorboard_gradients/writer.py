@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
 from tensorboard_gradients import event_files, metadata, statistics
@@ -99,23 +100,78 @@ class GradientWriter:
                 None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
                 dtype,
             )
+            counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
+        return self.write_statistics(step, layout, stats, counts)
+
+    def write_statistics(
+        self,
+        step: int,
+        layout: metadata.Layout,
+        stats: np.ndarray,
+        histogram_counts: Optional[np.ndarray] = None,
+    ) -> str:
+        """Writes matrices computed elsewhere (e.g. on the accelerator, inside a train step).
+
+        Args:
+          step: the step.
+          layout: what the rows and columns mean (`metadata.Layout`).
+          stats: ``[len(layout.variables), len(layout.stats)]``.
+          histogram_counts: optional ``[len(layout.variables), metadata.HISTOGRAM_BINS]``.
+
+        Returns:
+          The tag written to.
+        """
+        expected = (len(layout.variables), len(layout.stats))
+        if np.shape(stats) != expected:
+            raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
         with self._lock:
             tag = self._tags.tag_for(self._name, layout)
             self._write_tensor(
                 step, tag, stats, metadata.stats_metadata_content(self._name, layout)
             )
-            if histograms:
+            if histogram_counts is not None:
                 self._write_tensor(
                     step,
                     metadata.histogram_tag(tag),
-                    statistics.histogram_matrix(ops, entries, dtype),
+                    histogram_counts,
                     metadata.histogram_metadata_content(self._name, layout),
                 )
             self._events.flush()
         return tag
 
-    def _write_tensor(self, step, tag, matrix, content):
-        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(matrix))
+    def write_epoch(self, step: int, epoch: int):
+        """Marks that epoch `epoch` (0-based) starts at `step` (tag ``<name>_epochs``)."""
+        with self._lock:
+            self._write_tensor(
+                step,
+                metadata.epochs_tag(self._name),
+                np.array(epoch, dtype=np.float64),
+                metadata.epochs_metadata_content(self._name),
+            )
+            self._events.flush()
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]):
+        """Writes ordinary TensorBoard scalars (Scalars dashboard) under ``<name>/<key>``."""
+        events = []
+        for key, value in scalars.items():
+            tag = f"{self._name}/{key}"
+            summary_value = summary_pb2.Summary.Value(
+                tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value))
+            )
+            if tag not in self._described:
+                summary_value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(tag, ""))
+                self._described.add(tag)
+            events.append(summary_value)
+        with self._lock:
+            self._events.write(
+                event_pb2.Event(
+                    wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=events)
+                )
+            )
+            self._events.flush()
+
+    def _write_tensor(self, step, tag, array, content):
+        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(array))
         if tag not in self._described:
             # Loaders read metadata once per tag; writing it once keeps events small.
             value.metadata.CopyFrom(metadata.create_summary_metadata(content))
