@@ -1,7 +1,8 @@
 """Per-layer gradient statistics for TensorBoard: writers, reader and the Gradients plugin.
 
 Importing this package never imports TensorFlow or PyTorch. The TensorFlow summary op lives in
-`tensorboard_gradients.summary` and is imported on first attribute access.
+`tensorboard_gradients.summary` and the Keras callback in `tensorboard_gradients.keras`; both are
+imported on first attribute access.
 """
 
 import importlib
@@ -17,12 +18,13 @@ __all__ = [
     "GradientSeries",
     "GradientWriter",
     "UnsupportedFormatError",
+    "keras",
     "read_logdir",
     "summary",
 ]
 
 # Submodules that import a framework: loaded only when used.
-_FRAMEWORK_MODULES = ("summary",)
+_FRAMEWORK_MODULES = ("summary", "keras")
 
 
 def __getattr__(name):

@@ -130,14 +130,28 @@ class GradientWriter:
                 step, tag, stats, metadata.stats_metadata_content(self._name, layout)
             )
             if histogram_counts is not None:
-                self._write_tensor(
-                    step,
-                    metadata.histogram_tag(tag),
-                    histogram_counts,
-                    metadata.histogram_metadata_content(self._name, layout),
-                )
+                self._write_histograms(step, tag, layout, histogram_counts)
             self._events.flush()
         return tag
+
+    def write_histograms(self, step: int, layout: metadata.Layout, counts: np.ndarray) -> str:
+        """Writes a histogram matrix computed elsewhere, for a step without statistics."""
+        with self._lock:
+            tag = self._tags.tag_for(self._name, layout)
+            self._write_histograms(step, tag, layout, counts)
+            self._events.flush()
+        return metadata.histogram_tag(tag)
+
+    def _write_histograms(self, step, tag, layout, counts):
+        expected = (len(layout.variables), metadata.HISTOGRAM_BINS)
+        if np.shape(counts) != expected:
+            raise ValueError(f"histogram matrix has shape {np.shape(counts)}, layout needs {expected}")
+        self._write_tensor(
+            step,
+            metadata.histogram_tag(tag),
+            counts,
+            metadata.histogram_metadata_content(self._name, layout),
+        )
 
     def write_epoch(self, step: int, epoch: int):
         """Marks that epoch `epoch` (0-based) starts at `step` (tag ``<name>_epochs``)."""
@@ -186,7 +200,10 @@ class GradientWriter:
         self._events.flush()
 
     def close(self):
-        self._events.close()
+        """Closes the event file; a later write starts a new, self-describing file."""
+        with self._lock:
+            self._events.close()
+            self._described.clear()
 
     def __enter__(self):
         return self

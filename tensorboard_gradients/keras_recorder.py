@@ -1,0 +1,413 @@
+"""The TensorFlow half of the Keras `GradientMonitor`: statistics computed inside the train step.
+
+`StepRecorder` wraps ``model.optimizer.apply`` on the optimizer INSTANCE (the user's model and
+optimizer classes are untouched). Keras' train step calls ``apply`` with exactly the gradients it
+is about to apply, so the recorder sees the real training gradients with no extra forward or
+backward pass. Inside the (possibly XLA-compiled) step it computes the ``[variables, stats]``
+matrix and stores it in a small ring buffer of device variables; the host reads the buffer only
+every few steps. No summary op runs inside the step, so ``jit_compile=True`` works.
+
+What the statistics describe:
+
+* Loss scaling: ``LossScaleOptimizer`` (mixed precision) and ``loss_scale_factor`` gradients
+  arrive scaled; they are unscaled first, in the same order and dtype as Keras does, so the
+  statistics are of the gradients that are applied. Skipped (non-finite) steps are recorded too.
+* Clipping (``clipnorm``, ``clipvalue``, ``global_clipnorm``) happens inside the optimizer after
+  ``apply`` starts: the statistics are pre-clip; the global norm after the optimizer's clipping
+  rule is recorded as a scalar.
+* Distribution strategies (several replicas): ``apply`` runs once per replica with that replica's
+  partial gradient. The recorder sums the partial gradients across replicas (one reduce, to the
+  first device) in a ``merge_call`` and records the statistics of that sum once per step: the
+  all-reduced gradient Keras applies.
+* Updates: ``update_l2_norm`` (``||w_after - w_before||``) is taken from the values the optimizer
+  passes to its ``assign``/``assign_add``/``assign_sub`` (plus the decoupled weight decay the
+  optimizer applied just before), so no copy of the weights is kept. Not available with several
+  replicas, where updates run per device.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensorboard_gradients import metadata, summary
+
+SCALAR_GLOBAL_NORM = "global_norm"
+SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"
+SCALAR_LOSS_SCALE = "loss_scale"
+SCALAR_SKIPPED_STEP = "skipped_step"
+
+
+class _Patches:
+    """Instance-attribute overrides that can be undone exactly."""
+
+    def __init__(self):
+        self._undo = []
+
+    def apply(self, owner, attribute, replacement):
+        own = vars(owner)
+        self._undo.append((owner, attribute, attribute in own, own.get(attribute)))
+        setattr(owner, attribute, replacement)
+
+    def undo(self):
+        for owner, attribute, had_own, previous in reversed(self._undo):
+            if had_own:
+                setattr(owner, attribute, previous)
+            else:
+                delattr(owner, attribute)
+        self._undo = []
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _sum_of_squares(gradient, dtype, table_rows=None):
+    if isinstance(gradient, tf.IndexedSlices):
+        values = summary._summed_rows(gradient, dtype, table_rows)
+    else:
+        values = tf.cast(gradient, dtype)
+    return tf.reduce_sum(tf.square(values))
+
+
+def _rows(variable):
+    return variable.shape[0] if len(variable.shape) else None
+
+
+def _divide(gradient, scale):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values / tf.cast(scale, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return gradient / tf.cast(scale, gradient.dtype)
+
+
+class StepRecorder:
+    """Records the statistics of every ``every_n_steps``-th optimizer step of one model.
+
+    Args:
+      model: a compiled Keras 3 model on the TensorFlow backend.
+      watched: the trainable Keras variables to record, in model order.
+      every_n_steps: record steps whose 0-based index is a multiple of this.
+      histograms_every_n_steps: the same for the log10|g| histograms (None: never).
+      steps_between_reads: the most steps the host lets run between two reads of the buffer
+        (``steps_per_execution``); the ring buffer holds every recorded step of that span.
+      first_step_index: the 0-based index of the next optimizer step.
+    """
+
+    def __init__(
+        self,
+        model,
+        watched,
+        every_n_steps,
+        histograms_every_n_steps,
+        steps_between_reads,
+        first_step_index,
+    ):
+        self._optimizer = model.optimizer
+        self._loss_scaled = isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
+        self._inner = self._optimizer.inner_optimizer if self._loss_scaled else self._optimizer
+        self._strategy = model.distribute_strategy
+        self.distributed = self._strategy.num_replicas_in_sync > 1
+        self.watched = list(watched)
+        self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
+        self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}
+        self.records_updates = not self.distributed
+        self._every = every_n_steps
+        self._histogram_every = histograms_every_n_steps
+        self.scalar_names = [SCALAR_GLOBAL_NORM]
+        if self._clips():
+            self.scalar_names.append(SCALAR_GLOBAL_NORM_CLIPPED)
+        if self._loss_scaled:
+            self.scalar_names += [SCALAR_LOSS_SCALE, SCALAR_SKIPPED_STEP]
+        self.stat_count = (
+            len(metadata.GRADIENT_STATS)
+            + len(metadata.WEIGHT_STATS)
+            + (len(metadata.UPDATE_STATS) if self.records_updates else 0)
+        )
+        self.dtype = summary.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
+        self._patches = _Patches()
+
+        variables = len(self.watched)
+        capacity = math.ceil(steps_between_reads / every_n_steps) + 1
+        with self._strategy.scope():
+            self._completed = self._variable(first_step_index, tf.int64)
+            self._stats = self._variable(
+                tf.fill([capacity, variables, self.stat_count], math.nan), self.dtype
+            )
+            self._scalars = self._variable(
+                tf.zeros([capacity, len(self.scalar_names)]), tf.float32
+            )
+            self._stat_steps = self._variable(tf.fill([capacity], -1), tf.int64)
+            if histograms_every_n_steps:
+                histogram_capacity = math.ceil(steps_between_reads / histograms_every_n_steps) + 1
+                self._histograms = self._variable(
+                    tf.zeros([histogram_capacity, variables, metadata.HISTOGRAM_BINS]), self.dtype
+                )
+                self._histogram_steps = self._variable(tf.fill([histogram_capacity], -1), tf.int64)
+            if self.records_updates:
+                self._update_squares = self._variable(tf.zeros([variables]), self.dtype)
+
+    @staticmethod
+    def _variable(initial, dtype):
+        return tf.Variable(
+            tf.cast(initial, dtype),
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+
+    def _clips(self):
+        inner = self._inner
+        return any(
+            getattr(inner, a, None) is not None for a in ("clipnorm", "clipvalue", "global_clipnorm")
+        )
+
+    # --- installation -------------------------------------------------------------------------
+
+    def install(self, trainable_variables):
+        if not self._optimizer.built:
+            # The hook reads optimizer state (the loss scale) before `apply` would build it.
+            with self._strategy.scope():
+                self._optimizer.build(trainable_variables)
+            self._optimizer.built = True
+        original_apply = self._optimizer.apply
+
+        def apply(grads, trainable_variables=None):
+            grads = list(grads)
+            variables = (
+                list(self._inner._trainable_variables)
+                if trainable_variables is None
+                else list(trainable_variables)
+            )
+            pending = self._before_update(grads, variables)
+            result = original_apply(grads, trainable_variables)
+            if pending is not None:
+                self._store_update_norms(*pending)
+            return result
+
+        self._patches.apply(self._optimizer, "apply", apply)
+        if self.records_updates:
+            for name, sign in (("assign", None), ("assign_add", 1.0), ("assign_sub", -1.0)):
+                self._patches.apply(
+                    self._inner, name, self._update_hook(getattr(self._inner, name), sign)
+                )
+
+    def uninstall(self):
+        self._patches.undo()
+
+    # --- inside the train step ----------------------------------------------------------------
+
+    def _before_update(self, grads, variables):
+        """Records the step; returns what `_store_update_norms` needs, or None."""
+        if self.distributed:
+            tf.distribute.get_replica_context().merge_call(
+                self._record_reduced, args=(grads, variables)
+            )
+            return None
+        return self._record(grads, variables)
+
+    def _store_update_norms(self, logged, slot):
+        def store():
+            self._stats[slot, :, self.stat_count - 1].assign(tf.sqrt(self._update_squares))
+            return tf.constant(True)
+
+        tf.cond(logged, store, lambda: tf.constant(False))
+
+    def _record_reduced(self, strategy, grads, variables):
+        present = [i for i, g in enumerate(grads) if g is not None]
+        destination = strategy.extended.worker_devices[0]
+        reduced = strategy.extended.batch_reduce_to(
+            tf.distribute.ReduceOp.SUM, [(grads[i], destination) for i in present]
+        )
+        summed = [None] * len(grads)
+        for i, value in zip(present, reduced):
+            summed[i] = strategy.experimental_local_results(value)[0]
+        with tf.device(destination):
+            self._record(summed, variables)
+
+    def _unscale(self, grads):
+        if self._loss_scaled:
+            grads = [_divide(g, self._optimizer.dynamic_scale) for g in grads]
+        if self._inner.loss_scale_factor is not None:
+            grads = [_divide(g, self._inner.loss_scale_factor) for g in grads]
+        return grads
+
+    def _record(self, grads, variables):
+        grads = self._unscale(grads)
+        by_variable = {id(v): g for v, g in zip(variables, grads)}
+        watched_grads = [by_variable.get(id(v)) for v in self.watched]
+        completed = self._completed.read_value()
+        if self.records_updates:
+            self._update_squares.assign(tf.zeros_like(self._update_squares))
+
+        logged = tf.equal(completed % self._every, 0)
+        slot = (completed // self._every) % self._stats.shape[0]
+
+        def record_stats():
+            stats = tf.cast(summary.gradient_statistics(watched_grads, self.watched), self.dtype)
+            if self.records_updates:
+                # Filled in by the update hooks as the optimizer applies this step.
+                stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)
+            self._stats[slot].assign(stats)
+            self._scalars[slot].assign(self._step_scalars(grads, variables, stats))
+            self._stat_steps[slot].assign(completed + 1)
+            return tf.constant(True)
+
+        tf.cond(logged, record_stats, lambda: tf.constant(False))
+        if self._histogram_every:
+
+            def record_histograms():
+                slot = (completed // self._histogram_every) % self._histograms.shape[0]
+                self._histograms[slot].assign(
+                    tf.cast(summary._histogram_counts(watched_grads, self.watched), self.dtype)
+                )
+                self._histogram_steps[slot].assign(completed + 1)
+                return tf.constant(True)
+
+            tf.cond(
+                tf.equal(completed % self._histogram_every, 0),
+                record_histograms,
+                lambda: tf.constant(False),
+            )
+        self._completed.assign_add(1)
+        return (logged, slot) if self.records_updates else None
+
+    def _step_scalars(self, grads, variables, stats):
+        values = [self._global_norm(grads, variables, stats)]
+        if SCALAR_GLOBAL_NORM_CLIPPED in self.scalar_names:
+            present = [(g, v) for g, v in zip(grads, variables) if g is not None]
+            clipped = self._inner._clip_gradients([g for g, _ in present])
+            values.append(self._global_norm(clipped, [v for _, v in present], None))
+        if self._loss_scaled:
+            finite = tf.reduce_all(
+                [
+                    tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                    for g in grads
+                    if g is not None
+                ]
+            )
+            values += [
+                tf.cast(self._optimizer.dynamic_scale, tf.float32),
+                tf.cast(tf.logical_not(finite), tf.float32),
+            ]
+        return tf.stack([tf.cast(v, tf.float32) for v in values])
+
+    def _global_norm(self, grads, variables, watched_stats):
+        """L2 norm over all gradients (sparse rows summed); NaN/Inf when any entry is.
+
+        With `watched_stats`, the watched variables' share comes from their (overflow-safe)
+        ``l2_norm`` column instead of another pass over their gradients.
+        """
+        dtype = self.dtype
+        squares = [tf.zeros([], dtype)]
+        for variable, gradient in zip(variables, grads):
+            if gradient is None or (watched_stats is not None and id(variable) in self._watched_ids):
+                continue
+            squares.append(_sum_of_squares(gradient, dtype, _rows(variable)))
+        total = tf.add_n(squares)
+        if watched_stats is None:
+            return tf.sqrt(total)
+        column = metadata.GRADIENT_STATS.index
+        present = tf.logical_not(tf.math.is_nan(watched_stats[:, column("size")]))
+
+        def present_sum(name, transform=lambda x: x):
+            return tf.reduce_sum(tf.where(present, transform(watched_stats[:, column(name)]), 0))
+
+        total += present_sum("l2_norm", tf.square)
+        norm = tf.sqrt(total)
+        norm = tf.where(present_sum("inf_count") > 0, tf.constant(math.inf, dtype), norm)
+        return tf.where(present_sum("nan_count") > 0, tf.constant(math.nan, dtype), norm)
+
+    def _update_hook(self, original, sign):
+        def hooked(variable, value):
+            index = self._watched_by_tf_variable.get(id(_tf_variable(variable)))
+            if index is not None:
+                self._update_squares[index].assign(
+                    self._update_square(self.watched[index], variable, value, sign)
+                )
+            return original(variable, value)
+
+        return hooked
+
+    def _update_square(self, watched, variable, value, sign):
+        """``||w_after - w_before||^2`` of this step's update to `variable`."""
+        dtype = self.dtype
+        current = tf.cast(tf.convert_to_tensor(_tf_variable(variable)), dtype)
+        if sign is None:  # assign(variable, new_value)
+            if isinstance(value, tf.IndexedSlices):
+                value = tf.convert_to_tensor(value)
+            delta = tf.cast(value, dtype) - current
+        elif isinstance(value, tf.IndexedSlices):
+            delta = tf.IndexedSlices(sign * tf.cast(value.values, dtype), value.indices, value.dense_shape)
+        else:
+            delta = sign * tf.cast(value, dtype)
+        inner = self._inner
+        if inner.weight_decay is not None and inner._use_weight_decay(watched):
+            # The optimizer already scaled the weights by (1 - c) this step (c = lr * decay) before
+            # calling us, so w_before = current / (1 - c) and the decay moved them by -c/(1-c) * current.
+            c = tf.cast(inner.learning_rate, dtype) * tf.cast(inner.weight_decay, dtype)
+            delta = tf.convert_to_tensor(delta) - c / (1 - c) * current
+        return _sum_of_squares(delta, dtype, _rows(watched))
+
+    # --- host side ----------------------------------------------------------------------------
+
+    def completed_steps(self):
+        return int(self._completed.numpy())
+
+    def read(self):
+        """Everything buffered: (completed steps, stat rows, histogram rows).
+
+        Stat rows are ``(step, stats[variables, stats], {scalar: value})``; histogram rows are
+        ``(step, counts[variables, bins])``; steps are 1-based optimizer steps, -1 = empty slot.
+        """
+        stat_steps = self._stat_steps.numpy()
+        stats = self._stats.numpy()
+        scalars = self._scalars.numpy()
+        rows = [
+            (int(step), stats[i], dict(zip(self.scalar_names, scalars[i].tolist())))
+            for i, step in enumerate(stat_steps)
+            if step >= 0
+        ]
+        histogram_rows = []
+        if self._histogram_every:
+            histogram_steps = self._histogram_steps.numpy()
+            histograms = self._histograms.numpy()
+            histogram_rows = [
+                (int(step), histograms[i]) for i, step in enumerate(histogram_steps) if step >= 0
+            ]
+        return self.completed_steps(), rows, histogram_rows
+
+
+def probe_function(model, watched, histograms):
+    """A traced function: statistics of the compiled loss' gradients on one fixed batch."""
+
+    @tf.function
+    def probe(x, y, sample_weight):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+        grads = tape.gradient(loss, watched)
+        if histograms:
+            return summary.gradient_statistics(grads, watched, histograms=True)
+        return summary.gradient_statistics(grads, watched), None
+
+    return probe
+
+
+def run_probe(model, function, batch):
+    """Runs `probe_function` with the model's states (BatchNorm, RNG seeds, metrics) restored."""
+    state = list({id(v): v for v in model.non_trainable_variables + model.metrics_variables}.values())
+    saved = [np.array(v) for v in state]
+    try:
+        stats, counts = function(*batch)
+    finally:
+        for variable, value in zip(state, saved):
+            variable.assign(value)
+    return np.asarray(stats), None if counts is None else np.asarray(counts)
