@@ -71,6 +71,12 @@ def _sum_of_squares(gradient, dtype, table_rows=None):
     return tf.reduce_sum(tf.square(values))
 
 
+def _set_row(buffer, slot, value):
+    # A whole (small) buffer assign: slice assignment and scatter updates are unavailable on
+    # mirrored variables in the cross-replica context where distributed steps record.
+    buffer.assign(tf.tensor_scatter_nd_update(buffer, tf.reshape(slot, [1, 1]), value[tf.newaxis]))
+
+
 def _rows(variable):
     return variable.shape[0] if len(variable.shape) else None
 
@@ -213,7 +219,14 @@ class StepRecorder:
 
     def _store_update_norms(self, logged, slot):
         def store():
-            self._stats[slot, :, self.stat_count - 1].assign(tf.sqrt(self._update_squares))
+            rows = tf.range(len(self.watched), dtype=slot.dtype)
+            indices = tf.stack(
+                [tf.fill(tf.shape(rows), slot), rows, tf.fill(tf.shape(rows), tf.cast(self.stat_count - 1, slot.dtype))],
+                axis=1,
+            )
+            self._stats.assign(
+                tf.tensor_scatter_nd_update(self._stats, indices, tf.sqrt(self._update_squares))
+            )
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
@@ -253,9 +266,9 @@ class StepRecorder:
             if self.records_updates:
                 # Filled in by the update hooks as the optimizer applies this step.
                 stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)
-            self._stats[slot].assign(stats)
-            self._scalars[slot].assign(self._step_scalars(grads, variables, stats))
-            self._stat_steps[slot].assign(completed + 1)
+            _set_row(self._stats, slot, stats)
+            _set_row(self._scalars, slot, self._step_scalars(grads, variables, stats))
+            _set_row(self._stat_steps, slot, completed + 1)
             return tf.constant(True)
 
         tf.cond(logged, record_stats, lambda: tf.constant(False))
@@ -263,10 +276,12 @@ class StepRecorder:
 
             def record_histograms():
                 slot = (completed // self._histogram_every) % self._histograms.shape[0]
-                self._histograms[slot].assign(
-                    tf.cast(summary._histogram_counts(watched_grads, self.watched), self.dtype)
+                _set_row(
+                    self._histograms,
+                    slot,
+                    tf.cast(summary._histogram_counts(watched_grads, self.watched), self.dtype),
                 )
-                self._histogram_steps[slot].assign(completed + 1)
+                _set_row(self._histogram_steps, slot, completed + 1)
                 return tf.constant(True)
 
             tf.cond(

@@ -341,3 +341,13 @@ def test_bad_arguments_and_backends_fail_fast_with_clear_messages(logdir, monkey
     monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
     with pytest.raises(ValueError, match="TensorFlow backend; this Keras runs 'jax'"):
         GradientMonitor(logdir).set_model(model)
+
+
+def test_mirrored_strategy_logs_the_all_reduced_gradient_once_per_step(logdir):
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "mirrored_fit_script.py")
+    result = subprocess.run([sys.executable, script, logdir], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK [1, 2, 3, 4]" in result.stdout
