@@ -75,6 +75,11 @@ def _probe_batch(probe_data):
     return tuple(probe_data) + (None,) * (3 - len(probe_data))
 
 
+def _recorded_between(done_before, done_after, every):
+    """How many of the steps with 0-based indices [done_before, done_after) are recorded."""
+    return (done_after + every - 1) // every - (done_before + every - 1) // every
+
+
 def variable_paths(model):
     """Names for ``model.trainable_variables`` that show where each variable sits in the model.
 
@@ -150,7 +155,8 @@ class GradientMonitor(keras.callbacks.Callback):
         self._recorder_key = None
         self._layout = None
         self._probe_function = None
-        self._host_completed = 0
+        self._host_completed = 0  # optimizer steps done, as far as the host can tell
+        self._host_read_at = 0  # the step count at the last read of the device buffers
         self._batch_begin = 0
         self._last_stats_step = 0
         self._last_histogram_step = 0
@@ -211,7 +217,8 @@ class GradientMonitor(keras.callbacks.Callback):
             self._probe_function = None
         self._recorder.install(model.trainable_variables)
         model.make_train_function(force=True)
-        self._host_completed = self._recorder.completed_steps()
+        self._host_completed = self._host_read_at = self._recorder.completed_steps()
+        self._recorded_steps_per_read = keras_recorder.RECORDED_STEPS_PER_READ
 
     def on_epoch_begin(self, epoch, logs=None):
         self._writer.write_epoch(self._host_completed + 1, epoch)
@@ -220,10 +227,10 @@ class GradientMonitor(keras.callbacks.Callback):
         self._batch_begin = batch
 
     def on_train_batch_end(self, batch, logs=None):
-        before = self._host_completed
         self._host_completed += batch - self._batch_begin + 1
         if any(
-            every and (self._host_completed - 1) // every * every >= before
+            every and _recorded_between(self._host_read_at, self._host_completed, every)
+            >= self._recorded_steps_per_read
             for every in (self.every_n_steps, self.histograms_every_n_steps)
         ):
             self._drain()
@@ -275,7 +282,7 @@ class GradientMonitor(keras.callbacks.Callback):
     def _drain(self):
         """Writes every step the device buffer holds that has not been written yet."""
         completed, rows, histogram_rows = self._recorder.read()
-        self._host_completed = completed
+        self._host_completed = self._host_read_at = completed
         size_column = self._layout.stats.index("size")
         for step, stats, scalars in sorted(rows, key=lambda row: row[0]):
             if step <= self._last_stats_step:

@@ -71,10 +71,14 @@ def _sum_of_squares(gradient, dtype, table_rows=None):
     return tf.reduce_sum(tf.square(values))
 
 
-def _set_row(buffer, slot, value):
-    # A whole (small) buffer assign: slice assignment and scatter updates are unavailable on
-    # mirrored variables in the cross-replica context where distributed steps record.
-    buffer.assign(tf.tensor_scatter_nd_update(buffer, tf.reshape(slot, [1, 1]), value[tf.newaxis]))
+# The host reads the buffers once this many steps have been recorded (or an epoch ends): one
+# device-to-host sync per 16 recorded steps instead of one per step.
+RECORDED_STEPS_PER_READ = 16
+
+
+def buffer_capacity(steps_per_execution, every_n_steps):
+    """Slots so that RECORDED_STEPS_PER_READ steps plus one more execution's steps fit."""
+    return RECORDED_STEPS_PER_READ + math.ceil(steps_per_execution / every_n_steps) + 1
 
 
 def _rows(variable):
@@ -101,8 +105,8 @@ class StepRecorder:
       watched: the trainable Keras variables to record, in model order.
       every_n_steps: record steps whose 0-based index is a multiple of this.
       histograms_every_n_steps: the same for the log10|g| histograms (None: never).
-      steps_between_reads: the most steps the host lets run between two reads of the buffer
-        (``steps_per_execution``); the ring buffer holds every recorded step of that span.
+      steps_between_reads: ``steps_per_execution``: the host can only read between executions, so
+        the ring buffer holds RECORDED_STEPS_PER_READ recorded steps plus one execution's.
       first_step_index: the 0-based index of the next optimizer step.
     """
 
@@ -140,7 +144,7 @@ class StepRecorder:
         self._patches = _Patches()
 
         variables = len(self.watched)
-        capacity = math.ceil(steps_between_reads / every_n_steps) + 1
+        capacity = buffer_capacity(steps_between_reads, every_n_steps)
         with self._strategy.scope():
             self._completed = self._variable(first_step_index, tf.int64)
             self._stats = self._variable(
@@ -151,13 +155,23 @@ class StepRecorder:
             )
             self._stat_steps = self._variable(tf.fill([capacity], -1), tf.int64)
             if histograms_every_n_steps:
-                histogram_capacity = math.ceil(steps_between_reads / histograms_every_n_steps) + 1
+                histogram_capacity = buffer_capacity(steps_between_reads, histograms_every_n_steps)
                 self._histograms = self._variable(
                     tf.zeros([histogram_capacity, variables, metadata.HISTOGRAM_BINS]), self.dtype
                 )
                 self._histogram_steps = self._variable(tf.fill([histogram_capacity], -1), tf.int64)
             if self.records_updates:
                 self._update_squares = self._variable(tf.zeros([variables]), self.dtype)
+
+    def _set_row(self, buffer, slot, value):
+        if self.distributed:
+            # Slice assignment and scatter updates are unavailable on mirrored variables in the
+            # cross-replica context where distributed steps record: assign the whole buffer.
+            buffer.assign(
+                tf.tensor_scatter_nd_update(buffer, tf.reshape(slot, [1, 1]), value[tf.newaxis])
+            )
+        else:
+            buffer[slot].assign(value)
 
     @staticmethod
     def _variable(initial, dtype):
@@ -266,9 +280,9 @@ class StepRecorder:
             if self.records_updates:
                 # Filled in by the update hooks as the optimizer applies this step.
                 stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)
-            _set_row(self._stats, slot, stats)
-            _set_row(self._scalars, slot, self._step_scalars(grads, variables, stats))
-            _set_row(self._stat_steps, slot, completed + 1)
+            self._set_row(self._stats, slot, stats)
+            self._set_row(self._scalars, slot, self._step_scalars(grads, variables, stats))
+            self._set_row(self._stat_steps, slot, completed + 1)
             return tf.constant(True)
 
         tf.cond(logged, record_stats, lambda: tf.constant(False))
@@ -276,12 +290,12 @@ class StepRecorder:
 
             def record_histograms():
                 slot = (completed // self._histogram_every) % self._histograms.shape[0]
-                _set_row(
+                self._set_row(
                     self._histograms,
                     slot,
                     tf.cast(summary._histogram_counts(watched_grads, self.watched), self.dtype),
                 )
-                _set_row(self._histogram_steps, slot, completed + 1)
+                self._set_row(self._histogram_steps, slot, completed + 1)
                 return tf.constant(True)
 
             tf.cond(

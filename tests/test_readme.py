@@ -21,4 +21,4 @@ def test_readme_example_runs(index, tmp_path):
         [sys.executable, "-c", EXAMPLES[index]], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert list(tmp_path.glob("logs/*/events.out.tfevents.*")), "the example wrote no event file"
+    assert list(tmp_path.glob("logs/**/events.out.tfevents.*")), "the example wrote no event file"
