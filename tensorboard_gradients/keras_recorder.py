@@ -232,15 +232,8 @@ class StepRecorder:
         return self._record(grads, variables)
 
     def _store_update_norms(self, logged, slot):
-        def store():
-            rows = tf.range(len(self.watched), dtype=slot.dtype)
-            indices = tf.stack(
-                [tf.fill(tf.shape(rows), slot), rows, tf.fill(tf.shape(rows), tf.cast(self.stat_count - 1, slot.dtype))],
-                axis=1,
-            )
-            self._stats.assign(
-                tf.tensor_scatter_nd_update(self._stats, indices, tf.sqrt(self._update_squares))
-            )
+        def store():  # updates are recorded only without replicas: plain variables, slice assign
+            self._stats[slot, :, self.stat_count - 1].assign(tf.sqrt(self._update_squares))
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
