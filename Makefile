@@ -24,6 +24,7 @@ test: install
 
 benchmark: install
 	$(PY) benchmarks/summary_overhead.py
+	$(PY) benchmarks/keras_overhead.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs
