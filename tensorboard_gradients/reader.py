@@ -7,7 +7,7 @@ tag), so every logged step comes back.
 import dataclasses
 import logging
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 from tensorboard.util import tensor_util
@@ -64,23 +64,98 @@ class GradientSeries:
         return np.isnan(self.stat("size"))
 
 
-class _TagData:
-    def __init__(self, plugin_data):
-        self.plugin_data = plugin_data
-        self.by_step = {}  # step -> (wall_time, matrix); a rewritten step keeps its last value
-
-
 def _expected_shape(parsed):
-    if parsed.kind == metadata.KIND_EPOCHS:
-        return ()
     columns = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
     return (len(parsed.layout.variables), columns)
 
 
+def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
+    """(steps, wall_times, stacked matrices) of ``(step, wall_time, matrix)`` points.
+
+    Sorted by step; a rewritten step keeps its last value; matrices whose shape differs from the
+    tag's metadata are skipped with a warning (another process wrote a different variable set
+    under the same tag).
+    """
+    by_step = {}
+    rejected = 0
+    for step, wall_time, matrix in points:
+        if matrix.shape != expected:
+            rejected += 1
+            continue
+        by_step[int(step)] = (wall_time, matrix)
+    if rejected:
+        logger.warning(
+            "%s: skipped %d step(s) of tag %r whose matrix shape differs from the tag's metadata "
+            "(another process wrote a different variable set under the same name)",
+            where,
+            rejected,
+            tag,
+        )
+    steps = sorted(by_step)
+    wall_times = np.array([by_step[s][0] for s in steps], dtype=np.float64)
+    if steps:
+        matrices = np.stack([by_step[s][1] for s in steps])
+    else:
+        matrices = np.zeros((0,) + expected, dtype=np.float32)
+    return np.array(steps, dtype=np.int64), wall_times, matrices
+
+
+def histograms_from_points(where, tag, parsed, points) -> Optional[GradientHistograms]:
+    """The `GradientHistograms` of a histograms tag's points (None when there are none)."""
+    steps, wall_times, counts = _stacked(where, tag, _expected_shape(parsed), points)
+    if not len(steps):
+        return None
+    return GradientHistograms(
+        steps=steps,
+        wall_times=wall_times,
+        counts=counts,
+        log10_edges=parsed.log10_edges,
+        bin_labels=parsed.bins,
+    )
+
+
+def series_from_points(
+    run: str,
+    tag: str,
+    parsed: metadata.PluginData,
+    points: Iterable,
+    epoch_points: Iterable = (),
+    histograms: Optional[GradientHistograms] = None,
+) -> GradientSeries:
+    """A `GradientSeries` from a stats tag's ``(step, wall_time, matrix)`` points.
+
+    The one place that turns logged points into a series: `read_logdir` feeds it event-file
+    records, the plugin feeds it TensorBoard's data provider.
+    """
+    steps, wall_times, values = _stacked(run, tag, _expected_shape(parsed), points)
+    epoch_points = list(epoch_points)
+    epoch_starts = epoch_indices = None
+    if epoch_points:
+        epoch_starts, _, epoch_values = _stacked(
+            run, metadata.epochs_tag(parsed.name), (), epoch_points
+        )
+        epoch_indices = epoch_values.astype(np.int64)
+    layout = parsed.layout
+    return GradientSeries(
+        run=run,
+        tag=tag,
+        name=parsed.name,
+        variables=layout.variables,
+        layers=layout.layers,
+        shapes=layout.shapes,
+        stat_names=layout.stats,
+        steps=steps,
+        wall_times=wall_times,
+        values=values,
+        histograms=histograms,
+        epoch_starts=epoch_starts,
+        epoch_indices=epoch_indices,
+    )
+
+
 def _read_run(directory, files):
-    tags: Dict[str, _TagData] = {}
-    expected_shapes = {}
-    rejected = {}
+    """``{tag: (PluginData, [(step, wall_time, matrix), ...])}`` of one run's event files."""
+    tags = {}
     for filename in sorted(files):
         for event in event_files.read_events(os.path.join(directory, filename)):
             if not event.HasField("summary"):
@@ -96,29 +171,11 @@ def _read_run(directory, files):
                         raise metadata.UnsupportedFormatError(
                             f"{os.path.join(directory, filename)}, tag {value.tag!r}: {error}"
                         ) from None
-                    tags[value.tag] = _TagData(parsed)
-                    expected_shapes[value.tag] = _expected_shape(parsed)
-                matrix = tensor_util.make_ndarray(value.tensor)
-                if matrix.shape != expected_shapes[value.tag]:
-                    rejected[value.tag] = rejected.get(value.tag, 0) + 1
-                    continue
-                tags[value.tag].by_step[event.step] = (event.wall_time, matrix)
-    for tag, count in rejected.items():
-        logger.warning(
-            "%s: skipped %d step(s) of tag %r whose matrix shape differs from the tag's metadata "
-            "(another process wrote a different variable set under the same name)",
-            directory,
-            count,
-            tag,
-        )
+                    tags[value.tag] = (parsed, [])
+                tags[value.tag][1].append(
+                    (event.step, event.wall_time, tensor_util.make_ndarray(value.tensor))
+                )
     return tags
-
-
-def _arrays(tag_data):
-    steps = sorted(tag_data.by_step)
-    wall_times = np.array([tag_data.by_step[s][0] for s in steps], dtype=np.float64)
-    matrices = [tag_data.by_step[s][1] for s in steps]
-    return np.array(steps, dtype=np.int64), wall_times, np.stack(matrices)
 
 
 def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
@@ -143,42 +200,15 @@ def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
         tags = _read_run(directory, event_file_names)
         run_name = os.path.relpath(directory, logdir).replace(os.sep, "/")
         series = {}
-        for tag, data in tags.items():
-            if data.plugin_data.kind != metadata.KIND_STATS or not data.by_step:
+        for tag, (parsed, points) in tags.items():
+            if parsed.kind != metadata.KIND_STATS or not points:
                 continue
+            histogram_tag = metadata.histogram_tag(tag)
             histograms = None
-            histogram_data = tags.get(metadata.histogram_tag(tag))
-            if histogram_data is not None and histogram_data.by_step:
-                h_steps, h_walls, counts = _arrays(histogram_data)
-                histograms = GradientHistograms(
-                    steps=h_steps,
-                    wall_times=h_walls,
-                    counts=counts,
-                    log10_edges=histogram_data.plugin_data.log10_edges,
-                    bin_labels=histogram_data.plugin_data.bins,
-                )
-            steps, wall_times, values = _arrays(data)
-            layout = data.plugin_data.layout
-            epoch_data = tags.get(metadata.epochs_tag(data.plugin_data.name))
-            epoch_starts = epoch_indices = None
-            if epoch_data is not None and epoch_data.by_step:
-                epoch_starts, _, epoch_values = _arrays(epoch_data)
-                epoch_indices = epoch_values.astype(np.int64)
-            series[tag] = GradientSeries(
-                run=run_name,
-                tag=tag,
-                name=data.plugin_data.name,
-                variables=layout.variables,
-                layers=layout.layers,
-                shapes=layout.shapes,
-                stat_names=layout.stats,
-                steps=steps,
-                wall_times=wall_times,
-                values=values,
-                histograms=histograms,
-                epoch_starts=epoch_starts,
-                epoch_indices=epoch_indices,
-            )
+            if histogram_tag in tags:
+                histograms = histograms_from_points(directory, histogram_tag, *tags[histogram_tag])
+            epochs = tags.get(metadata.epochs_tag(parsed.name), (None, ()))[1]
+            series[tag] = series_from_points(run_name, tag, parsed, points, epochs, histograms)
         if series:
             result[run_name] = series
     return result

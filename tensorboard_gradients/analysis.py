@@ -1,0 +1,560 @@
+"""What counts as vanishing, exploding, non-finite, dead or badly scaled: the one source of truth.
+
+Pure numpy (no TensorBoard, no TensorFlow). The plugin (heatmap cell classes and alerts), users of
+`read_logdir` and the ``tensorboard-gradients diagnose`` CLI all call this module, so a cell drawn
+red in the browser, an alert in the panel and a failing CI gate always agree.
+
+Inputs are `GradientSeries` (``values[step, variable, stat]`` in model order, input side first).
+Two entry points:
+
+* `classify(series, thresholds)` -> ``int8[steps, variables]`` of `CLASSES` codes, one per cell
+  (``missing``, ``ok``, ``vanishing``, ``exploding``, ``nonfinite``; later = worse);
+* `diagnose(series, **thresholds)` -> ``list[Alert]`` sorted by severity, then first step.
+
+The rules and their sources are in `Thresholds`; every threshold can be overridden per call
+(``diagnose(series, exploding_norm=100)``) and per HTTP request (``...&exploding_norm=100``).
+"""
+
+import dataclasses
+import math
+import warnings
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+
+# Cell classes, ordered from least to most alarming: merging cells keeps the largest code.
+CLASSES = ("missing", "ok", "vanishing", "exploding", "nonfinite")
+MISSING, OK, VANISHING, EXPLODING, NONFINITE = range(len(CLASSES))
+
+SEVERITIES = ("critical", "warning", "info")  # sort order of alerts: most urgent first
+
+KINDS = ("nonfinite", "exploding", "vanishing", "dead", "update_ratio")
+
+# 1.4826 * MAD estimates the standard deviation of normally distributed data.
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """The diagnosis rules' parameters. Every default, with its rationale and source.
+
+    Norms are per-variable gradient L2 norms (``l2_norm``) unless said otherwise. "Logged steps"
+    are the steps present in the log (with ``every_n_steps=10``, 5 logged steps = 50 steps).
+
+    exploding_norm = 1e3
+        Absolute ceiling for one variable's gradient norm. Gradient clipping, the standard fix for
+        exploding gradients (Pascanu, Mikolov & Bengio 2013, "On the difficulty of training
+        recurrent neural networks"), is usually set to a global norm of 1-10 (GPT-style training
+        clips at 1.0); a single tensor 100x past the usual clip level is exploding under any of
+        those settings. A single step above it is enough: an explosion is an event.
+    exploding_global_norm = 1e3
+        The same ceiling for the global norm ``sqrt(sum of squared variable norms)``, the quantity
+        that ``clipnorm``/``global_clipnorm``/``clip_grad_norm_`` act on (Pascanu et al. 2013).
+    spike_window = 25
+        Spikes are judged against the median and MAD of log10(norm) over the previous complete
+        block of this many logged steps (a blocked rolling median: O(steps x variables), so a
+        1,000-variable x 10,000-step run is classified in well under a second). Needs one full
+        block of history, so the first ``spike_window`` logged steps are judged by the absolute
+        ceiling only.
+    spike_zscore = 5.0
+        A step whose log-norm is this many robust standard deviations (1.4826 MAD) above that
+        median is a spike - the robust z-score rule llm.c (z > 3 on the grad norm) and OLMo /
+        Levanter (rolling sigma factors) use to catch loss spikes, "a large increase in the norm
+        of the gradients" in Pascanu et al.'s words; 5 rather than 3 because it is applied to
+        every variable separately, so a 3-sigma rule would fire on noise.
+    spike_min_sigma = 0.2
+        Floor for that sigma, in decades of norm, so a flat history does not make a 1.5x wiggle a
+        spike: with the defaults a spike is always at least 10**(5 * 0.2) = 10x the running median
+        (one order of magnitude in one step is never healthy), and in a noisy history (sigma 0.3
+        decades) it takes 30x. Without the floor, a 25-step MAD estimate makes 3x jumps of pure
+        log-normal noise fire every ~40,000 cells.
+    vanishing_norm = 1e-7
+        Absolute floor for one variable's gradient norm. Below it EVERY entry is below 1e-7, which
+        is Keras Adam's ``epsilon`` (PyTorch: 1e-8): Adam's step ``g / (sqrt(v) + eps)`` shrinks
+        toward zero there, and a plain SGD step ``lr * g`` on weights of order 1 is below float32's
+        relative resolution (6e-8) for any learning rate <= 1, i.e. rounded away.
+    depth_ratio = 1e-4
+        Depth profile (Glorot & Bengio 2010, "Understanding the difficulty of training deep
+        feedforward neural networks": back-propagated gradients shrink toward the input with a
+        poor activation/initialisation): a LAYER whose gradient norm (all its variables together)
+        is below this fraction of the output-side layers' norm at the same step is vanishing. Four
+        orders of magnitude: healthy networks, including ones with normalisation layers and
+        residual branches, keep layers within one or two orders of each other; the demo's
+        12-layer sigmoid network drops below 1e-4 at its input side. Judged per layer, not per
+        variable, so a legitimately tiny variable (a final bias next to its kernel) is not flagged.
+    depth_reference_fraction = 0.25
+        The output-side reference: the median norm of the last quarter of the layers (at least
+        one layer), so one odd output layer does not set the scale.
+    sustain_steps = 5
+        Vanishing and dead gradients must hold for this many consecutive logged steps: one noisy
+        step is not an alert (and not a highlighted cell).
+    dead_fraction = 0.99
+        A variable whose gradient is exactly zero in at least this fraction of its entries for
+        ``sustain_steps`` logged steps is dead: dead ReLUs (CS231n notes: as much as 40% of a
+        network can die at too high a learning rate; here 99% of the gradient is gone) or a
+        disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
+        rows get a gradient); raise this threshold or ignore those alerts for them.
+    update_ratio_low = 1e-5, update_ratio_high = 1e-1
+        The update/weight ratio ``||w_new - w_old|| / ||w||`` of a healthy layer is around 1e-3
+        (CS231n notes, "Neural Networks Part 3"; Karpathy's makemore part 3 plots its log10 per
+        layer). Two decades either side is "far outside": a variable whose median ratio over the
+        run lies outside [1e-5, 1e-1] is barely learning or being rewritten every step.
+        Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both). When only
+        weights are known, the gradient/weight ratio is judged against this band divided by
+        ``reference_learning_rate`` - the update an SGD step would make.
+    reference_learning_rate = 1e-2
+        The SGD learning rate assumed for that gradient/weight fallback (Keras SGD's default).
+    """
+
+    exploding_norm: float = 1e3
+    exploding_global_norm: float = 1e3
+    spike_window: int = 25
+    spike_zscore: float = 5.0
+    spike_min_sigma: float = 0.2
+    vanishing_norm: float = 1e-7
+    depth_ratio: float = 1e-4
+    depth_reference_fraction: float = 0.25
+    sustain_steps: int = 5
+    dead_fraction: float = 0.99
+    update_ratio_low: float = 1e-5
+    update_ratio_high: float = 1e-1
+    reference_learning_rate: float = 1e-2
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type is int or field.type == "int":
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise ValueError(f"threshold {field.name} must be an integer, got {value!r}")
+                if not 1 <= value <= 10**6:
+                    raise ValueError(f"threshold {field.name} must be in [1, 1000000], got {value}")
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                    raise ValueError(f"threshold {field.name} must be a number, got {value!r}")
+                if not math.isfinite(value) or value <= 0:
+                    raise ValueError(
+                        f"threshold {field.name} must be a finite positive number, got {value}"
+                    )
+        if self.depth_reference_fraction > 1:
+            raise ValueError("threshold depth_reference_fraction must be at most 1")
+        if self.dead_fraction > 1:
+            raise ValueError("threshold dead_fraction must be at most 1")
+        if self.update_ratio_low >= self.update_ratio_high:
+            raise ValueError("threshold update_ratio_low must be below update_ratio_high")
+
+    @classmethod
+    def names(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_strings(cls, overrides: Mapping[str, str]) -> "Thresholds":
+        """Thresholds from text (HTTP query parameters, CLI flags); `ValueError` on bad input."""
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        parsed = {}
+        for name, text in overrides.items():
+            if name not in types:
+                raise ValueError(
+                    f"unknown threshold {name!r}; known thresholds: {', '.join(types)}"
+                )
+            try:
+                parsed[name] = int(text) if types[name] in (int, "int") else float(text)
+            except (TypeError, ValueError):
+                raise ValueError(f"threshold {name} must be a number, got {text!r}") from None
+        return cls(**parsed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Alert:
+    """One finding. ``variable``/``layer`` are None for whole-model findings (the global norm)."""
+
+    kind: str  # one of KINDS
+    rule: str  # which rule of the kind fired: e.g. "absolute", "spike", "global", "depth"
+    variable: Optional[str]
+    layer: Optional[str]
+    first_step: int
+    last_step: int
+    steps: int  # how many logged steps met the rule
+    value: float  # the worst measured value (see `message` for its unit)
+    threshold: float
+    severity: str  # one of SEVERITIES
+    message: str
+
+    def to_json(self) -> Dict:
+        return dataclasses.asdict(self)
+
+
+def _stat(series, name):
+    return np.asarray(series.stat(name), dtype=np.float64)
+
+
+def _has(series, name):
+    return name in series.stat_names
+
+
+def _log10(values):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log10(values)
+
+
+def _all_in_window(flags: np.ndarray, length: int) -> np.ndarray:
+    """``out[t] = all(flags[t : t + length])`` along axis 0 (``length - 1`` shorter than flags).
+
+    Doubling the covered span each pass: O(log length) boolean passes, no integer cumsums.
+    """
+    result, span = flags, 1
+    while span < length:
+        shift = min(span, length - span)
+        result = result[:-shift] & result[shift:]
+        span += shift
+    return result
+
+
+def _sustained(flags: np.ndarray, length: int) -> np.ndarray:
+    """True where a cell lies in a run of at least ``length`` consecutive True along axis 0."""
+    steps = flags.shape[0]
+    if length <= 1:
+        return flags.copy()
+    if steps < length:
+        return np.zeros_like(flags)
+    run_starts = _all_in_window(flags, length)
+    padding = np.zeros((length - 1,) + flags.shape[1:], dtype=bool)
+    # Cell t is covered when a full run starts in [t - length + 1, t].
+    return ~_all_in_window(~np.concatenate([padding, run_starts, padding]), length)
+
+
+def _block_nanmedian(blocks: np.ndarray) -> np.ndarray:
+    """Median over axis 1 of ``[blocks, window, ...]`` ignoring NaN (NaN where all are NaN).
+
+    Sorting the short windows is several times faster than `np.nanmedian` on these shapes.
+    """
+    ordered = np.sort(np.moveaxis(blocks, 1, -1), axis=-1)  # NaN sorts last
+    count = np.sum(~np.isnan(ordered), axis=-1)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[..., None], -1)[..., 0]
+    high = np.take_along_axis(ordered, (count // 2)[..., None].clip(max=ordered.shape[-1] - 1), -1)
+    return np.where(count > 0, (low + high[..., 0]) / 2, np.nan)
+
+
+def _spike_zscores(log_norms: np.ndarray, thresholds: Thresholds):
+    """(robust z-score, log10 ratio) of each cell against the previous block's median and MAD.
+
+    NaN where there is no complete previous block (or nothing to compare).
+    """
+    window = thresholds.spike_window
+    steps = log_norms.shape[0]
+    blocks = steps // window
+    z = np.full(log_norms.shape, np.nan)
+    excess = np.full(log_norms.shape, np.nan)
+    if steps <= window:
+        return z, excess
+    finite = np.where(np.isfinite(log_norms), log_norms, np.nan)
+    blocked = finite[: blocks * window].reshape((blocks, window) + log_norms.shape[1:])
+    median = _block_nanmedian(blocked)
+    mad = _block_nanmedian(np.abs(blocked - median[:, None]))
+    sigma = np.maximum(_MAD_TO_SIGMA * mad, thresholds.spike_min_sigma)
+    # Step t (t >= window) is judged against block t // window - 1.
+    reference = np.arange(window, steps) // window - 1
+    with np.errstate(invalid="ignore"):
+        excess[window:] = log_norms[window:] - median[reference]
+        z[window:] = excess[window:] / sigma[reference]
+    return z, excess
+
+
+def _spikes(z: np.ndarray, thresholds: Thresholds) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return z >= thresholds.spike_zscore
+
+
+def _layer_index(series):
+    """(layer names in model order, row -> layer position)."""
+    names: List[str] = []
+    positions = {}
+    rows = []
+    for layer in series.layers:
+        if layer not in positions:
+            positions[layer] = len(names)
+            names.append(layer)
+        rows.append(positions[layer])
+    return names, np.array(rows, dtype=np.int64)
+
+
+def _layer_norms(norms: np.ndarray, rows: np.ndarray, layer_count: int) -> np.ndarray:
+    """``[steps, layers]`` norm of each layer's variables together (NaN when all are missing)."""
+    order = np.argsort(rows, kind="stable")
+    boundaries = np.searchsorted(rows[order], np.arange(layer_count))
+    grouped = norms[:, order]
+    valid = ~np.isnan(grouped)
+    with np.errstate(over="ignore"):
+        squares = np.add.reduceat(np.where(valid, grouped, 0.0) ** 2, boundaries, axis=1)
+    present = np.logical_or.reduceat(valid, boundaries, axis=1)
+    return np.where(present, np.sqrt(squares), np.nan)
+
+
+def _depth_ratios(series, norms: np.ndarray, thresholds: Thresholds):
+    """(layer names, ``[steps, layers]`` layer norm / output-side reference norm) or None."""
+    names, rows = _layer_index(series)
+    if len(names) < 2:
+        return None
+    layer_norms = _layer_norms(norms, rows, len(names))
+    reference_count = max(1, int(math.ceil(len(names) * thresholds.depth_reference_fraction)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        reference = np.nanmedian(layer_norms[:, -reference_count:], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = layer_norms / reference[:, None]
+    return names, rows, ratios
+
+
+@dataclasses.dataclass
+class _Findings:
+    """Per-cell rule results shared by `classify` and `diagnose` (computed once)."""
+
+    norms: np.ndarray
+    missing: np.ndarray
+    nonfinite: np.ndarray
+    exploding_absolute: np.ndarray
+    spike_z: np.ndarray  # robust z-score against the running median (NaN: no history)
+    spike_excess: np.ndarray  # log10(norm / running median)
+    spike: np.ndarray
+    vanishing_absolute: np.ndarray  # sustained
+    depth: Optional[tuple]  # (layer names, row -> layer, [steps, layers] ratios, sustained flags)
+
+
+def _findings(series, thresholds: Thresholds) -> _Findings:
+    norms = _stat(series, "l2_norm")
+    missing = np.isnan(_stat(series, "size"))
+    with np.errstate(invalid="ignore"):
+        nonfinite = ~missing & ((_stat(series, "nan_count") > 0) | (_stat(series, "inf_count") > 0))
+        exploding_absolute = ~missing & (norms >= thresholds.exploding_norm)
+        vanishing_absolute = _sustained(~missing & (norms < thresholds.vanishing_norm),
+                                        thresholds.sustain_steps)
+    spike_z, spike_excess = _spike_zscores(_log10(norms), thresholds)
+    spike = ~missing & _spikes(spike_z, thresholds)
+    depth = _depth_ratios(series, norms, thresholds)
+    if depth is not None:
+        names, rows, ratios = depth
+        with np.errstate(invalid="ignore"):
+            flags = _sustained(ratios < thresholds.depth_ratio, thresholds.sustain_steps)
+        depth = (names, rows, ratios, flags)
+    return _Findings(
+        norms, missing, nonfinite, exploding_absolute, spike_z, spike_excess, spike,
+        vanishing_absolute, depth,
+    )
+
+
+def _classes(findings: _Findings) -> np.ndarray:
+    vanishing = findings.vanishing_absolute.copy()
+    if findings.depth is not None:
+        _, rows, _, flags = findings.depth
+        vanishing |= flags[:, rows] & ~findings.missing
+    classes = np.full(findings.norms.shape, OK, dtype=np.int8)
+    classes[vanishing] = VANISHING
+    classes[findings.exploding_absolute | findings.spike] = EXPLODING
+    classes[findings.nonfinite] = NONFINITE
+    classes[findings.missing] = MISSING
+    return classes
+
+
+def classify(series, thresholds: Optional[Thresholds] = None) -> np.ndarray:
+    """``int8[steps, variables]``: the `CLASSES` code of every logged cell.
+
+    ``nonfinite`` (any NaN/Inf entry) > ``exploding`` (norm above ``exploding_norm``, or a spike
+    against the running median) > ``vanishing`` (norm below ``vanishing_norm``, or the variable's
+    layer ``depth_ratio`` below the output side, for ``sustain_steps``) > ``ok``; ``missing`` =
+    no gradient at that step. See `Thresholds` for the rules' sources.
+    """
+    return _classes(_findings(series, thresholds or Thresholds()))
+
+
+class _AlertBuilder:
+    def __init__(self, series):
+        self.series = series
+        self.steps = np.asarray(series.steps)
+        self.alerts: List[Alert] = []
+
+    def add(self, kind, rule, severity, mask, values, worst, threshold, describe, row=None,
+            layer=None):
+        """One alert for the steps where ``mask`` (1-D over steps) holds, if any.
+
+        ``row`` names a variable (its layer comes along); ``layer`` alone a whole layer; neither
+        the whole model.
+        """
+        hits = np.flatnonzero(mask)
+        if hits.size == 0:
+            return
+        picked = values[hits]
+        finite = picked[~np.isnan(picked)]
+        value = float(worst(finite)) if finite.size else float("nan")
+        variable = None if row is None else self.series.variables[row]
+        if row is not None:
+            layer = self.series.layers[row]
+        first, last = int(self.steps[hits[0]]), int(self.steps[hits[-1]])
+        if first == last:
+            span = f"at step {first}"
+        else:
+            span = f"at {hits.size} logged steps from step {first} to {last}"
+        subject = variable or (f"layer {layer}" if layer else "the model")
+        self.alerts.append(
+            Alert(
+                kind=kind,
+                rule=rule,
+                variable=variable,
+                layer=layer,
+                first_step=first,
+                last_step=last,
+                steps=int(hits.size),
+                value=value,
+                threshold=float(threshold),
+                severity=severity,
+                message=f"{subject}: {describe(value)} {span}.",
+            )
+        )
+
+
+def diagnose(series, **thresholds) -> List[Alert]:
+    """Every finding in one logged series, most urgent first.
+
+    Args:
+      series: a `GradientSeries` (from `read_logdir`, or the plugin's data provider).
+      **thresholds: overrides of `Thresholds` fields, e.g. ``exploding_norm=100``.
+
+    Returns:
+      `Alert` objects sorted by severity (critical, warning, info), then first step, then model
+      order. Kinds: ``nonfinite`` (critical; every variable with NaN/Inf, and the message of those
+      hit at the run's first non-finite step says so), ``exploding`` (absolute and global norm:
+      critical; spikes: warning), ``vanishing`` (absolute floor per variable, depth profile per
+      layer: warning), ``dead`` (warning), ``update_ratio`` (info).
+
+    Raises:
+      ValueError: an unknown or invalid threshold.
+    """
+    limits = Thresholds(**thresholds)
+    findings = _findings(series, limits)
+    builder = _AlertBuilder(series)
+    norms = findings.norms
+    variables = len(series.variables)
+
+    first_nonfinite_row = np.flatnonzero(findings.nonfinite.any(axis=1))
+    first_nonfinite = first_nonfinite_row[0] if first_nonfinite_row.size else None
+    nonfinite_entries = _stat(series, "nan_count") + _stat(series, "inf_count")
+    for row in range(variables):
+        mask = findings.nonfinite[:, row]
+        at_first = first_nonfinite is not None and mask[first_nonfinite]
+        builder.add(
+            "nonfinite", "count", "critical", mask, nonfinite_entries[:, row], np.max, 0,
+            lambda v, at_first=at_first: f"gradient has NaN/Inf entries (up to {v:.0f})"
+            + (" - among the first non-finite gradients of the run" if at_first else ""),
+            row=row,
+        )
+
+    for row in range(variables):
+        builder.add(
+            "exploding", "absolute", "critical", findings.exploding_absolute[:, row],
+            norms[:, row], np.max, limits.exploding_norm,
+            lambda v: f"gradient norm reached {v:.3g}, above {limits.exploding_norm:g}",
+            row=row,
+        )
+        _add_spike(builder, findings.spike[:, row], findings.spike_z[:, row],
+                   findings.spike_excess[:, row], limits, "gradient norm", row=row)
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        global_norm = np.sqrt(np.nansum(norms**2, axis=1))
+    global_present = ~findings.missing.all(axis=1)
+    with np.errstate(invalid="ignore"):
+        global_exploding = global_present & (global_norm >= limits.exploding_global_norm)
+    builder.add(
+        "exploding", "global", "critical", global_exploding, global_norm, np.max,
+        limits.exploding_global_norm,
+        lambda v: f"global gradient norm reached {v:.3g}, above {limits.exploding_global_norm:g}",
+    )
+    global_z, global_excess = _spike_zscores(
+        _log10(np.where(global_present, global_norm, np.nan))[:, None], limits
+    )
+    _add_spike(builder, global_present & _spikes(global_z[:, 0], limits), global_z[:, 0],
+               global_excess[:, 0], limits, "global gradient norm", rule="global_spike")
+
+    for row in range(variables):
+        builder.add(
+            "vanishing", "absolute", "warning", findings.vanishing_absolute[:, row],
+            norms[:, row], np.min, limits.vanishing_norm,
+            lambda v: f"gradient norm stayed below {limits.vanishing_norm:g} (down to {v:.3g})",
+            row=row,
+        )
+    if findings.depth is not None:
+        names, _, ratios, flags = findings.depth
+        for position, layer in enumerate(names):
+            builder.add(
+                "vanishing", "depth", "warning", flags[:, position], ratios[:, position], np.min,
+                limits.depth_ratio,
+                lambda v: f"gradient norm fell to {v:.3g}x that of the output-side layers "
+                f"(below {limits.depth_ratio:g})",
+                layer=layer,
+            )
+
+    zero_fraction = _stat(series, "zero_fraction")
+    with np.errstate(invalid="ignore"):
+        dead = _sustained(zero_fraction >= limits.dead_fraction, limits.sustain_steps)
+    for row in range(variables):
+        builder.add(
+            "dead", "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,
+            limits.dead_fraction,
+            lambda v: f"{v:.1%} of the gradient entries were exactly zero (dead units or a "
+            "disconnected path; expected for embedding tables)",
+            row=row,
+        )
+
+    _update_ratio_alerts(series, findings, limits, builder)
+
+    severity_rank = {s: i for i, s in enumerate(SEVERITIES)}
+    order = {name: i for i, name in enumerate(series.variables)}
+    layer_order = {name: i for i, name in enumerate(series.layers)}
+    return sorted(
+        builder.alerts,
+        key=lambda a: (
+            severity_rank[a.severity],
+            a.first_step,
+            order.get(a.variable, layer_order.get(a.layer, -1)),
+        ),
+    )
+
+
+def _add_spike(builder, mask, z, excess, limits, what, rule="spike", row=None):
+    ratio = float(np.nanmax(10.0 ** excess[mask])) if mask.any() else float("nan")
+    builder.add(
+        "exploding", rule, "warning", mask, z, np.max, limits.spike_zscore,
+        lambda v: f"{what} spiked to {ratio:.3g}x its running median (robust z-score {v:.3g}, "
+        f"threshold {limits.spike_zscore:g})",
+        row=row,
+    )
+
+
+def _update_ratio_alerts(series, findings, limits, builder):
+    if not _has(series, "weight_l2_norm"):
+        return
+    weights = _stat(series, "weight_l2_norm")
+    if _has(series, "update_l2_norm"):
+        numerator, rule, scale = _stat(series, "update_l2_norm"), "update/weight", 1.0
+        what = "update/weight ratio"
+    else:
+        numerator, rule = findings.norms, "gradient/weight"
+        scale = 1.0 / limits.reference_learning_rate
+        what = "gradient/weight ratio"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(weights > 0, numerator / weights, np.nan)
+    low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        medians = np.nanmedian(ratios, axis=0)
+    for row, median in enumerate(medians):
+        if not np.isfinite(median) or low <= median <= high:
+            continue
+        too_low = median < low
+        with np.errstate(invalid="ignore"):
+            mask = ratios[:, row] < low if too_low else ratios[:, row] > high
+        builder.add(
+            "update_ratio", rule, "info", mask, ratios[:, row], lambda _: median,
+            low if too_low else high,
+            lambda v, too_low=too_low: f"median {what} {v:.3g} is "
+            + (f"below {low:g} (barely learning)" if too_low else f"above {high:g} (weights "
+               "rewritten every step)"),
+            row=row,
+        )

@@ -1,0 +1,126 @@
+"""The layer x step matrix the Gradients tab draws, with columns merged without hiding the worst.
+
+Pure numpy. A column is a group of consecutive logged steps (or an epoch). Merging keeps, per
+variable, the worst `analysis.CLASSES` code of the group and a value that shows it: the largest
+value among the exploding / non-finite steps, the smallest among the vanishing ones, the mean of
+the healthy ones, NaN when every step of the group is missing. So one exploding step among 10,000
+still colours its column at any zoom level.
+"""
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from tensorboard_gradients import analysis
+
+
+class NoEpochsError(ValueError):
+    """The series has no epoch marks, so there is no layer-by-epoch view."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Heatmap:
+    """Columns of one stat: ``values``/``classes`` are ``[variables, columns]``."""
+
+    steps: np.ndarray  # first logged step of each column (an epoch's first step on the epoch axis)
+    last_steps: np.ndarray  # last logged step of each column
+    wall_times: np.ndarray  # wall time of each column's first step
+    values: np.ndarray
+    classes: np.ndarray  # `analysis.CLASSES` codes
+    epoch_index: Optional[np.ndarray]  # per column, on the epoch axis only
+    downsampled: bool  # True when a column merges several steps (several epochs by epoch)
+
+
+def step_groups(count: int, max_columns: Optional[int]) -> np.ndarray:
+    """Start index of each column: every step, or equal groups when there are > max_columns."""
+    if max_columns is None or count <= max_columns:
+        return np.arange(count)
+    size = -(-count // max_columns)
+    return np.arange(0, count, size)
+
+
+def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
+    """(start index of each epoch's column, epoch index of each column).
+
+    An epoch owns the logged steps from its first step up to the next epoch's first step; steps
+    logged before the first mark join the first epoch; an epoch with no logged step (say
+    ``every_n_steps`` larger than an epoch) has no column.
+    """
+    if epoch_starts is None or len(epoch_starts) == 0:
+        raise NoEpochsError(
+            "this run has no epoch marks (the Keras GradientMonitor records them; "
+            "GradientWriter.write_epoch adds them to other loops), so it has no epoch axis"
+        )
+    positions = np.searchsorted(steps, np.asarray(epoch_starts), side="left")
+    indices = np.asarray(epoch_indices)
+    inside = positions < len(steps)
+    positions, indices = positions[inside], indices[inside]
+    if positions.size == 0:
+        return np.zeros(1, dtype=np.int64), np.asarray(epoch_indices)[-1:]
+    positions[0] = 0
+    # Epochs sharing a start position had no logged steps except the last of them.
+    last_of_position = np.append(positions[1:] != positions[:-1], True)
+    return positions[last_of_position], indices[last_of_position]
+
+
+def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
+    """``[steps, variables]`` -> ``[columns, variables]`` by the never-hide-the-worst rule."""
+    count = values.shape[0]
+    if count == 0:
+        return values.astype(np.float64), classes.copy()
+    worst = np.maximum.reduceat(classes, starts, axis=0)
+    column_of_step = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, count)))
+    chosen = (classes == worst[column_of_step]) & ~np.isnan(values)
+    picked = np.where(chosen, values.astype(np.float64), np.nan)
+    largest = np.fmax.reduceat(picked, starts, axis=0)
+    smallest = np.fmin.reduceat(picked, starts, axis=0)
+    totals = np.add.reduceat(np.where(chosen, picked, 0.0), starts, axis=0)
+    counts = np.add.reduceat(chosen, starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = totals / counts
+    merged = np.where(worst == analysis.VANISHING, smallest, mean)
+    merged = np.where(worst >= analysis.EXPLODING, largest, merged)
+    merged = np.where(worst == analysis.MISSING, np.nan, merged)
+    return merged, worst
+
+
+def build(
+    series, stat: str, classes: np.ndarray, max_columns: Optional[int] = None, by_epoch=False
+) -> Heatmap:
+    """The heatmap of ``series.stat(stat)`` coloured by ``classes`` (from `analysis.classify`).
+
+    Raises:
+      KeyError: unknown stat.
+      NoEpochsError: ``by_epoch`` on a series without epoch marks.
+    """
+    values = series.stat(stat)
+    steps = np.asarray(series.steps)
+    epoch_index = None
+    if by_epoch:
+        starts, epoch_index = epoch_groups(steps, series.epoch_starts, series.epoch_indices)
+        if len(steps) == 0:
+            starts = starts[:0]
+            epoch_index = epoch_index[:0]
+        columns = step_groups(len(starts), max_columns)
+        downsampled = len(columns) < len(starts)
+        starts, epoch_index = starts[columns], epoch_index[columns]
+    else:
+        starts = step_groups(len(steps), max_columns)
+        downsampled = len(starts) < len(steps)
+    merged_values, merged_classes = merge(values, classes, starts)
+    ends = np.append(starts[1:], len(steps)) - 1 if len(starts) else starts
+    column_steps = steps[starts]
+    if by_epoch and len(starts):
+        # The column is labelled by where its first epoch starts, even if logging began later.
+        marks = dict(zip(np.asarray(series.epoch_indices).tolist(), series.epoch_starts))
+        column_steps = np.array([marks[int(i)] for i in epoch_index], dtype=np.int64)
+    return Heatmap(
+        steps=column_steps,
+        last_steps=steps[ends],
+        wall_times=np.asarray(series.wall_times)[starts],
+        values=merged_values.T,
+        classes=merged_classes.T,
+        epoch_index=epoch_index,
+        downsampled=bool(downsampled),
+    )
