@@ -34,6 +34,7 @@ setup(
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],
+        "console_scripts": ["tensorboard-gradients = tensorboard_gradients.cli:main"],
     },
     classifiers=[
         "Framework :: TensorFlow",

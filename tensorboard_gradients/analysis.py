@@ -234,10 +234,21 @@ def _block_nanmedian(blocks: np.ndarray) -> np.ndarray:
     return np.where(count > 0, (low + high[..., 0]) / 2, np.nan)
 
 
-def _spike_zscores(log_norms: np.ndarray, thresholds: Thresholds):
-    """(robust z-score, log10 ratio) of each cell against the previous block's median and MAD.
+def _forward_filled(blocks: np.ndarray) -> np.ndarray:
+    """Each NaN entry along axis 0 replaced by the last non-NaN entry before it (NaN if none)."""
+    index = np.where(np.isnan(blocks), -1, np.arange(len(blocks)).reshape((-1,) + (1,) * (blocks.ndim - 1)))
+    last = np.maximum.accumulate(index, axis=0)
+    filled = np.take_along_axis(blocks, np.maximum(last, 0), axis=0)
+    return np.where(last >= 0, filled, np.nan)
 
-    NaN where there is no complete previous block (or nothing to compare).
+
+def _spike_zscores(log_norms: np.ndarray, thresholds: Thresholds, exclude=None):
+    """(robust z-score, log10 ratio) of each cell against the running median and MAD.
+
+    The reference of step t is the latest complete block of ``spike_window`` logged steps before
+    t's block that had healthy cells: ``exclude``d cells (vanishing ones) and missing ones do not
+    count, so a layer recovering from a vanishing stretch is compared with its level before it,
+    not flagged as a spike. NaN where there is no reference yet.
     """
     window = thresholds.spike_window
     steps = log_norms.shape[0]
@@ -246,12 +257,14 @@ def _spike_zscores(log_norms: np.ndarray, thresholds: Thresholds):
     excess = np.full(log_norms.shape, np.nan)
     if steps <= window:
         return z, excess
-    finite = np.where(np.isfinite(log_norms), log_norms, np.nan)
-    blocked = finite[: blocks * window].reshape((blocks, window) + log_norms.shape[1:])
+    usable = np.isfinite(log_norms) if exclude is None else np.isfinite(log_norms) & ~exclude
+    healthy = np.where(usable, log_norms, np.nan)
+    blocked = healthy[: blocks * window].reshape((blocks, window) + log_norms.shape[1:])
     median = _block_nanmedian(blocked)
     mad = _block_nanmedian(np.abs(blocked - median[:, None]))
+    median, mad = _forward_filled(median), _forward_filled(np.where(np.isnan(median), np.nan, mad))
     sigma = np.maximum(_MAD_TO_SIGMA * mad, thresholds.spike_min_sigma)
-    # Step t (t >= window) is judged against block t // window - 1.
+    # Step t (t >= window) is judged against block t // window - 1 (or the last healthy one).
     reference = np.arange(window, steps) // window - 1
     with np.errstate(invalid="ignore"):
         excess[window:] = log_norms[window:] - median[reference]
@@ -317,6 +330,7 @@ class _Findings:
     spike: np.ndarray
     vanishing_absolute: np.ndarray  # sustained
     depth: Optional[tuple]  # (layer names, row -> layer, [steps, layers] ratios, sustained flags)
+    vanishing: np.ndarray  # either vanishing rule, per cell
 
 
 def _findings(series, thresholds: Thresholds) -> _Findings:
@@ -327,27 +341,25 @@ def _findings(series, thresholds: Thresholds) -> _Findings:
         exploding_absolute = ~missing & (norms >= thresholds.exploding_norm)
         vanishing_absolute = _sustained(~missing & (norms < thresholds.vanishing_norm),
                                         thresholds.sustain_steps)
-    spike_z, spike_excess = _spike_zscores(_log10(norms), thresholds)
-    spike = ~missing & _spikes(spike_z, thresholds)
+    vanishing = vanishing_absolute.copy()
     depth = _depth_ratios(series, norms, thresholds)
     if depth is not None:
         names, rows, ratios = depth
         with np.errstate(invalid="ignore"):
             flags = _sustained(ratios < thresholds.depth_ratio, thresholds.sustain_steps)
         depth = (names, rows, ratios, flags)
+        vanishing |= flags[:, rows] & ~missing
+    spike_z, spike_excess = _spike_zscores(_log10(norms), thresholds, exclude=vanishing)
+    spike = ~missing & _spikes(spike_z, thresholds)
     return _Findings(
         norms, missing, nonfinite, exploding_absolute, spike_z, spike_excess, spike,
-        vanishing_absolute, depth,
+        vanishing_absolute, depth, vanishing,
     )
 
 
 def _classes(findings: _Findings) -> np.ndarray:
-    vanishing = findings.vanishing_absolute.copy()
-    if findings.depth is not None:
-        _, rows, _, flags = findings.depth
-        vanishing |= flags[:, rows] & ~findings.missing
     classes = np.full(findings.norms.shape, OK, dtype=np.int8)
-    classes[vanishing] = VANISHING
+    classes[findings.vanishing] = VANISHING
     classes[findings.exploding_absolute | findings.spike] = EXPLODING
     classes[findings.nonfinite] = NONFINITE
     classes[findings.missing] = MISSING
@@ -392,7 +404,7 @@ class _AlertBuilder:
             span = f"at step {first}"
         else:
             span = f"at {hits.size} logged steps from step {first} to {last}"
-        subject = variable or (f"layer {layer}" if layer else "the model")
+        subject = variable or (f"layer {layer}" if layer else "whole model")
         self.alerts.append(
             Alert(
                 kind=kind,
@@ -410,12 +422,13 @@ class _AlertBuilder:
         )
 
 
-def diagnose(series, **thresholds) -> List[Alert]:
+def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> List[Alert]:
     """Every finding in one logged series, most urgent first.
 
     Args:
       series: a `GradientSeries` (from `read_logdir`, or the plugin's data provider).
-      **thresholds: overrides of `Thresholds` fields, e.g. ``exploding_norm=100``.
+      thresholds: a `Thresholds` to start from (default: the documented defaults).
+      **overrides: `Thresholds` fields to change, e.g. ``diagnose(series, exploding_norm=100)``.
 
     Returns:
       `Alert` objects sorted by severity (critical, warning, info), then first step, then model
@@ -427,7 +440,10 @@ def diagnose(series, **thresholds) -> List[Alert]:
     Raises:
       ValueError: an unknown or invalid threshold.
     """
-    limits = Thresholds(**thresholds)
+    try:
+        limits = dataclasses.replace(thresholds or Thresholds(), **overrides)
+    except TypeError as error:  # an unknown field name
+        raise ValueError(f"{error}; known thresholds: {', '.join(Thresholds.names())}") from None
     findings = _findings(series, limits)
     builder = _AlertBuilder(series)
     norms = findings.norms
@@ -441,8 +457,8 @@ def diagnose(series, **thresholds) -> List[Alert]:
         at_first = first_nonfinite is not None and mask[first_nonfinite]
         builder.add(
             "nonfinite", "count", "critical", mask, nonfinite_entries[:, row], np.max, 0,
-            lambda v, at_first=at_first: f"gradient has NaN/Inf entries (up to {v:.0f})"
-            + (" - among the first non-finite gradients of the run" if at_first else ""),
+            lambda v, at_first=at_first: f"gradient had up to {v:.0f} NaN/Inf entries"
+            + (" (among the first non-finite gradients of the run)" if at_first else ""),
             row=row,
         )
 

@@ -1,23 +1,147 @@
-"""The TensorBoard plugin: HTTP routes over TensorBoard's data provider (no TensorFlow import).
+"""The TensorBoard plugin: HTTP routes only (no TensorFlow import).
 
 This module is the `tensorboard_plugins` entry point, so it stays light: TensorBoard imports it
-unguarded at start-up and dies if it raises.
+unguarded at start-up and dies if it raises. Data comes from `data_access` (TensorBoard's data
+provider, both loaders), rules from `analysis`, the merged matrix from `heatmap`.
+
+Routes (GET, under ``/data/plugin/gradients/``):
+
+* ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}``
+* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&<threshold>=<value>...]``
+* ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...]}``
+* ``series?run&tag&variable[&<threshold>...]`` -> every stat of one variable over the steps
+* ``histogram?run&tag&variable&step`` -> the distribution at the nearest logged step
+* ``export?run&tag&format=csv`` -> the whole matrix as a CSV download
+* ``static/<file>`` -> the Gradients tab's ES modules
+
+JSON encoding of numbers: finite floats are JSON numbers; NaN, +Inf and -Inf are the STRINGS
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (TensorBoard's own convention, `json_util.Cleanse`),
+so exploding gradients survive the trip. A missing gradient is ``"NaN"`` with class ``"missing"``.
+Threshold overrides are the field names of `analysis.Thresholds` (e.g. ``&exploding_norm=100``).
+
+Errors: a missing or invalid parameter answers 400, an unknown run, tag, variable or stat 404,
+both as ``{"error": message}``.
 """
 
+import functools
+import json
+import mimetypes
+import os
+import re
+
+import numpy as np
 from tensorboard import context as tb_context
 from tensorboard import plugin_util
-from tensorboard import errors
 from tensorboard.backend import http_util
-from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
-from werkzeug import wrappers
+from werkzeug import security, wrappers
 
-from tensorboard_gradients import metadata
+from tensorboard_gradients import analysis, data_access, export, heatmap, metadata
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
 # plugin; 0 keeps every logged step. `--samples_per_plugin gradients=N` still caps it.
 DEFAULT_SAMPLES = 0
-_ALL_POINTS = 10**9
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+_STATIC_PREFIX = "/static/"
+_STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".json": "application/json"}
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _floats(values):
+    """Nested lists of a float array, non-finite values as TensorBoard's strings."""
+    array = np.asarray(values, dtype=np.float64)
+    if np.isfinite(array).all():
+        return array.tolist()
+    encoded = array.astype(object)
+    encoded[np.isnan(array)] = "NaN"
+    encoded[array == np.inf] = "Infinity"
+    encoded[array == -np.inf] = "-Infinity"
+    return encoded.tolist()
+
+
+def _class_names(codes):
+    return np.asarray(analysis.CLASSES, dtype=object)[codes].tolist()
+
+
+def _respond_json(request, payload, code=200):
+    # Arrays were encoded by `_floats`; `allow_nan=False` proves no bare NaN slipped through.
+    return http_util.Respond(
+        request, json.dumps(payload, allow_nan=False), "application/json", code=code
+    )
+
+
+class _Query:
+    """The query string of one request, validated (400 on anything unexpected)."""
+
+    def __init__(self, request, names, thresholds=False):
+        self._args = request.args
+        allowed = set(names) | (set(analysis.Thresholds.names()) if thresholds else set())
+        for name in self._args:
+            if name not in allowed:
+                raise _BadRequest(
+                    f"unknown parameter {name!r}; this route takes {', '.join(sorted(allowed))}"
+                )
+            if len(self._args.getlist(name)) > 1:
+                raise _BadRequest(f"parameter {name!r} was given more than once")
+        self._thresholds = thresholds
+
+    def text(self, name):
+        value = self._args.get(name)
+        if value is None or value == "":
+            raise _BadRequest(f"missing parameter {name!r}")
+        return value
+
+    def integer(self, name, minimum, required=False):
+        if name not in self._args and not required:
+            return None
+        text = self.text(name)
+        try:
+            value = int(text)
+        except ValueError:
+            raise _BadRequest(f"parameter {name!r} must be an integer, got {text[:40]!r}") from None
+        if value < minimum:
+            raise _BadRequest(f"parameter {name!r} must be at least {minimum}, got {value}")
+        return value
+
+    def choice(self, name, options):
+        value = self._args.get(name, options[0])
+        if value not in options:
+            raise _BadRequest(f"parameter {name!r} must be one of {', '.join(options)}")
+        return value
+
+    def thresholds(self) -> analysis.Thresholds:
+        names = analysis.Thresholds.names()
+        return analysis.Thresholds.from_strings({n: self._args[n] for n in names if n in self._args})
+
+
+def _route(handler):
+    """Runs a handler with the request's context; maps bad input to 400 and unknown names to 404."""
+
+    @functools.wraps(handler)
+    @wrappers.Request.application
+    def application(self, request):
+        ctx = tb_context.from_environ(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        try:
+            return handler(self, request, ctx, experiment)
+        except data_access.UnknownError as error:
+            return _respond_json(request, {"error": str(error)}, code=404)
+        except ValueError as error:  # _BadRequest, thresholds, unreadable format, no epochs
+            return _respond_json(request, {"error": str(error)}, code=400)
+
+    return application
+
+
+def _variable_row(series, variable):
+    try:
+        return series.variables.index(variable)
+    except ValueError:
+        raise data_access.UnknownError(
+            f"no variable {variable!r} in run {series.run!r}, tag {series.tag!r}"
+        ) from None
 
 
 class GradientsPlugin(base_plugin.TBPlugin):
@@ -26,10 +150,18 @@ class GradientsPlugin(base_plugin.TBPlugin):
     plugin_name = metadata.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext):
-        self._data_provider = context.data_provider
+        self._data = data_access.GradientData(context.data_provider)
 
     def get_plugin_apps(self):
-        return {"/runs": self._serve_runs}
+        return {
+            "/runs": self._serve_runs,
+            "/heatmap": self._serve_heatmap,
+            "/alerts": self._serve_alerts,
+            "/series": self._serve_series,
+            "/histogram": self._serve_histogram,
+            "/export": self._serve_export,
+            _STATIC_PREFIX + "*": self._serve_static,
+        }
 
     def is_active(self):
         return False  # activity comes from `data_plugin_names` meeting the data provider
@@ -40,45 +172,192 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return ()
 
     def frontend_metadata(self):
-        return base_plugin.FrontendMetadata(tab_name="Gradients")
+        return base_plugin.FrontendMetadata(
+            es_module_path=_STATIC_PREFIX + "index.js", tab_name="Gradients"
+        )
+
+    @_route
+    def _serve_runs(self, request, ctx, experiment):
+        """Every stats tag: sizes, stat names and which extras (histograms, epochs) exist.
+
+        A tag whose metadata this version cannot read is listed with an ``"error"`` message.
+        """
+        _Query(request, ())
+        tags = self._data.tags(ctx, experiment)
+        result = {}
+        for run, run_tags in tags.items():
+            for tag, info in run_tags.items():
+                if info.error:
+                    result.setdefault(run, {})[tag] = {
+                        "variables": 0, "steps": 0, "stats": [], "histograms": False,
+                        "epochs": False, "error": info.error,
+                    }
+                    continue
+                if info.parsed.kind != metadata.KIND_STATS:
+                    continue
+                loaded = self._data.series(ctx, experiment, run, tag, tags)
+                series = loaded.series
+                result.setdefault(run, {})[tag] = {
+                    "variables": len(series.variables),
+                    "steps": len(series.steps),
+                    "stats": list(series.stat_names),
+                    "histograms": metadata.histogram_tag(tag) in run_tags,
+                    "epochs": series.epoch_starts is not None,
+                    "sampled": loaded.sampled,
+                }
+        return _respond_json(request, result)
+
+    def _load(self, ctx, experiment, query):
+        return self._data.series(ctx, experiment, query.text("run"), query.text("tag"))
+
+    @_route
+    def _serve_heatmap(self, request, ctx, experiment):
+        """The layer x step matrix of one stat, coloured by `analysis.classify`.
+
+        ``values``/``classes`` are ``[variable][column]`` (rows in model order). With more logged
+        steps than ``max_steps``, consecutive steps merge into one column by the never-hide-the-
+        worst rule (`heatmap.merge`); ``steps``/``last_steps`` give each column's step range.
+        ``axis=epoch`` makes one column per epoch (adds ``epoch_index``; 400 without epoch marks).
+        ``sampled`` explains when TensorBoard could not deliver every logged step (else null).
+        """
+        query = _Query(request, ("run", "tag", "stat", "max_steps", "axis"), thresholds=True)
+        stat = query.text("stat")
+        max_steps = query.integer("max_steps", minimum=1)
+        by_epoch = query.choice("axis", ("step", "epoch")) == "epoch"
+        thresholds = query.thresholds()
+        loaded = self._load(ctx, experiment, query)
+        series = loaded.series
+        if stat not in series.stat_names:
+            raise data_access.UnknownError(
+                f"no stat {stat!r} in run {series.run!r}, tag {series.tag!r}; "
+                f"have {', '.join(series.stat_names)}"
+            )
+        matrix = heatmap.build(
+            series, stat, self._data.classes(loaded, thresholds), max_steps, by_epoch
+        )
+        payload = {
+            "run": series.run,
+            "tag": series.tag,
+            "stat": stat,
+            "variables": list(series.variables),
+            "layers": list(series.layers),
+            "steps": matrix.steps.tolist(),
+            "last_steps": matrix.last_steps.tolist(),
+            "wall_times": _floats(matrix.wall_times),
+            "values": _floats(matrix.values),
+            "classes": _class_names(matrix.classes),
+            "epochs": None if series.epoch_starts is None else series.epoch_starts.tolist(),
+            "downsampled": matrix.downsampled or loaded.sampled is not None,
+            "sampled": loaded.sampled,
+        }
+        if by_epoch:
+            payload["epoch_index"] = matrix.epoch_index.tolist()
+        return _respond_json(request, payload)
+
+    @_route
+    def _serve_alerts(self, request, ctx, experiment):
+        """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first."""
+        query = _Query(request, ("run", "tag"), thresholds=True)
+        thresholds = query.thresholds()
+        loaded = self._load(ctx, experiment, query)
+        alerts = self._data.alerts(loaded, thresholds)
+        encoded = [
+            dict(alert.to_json(), value=_floats(alert.value), threshold=_floats(alert.threshold))
+            for alert in alerts
+        ]
+        return _respond_json(request, {"alerts": encoded, "sampled": loaded.sampled})
+
+    @_route
+    def _serve_series(self, request, ctx, experiment):
+        """Every stat of one variable over the logged steps, with its cell classes."""
+        query = _Query(request, ("run", "tag", "variable"), thresholds=True)
+        variable = query.text("variable")
+        thresholds = query.thresholds()
+        loaded = self._load(ctx, experiment, query)
+        series = loaded.series
+        row = _variable_row(series, variable)
+        shape = series.shapes[row]
+        return _respond_json(
+            request,
+            {
+                "run": series.run,
+                "tag": series.tag,
+                "variable": variable,
+                "layer": series.layers[row],
+                "shape": None if shape is None else list(shape),
+                "steps": series.steps.tolist(),
+                "wall_times": _floats(series.wall_times),
+                "stats": {
+                    name: _floats(series.values[:, row, column])
+                    for column, name in enumerate(series.stat_names)
+                },
+                "classes": _class_names(self._data.classes(loaded, thresholds)[:, row]),
+                "epochs": None if series.epoch_starts is None else series.epoch_starts.tolist(),
+            },
+        )
+
+    @_route
+    def _serve_histogram(self, request, ctx, experiment):
+        """One variable's log10|g| histogram at the logged step nearest ``step`` (ties: earlier).
+
+        ``counts`` follow ``bins`` (labels) and ``log10_edges`` as in `metadata` (exact zeros,
+        below/above the edges, NaN and Inf have their own bins).
+        """
+        query = _Query(request, ("run", "tag", "variable", "step"))
+        variable = query.text("variable")
+        step = query.integer("step", minimum=0, required=True)
+        loaded = self._load(ctx, experiment, query)
+        row = _variable_row(loaded.series, variable)
+        histograms = self._data.histograms(
+            ctx, experiment, loaded.series.run, loaded.series.tag
+        )
+        index = int(np.argmin(np.abs(histograms.steps - step)))
+        return _respond_json(
+            request,
+            {
+                "run": loaded.series.run,
+                "tag": loaded.series.tag,
+                "variable": variable,
+                "requested_step": step,
+                "step": int(histograms.steps[index]),
+                "wall_time": float(histograms.wall_times[index]),
+                "bins": list(histograms.bin_labels),
+                "log10_edges": list(histograms.log10_edges),
+                "counts": _floats(histograms.counts[index, row]),
+                "steps": histograms.steps.tolist(),
+            },
+        )
+
+    @_route
+    def _serve_export(self, request, ctx, experiment):
+        """The whole matrix as CSV (long format, see `export.csv_chunks`), streamed."""
+        query = _Query(request, ("run", "tag", "format"))
+        if query.text("format") != "csv":
+            raise _BadRequest("parameter 'format' must be csv")
+        series = self._load(ctx, experiment, query).series
+        filename = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{series.run}_{series.tag}") + ".csv"
+        response = wrappers.Response(
+            (chunk.encode("utf-8") for chunk in export.csv_chunks(series)),
+            mimetype="text/csv",
+            headers={
+                "Content-Disposition": f'attachment; filename="{filename}"',
+                "X-Content-Type-Options": "nosniff",
+                "Cache-Control": "no-cache",
+            },
+        )
+        return response
 
     @wrappers.Request.application
-    def _serve_runs(self, request):
-        """``{run: {tag: {"variables", "steps", "stats", "histograms"}}}`` for stats tags."""
-        ctx = tb_context.from_environ(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        listing = self._data_provider.list_tensors(
-            ctx, experiment_id=experiment, plugin_name=metadata.PLUGIN_NAME
-        )
-        result = {}
-        for run, tags in listing.items():
-            for tag, series in tags.items():
-                try:
-                    parsed = metadata.parse_plugin_data(series.plugin_content)
-                except metadata.UnsupportedFormatError as error:
-                    raise errors.InvalidArgumentError(f"run {run!r}, tag {tag!r}: {error}")
-                if parsed.kind != metadata.KIND_STATS:
-                    continue
-                result.setdefault(run, {})[tag] = {
-                    "variables": len(parsed.layout.variables),
-                    "steps": 0,
-                    "stats": list(parsed.layout.stats),
-                    "histograms": metadata.histogram_tag(tag) in tags,
-                }
-        if result:
-            points = self._data_provider.read_tensors(
-                ctx,
-                experiment_id=experiment,
-                plugin_name=metadata.PLUGIN_NAME,
-                downsample=_ALL_POINTS,
-                run_tag_filter=provider.RunTagFilter(
-                    runs=list(result), tags={t for tags in result.values() for t in tags}
-                ),
-            )
-            for run, tags in result.items():
-                for tag, info in tags.items():
-                    info["steps"] = len(points.get(run, {}).get(tag, ()))
-        return http_util.Respond(request, result, "application/json")
+    def _serve_static(self, request):
+        """The tab's files from the package's ``static`` folder; nothing outside it."""
+        relative = request.path.split(_STATIC_PREFIX, 1)[-1]
+        path = security.safe_join(STATIC_DIR, relative)
+        if path is None or not os.path.isfile(path):
+            return _respond_json(request, {"error": f"no static file {relative!r}"}, code=404)
+        extension = os.path.splitext(path)[1]
+        content_type = _STATIC_TYPES.get(extension) or mimetypes.guess_type(path)[0]
+        with open(path, "rb") as handle:
+            return http_util.Respond(request, handle.read(), content_type or "text/plain")
 
 
 class GradientsLoader(base_plugin.TBLoader):
@@ -91,4 +370,3 @@ class GradientsLoader(base_plugin.TBLoader):
 
     def load(self, context):
         return GradientsPlugin(context)
-

@@ -1,0 +1,259 @@
+"""The diagnosis rules on synthetic series: what must alert, and what must not."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tensorboard_gradients import analysis, metadata
+from tensorboard_gradients.reader import GradientSeries
+
+STEPS = 300
+
+
+def make_series(norms, variables, zero_fraction=None, nonfinite=None, missing=None,
+                weights=None, updates=None):
+    """A series whose l2_norm is ``norms[step, variable]`` (other stats consistent enough)."""
+    norms = np.asarray(norms, dtype=np.float64)
+    layout = metadata.Layout.create(
+        variables, [(8, 8)] * len(variables), with_weights=weights is not None,
+        with_updates=updates is not None,
+    )
+    values = np.zeros(norms.shape + (len(layout.stats),))
+    column = {name: i for i, name in enumerate(layout.stats)}
+    values[..., column["l2_norm"]] = norms
+    values[..., column["size"]] = 64
+    values[..., column["zero_fraction"]] = 0.0 if zero_fraction is None else zero_fraction
+    if nonfinite is not None:
+        values[..., column["nan_count"]] = nonfinite
+    if weights is not None:
+        values[..., column["weight_l2_norm"]] = weights
+    if updates is not None:
+        values[..., column["update_l2_norm"]] = updates
+    if missing is not None:
+        values[missing] = np.nan
+    return GradientSeries(
+        run="run", tag="gradients", name="gradients", variables=layout.variables,
+        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
+        steps=np.arange(norms.shape[0]) * 10, wall_times=np.arange(norms.shape[0], dtype=float),
+        values=values,
+    )
+
+
+def deep_net(depth=12, scale=0.1, noise=0.1, steps=STEPS, seed=0):
+    """A healthy deep ReLU net: every layer's kernel and bias within a few x of each other."""
+    rng = np.random.default_rng(seed)
+    variables = []
+    for layer in range(depth):
+        variables += [f"dense_{layer:02d}/kernel", f"dense_{layer:02d}/bias"]
+    levels = np.tile([scale, scale / 3], depth)
+    norms = levels * 10 ** rng.normal(scale=noise, size=(steps, len(variables)))
+    return norms, variables
+
+
+def kinds(alerts):
+    return sorted({(a.kind, a.rule) for a in alerts})
+
+
+def test_healthy_deep_relu_net_has_no_alerts_and_all_cells_ok():
+    norms, variables = deep_net()
+    series = make_series(norms, variables)
+    assert analysis.diagnose(series) == []
+    assert (analysis.classify(series) == analysis.OK).all()
+
+
+def test_one_noisy_step_is_not_an_alert_nor_a_highlighted_cell():
+    norms, variables = deep_net()
+    norms[150, 3] = 1e-9  # below the absolute floor, once
+    norms[200, :6] *= 1e-6  # three layers collapse relative to depth, once
+    series = make_series(norms, variables)
+    assert analysis.diagnose(series) == []
+    assert (analysis.classify(series) == analysis.OK).all()
+
+
+def test_a_legitimately_small_final_bias_is_not_flagged():
+    norms, variables = deep_net()
+    variables += ["logits/kernel", "logits/bias"]
+    final = np.column_stack([np.full(STEPS, 0.3), np.full(STEPS, 1e-5)])
+    series = make_series(np.column_stack([norms, final]), variables)
+    assert analysis.diagnose(series) == []
+
+
+def test_input_side_layers_vanishing_by_depth_are_flagged_per_layer():
+    norms, variables = deep_net()
+    norms[100:140, :4] *= 1e-5  # dense_00 and dense_01, 40 logged steps, above the floor
+    series = make_series(norms, variables)
+    alerts = analysis.diagnose(series)
+    assert kinds(alerts) == [("vanishing", "depth")]  # and no spike when they recover
+    assert sorted(a.layer for a in alerts) == ["dense_00", "dense_01"]
+    for alert in alerts:
+        assert alert.variable is None and alert.severity == "warning"
+        assert (alert.first_step, alert.last_step, alert.steps) == (1000, 1390, 40)
+        assert alert.value < 1e-4 and "output-side" in alert.message
+    classes = analysis.classify(series)
+    assert (classes[100:140, :4] == analysis.VANISHING).all()
+    assert (classes[:100] == analysis.OK).all() and (classes[140:] == analysis.OK).all()
+
+
+def test_absolute_floor_needs_sustained_steps():
+    norms, variables = deep_net()
+    norms[50:60, 5] = 1e-9
+    norms[80:83, 6] = 1e-9  # 3 < sustain_steps
+    alerts = analysis.diagnose(make_series(norms, variables))
+    assert [(a.kind, a.rule, a.variable, a.first_step, a.last_step) for a in alerts] == [
+        ("vanishing", "absolute", variables[5], 500, 590)
+    ]
+    assert alerts[0].value == pytest.approx(1e-9)
+    longer = analysis.diagnose(make_series(norms, variables), sustain_steps=3)
+    assert {a.variable for a in longer} == {variables[5], variables[6]}
+
+
+def test_nonfinite_reports_first_step_and_every_variable_hit_there():
+    norms, variables = deep_net()
+    counts = np.zeros_like(norms)
+    counts[120, [7, 2]] = [5, 1]
+    counts[121:, :] = 64  # everything is NaN afterwards
+    alerts = analysis.diagnose(make_series(norms, variables, nonfinite=counts))
+    nonfinite = [a for a in alerts if a.kind == "nonfinite"]
+    assert len(nonfinite) == len(variables)
+    assert all(a.severity == "critical" for a in nonfinite)
+    first = [a for a in nonfinite if a.first_step == 1200]
+    assert [a.variable for a in first] == [variables[2], variables[7]]  # model order
+    assert alerts[:2] == first  # most urgent first
+    assert all("first non-finite" in a.message for a in first)
+    assert not any("first non-finite" in a.message for a in nonfinite[2:])
+    assert first[1].steps == STEPS - 120
+    classes = analysis.classify(make_series(norms, variables, nonfinite=counts))
+    assert classes[120, 7] == analysis.NONFINITE and classes[120, 0] == analysis.OK
+
+
+def test_exploding_absolute_and_global_norm():
+    norms, variables = deep_net()
+    norms[250, 4] = 5e3
+    series = make_series(norms, variables)
+    alerts = analysis.diagnose(series)
+    critical = [a for a in alerts if a.severity == "critical"]
+    assert kinds(critical) == [("exploding", "absolute"), ("exploding", "global")]
+    absolute = next(a for a in critical if a.rule == "absolute")
+    assert (absolute.variable, absolute.first_step, absolute.value) == (variables[4], 2500, 5e3)
+    glob = next(a for a in critical if a.rule == "global")
+    assert glob.variable is None and glob.layer is None and glob.value >= 5e3
+    assert analysis.classify(series)[250, 4] == analysis.EXPLODING
+
+
+def test_global_norm_alone_can_explode():
+    variables = [f"d{i}/kernel" for i in range(100)]
+    norms = np.full((STEPS, 100), 50.0)  # each variable below 1e3, together 500
+    norms[200:] = 150.0  # together 1500
+    alerts = analysis.diagnose(make_series(norms, variables))
+    assert [(a.kind, a.rule, a.first_step) for a in alerts if a.severity == "critical"] == [
+        ("exploding", "global", 2000)
+    ]
+
+
+def test_spike_against_running_median_but_not_a_small_bump():
+    norms, variables = deep_net(noise=0.05)
+    norms[200, 9] *= 30  # 30x: a spike, far below the absolute ceiling
+    norms[220, 11] *= 2  # 2x: normal variation
+    series = make_series(norms, variables)
+    alerts = analysis.diagnose(series)
+    spikes = [a for a in alerts if a.rule == "spike"]
+    assert [(a.variable, a.first_step) for a in spikes] == [(variables[9], 2000)]
+    assert spikes[0].severity == "warning" and spikes[0].value >= 5
+    ratio = float(spikes[0].message.split("spiked to ")[1].split("x its")[0])
+    assert 20 < ratio < 45
+    classes = analysis.classify(series)
+    assert classes[200, 9] == analysis.EXPLODING and classes[220, 11] == analysis.OK
+    # No history yet: the first spike_window steps are judged by the absolute ceiling only.
+    early, _ = deep_net(noise=0.05)
+    early[10, 9] *= 30
+    assert not [a for a in analysis.diagnose(make_series(early, variables)) if a.rule == "spike"]
+
+
+def test_dead_needs_sustained_zero_fraction():
+    norms, variables = deep_net()
+    zeros = np.zeros_like(norms)
+    zeros[30:60, 3] = 1.0
+    zeros[90:93, 4] = 1.0
+    alerts = analysis.diagnose(make_series(norms, variables, zero_fraction=zeros))
+    assert [(a.kind, a.variable, a.first_step, a.last_step) for a in alerts] == [
+        ("dead", variables[3], 300, 590)
+    ]
+
+
+def test_update_ratio_outside_the_band_around_1e3():
+    norms, variables = deep_net(depth=3)
+    weights = np.ones_like(norms)
+    updates = np.full_like(norms, 1e-3)
+    updates[:, 0] = 0.5  # rewritten every step
+    updates[:, 5] = 1e-8  # barely learning
+    alerts = analysis.diagnose(make_series(norms, variables, weights=weights, updates=updates))
+    found = {(a.variable, a.rule): a for a in alerts}
+    assert set(found) == {(variables[0], "update/weight"), (variables[5], "update/weight")}
+    assert found[(variables[0], "update/weight")].value == pytest.approx(0.5)
+    assert "above" in found[(variables[0], "update/weight")].message
+    assert "below" in found[(variables[5], "update/weight")].message
+    assert all(a.severity == "info" for a in alerts)
+
+
+def test_gradient_weight_fallback_without_update_norms():
+    norms, variables = deep_net(depth=3)
+    weights = np.full_like(norms, 10.0)  # ratios 1e-2 / 3e-3: inside [1e-3, 10]
+    weights[:, 2] = 1e6  # ratio 1e-7: below
+    alerts = analysis.diagnose(make_series(norms, variables, weights=weights))
+    assert [(a.kind, a.rule, a.variable) for a in alerts] == [
+        ("update_ratio", "gradient/weight", variables[2])
+    ]
+
+
+def test_missing_gradients_are_their_own_class_and_never_alert():
+    norms, variables = deep_net()
+    missing = np.zeros(norms.shape, dtype=bool)
+    missing[:, 5] = True
+    series = make_series(norms, variables, missing=missing)
+    classes = analysis.classify(series)
+    assert (classes[:, 5] == analysis.MISSING).all()
+    assert analysis.diagnose(series) == []
+
+
+def test_thresholds_are_overridable_and_validated():
+    norms, variables = deep_net()
+    series = make_series(norms, variables)
+    assert kinds(analysis.diagnose(series, exploding_norm=0.01)) == [("exploding", "absolute")]
+    lowered = analysis.Thresholds(exploding_norm=0.01)
+    assert analysis.diagnose(series, lowered) == analysis.diagnose(series, exploding_norm=0.01)
+    assert (analysis.classify(series, lowered) == analysis.EXPLODING).all()
+    with pytest.raises(ValueError, match="known thresholds"):
+        analysis.diagnose(series, explode=3)
+    for bad in ({"exploding_norm": -1}, {"exploding_norm": float("nan")},
+                {"sustain_steps": 0}, {"sustain_steps": 2.5}, {"dead_fraction": 2},
+                {"update_ratio_low": 1.0, "update_ratio_high": 0.1}):
+        with pytest.raises(ValueError):
+            analysis.Thresholds(**bad)
+    assert analysis.Thresholds.from_strings({"sustain_steps": "7"}).sustain_steps == 7
+    with pytest.raises(ValueError, match="must be a number"):
+        analysis.Thresholds.from_strings({"exploding_norm": "<b>"})
+    with pytest.raises(ValueError, match="unknown threshold"):
+        analysis.Thresholds.from_strings({"nope": "1"})
+
+
+def test_every_default_is_documented_with_its_rationale():
+    doc = analysis.Thresholds.__doc__
+    for field in dataclasses.fields(analysis.Thresholds):
+        assert f"{field.name} = " in doc or f"{field.name}," in doc, field.name
+    for source in ("Pascanu", "Glorot", "CS231n", "llm.c", "epsilon"):
+        assert source in doc
+
+
+def test_alerts_sorted_by_severity_then_first_step():
+    norms, variables = deep_net()
+    norms[250, 4] = 5e3  # critical at 2500
+    norms[100:140, :2] *= 1e-6  # warning from 1000
+    counts = np.zeros_like(norms)
+    counts[280, 1] = 1  # critical at 2800
+    alerts = analysis.diagnose(make_series(norms, variables, nonfinite=counts))
+    ranks = [(analysis.SEVERITIES.index(a.severity), a.first_step) for a in alerts]
+    assert ranks == sorted(ranks)
+    assert alerts[0].first_step == 2500 and alerts[-1].severity == "warning"
+    assert all(set(a.to_json()) >= {"kind", "variable", "layer", "first_step", "last_step",
+                                    "value", "severity", "message"} for a in alerts)
