@@ -180,9 +180,7 @@ class GradientData:
         except Exception as error:  # noqa: BLE001 - only the gRPC size error is handled
             if not _too_big_for_grpc(error):
                 raise
-        layout = parsed.layout
-        columns = len(layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
-        point_bytes = 8 * max(1, len(layout.variables) * columns)
+        point_bytes = 8 * max(1, int(np.prod(reader.expected_shape(parsed))))
         kept = max(1, _SAMPLED_READ_BYTES // point_bytes)
         logger.warning(
             "run %r tag %r exceeds the data server's %d MiB per-read limit; reading %d sampled "

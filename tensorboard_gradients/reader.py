@@ -64,7 +64,10 @@ class GradientSeries:
         return np.isnan(self.stat("size"))
 
 
-def _expected_shape(parsed):
+def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
+    """The shape of one logged matrix of a tag (``()`` for epoch marks)."""
+    if parsed.kind == metadata.KIND_EPOCHS:
+        return ()
     columns = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
     return (len(parsed.layout.variables), columns)
 
@@ -102,7 +105,7 @@ def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
 
 def histograms_from_points(where, tag, parsed, points) -> Optional[GradientHistograms]:
     """The `GradientHistograms` of a histograms tag's points (None when there are none)."""
-    steps, wall_times, counts = _stacked(where, tag, _expected_shape(parsed), points)
+    steps, wall_times, counts = _stacked(where, tag, expected_shape(parsed), points)
     if not len(steps):
         return None
     return GradientHistograms(
@@ -127,7 +130,7 @@ def series_from_points(
     The one place that turns logged points into a series: `read_logdir` feeds it event-file
     records, the plugin feeds it TensorBoard's data provider.
     """
-    steps, wall_times, values = _stacked(run, tag, _expected_shape(parsed), points)
+    steps, wall_times, values = _stacked(run, tag, expected_shape(parsed), points)
     epoch_points = list(epoch_points)
     epoch_starts = epoch_indices = None
     if epoch_points:

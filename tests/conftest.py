@@ -67,3 +67,32 @@ def assert_row_matches(series, step_index, variable, expected, rtol=2e-5):
 @pytest.fixture
 def logdir(tmp_path):
     return str(tmp_path / "logs")
+
+
+@pytest.fixture(scope="session")
+def plugin_client():
+    """``plugin_client(logdir)``: a werkzeug client of TensorBoard's app with our plugin, over the
+    Python loader's `MultiplexerDataProvider` (call ``.reload()`` on it after writing more)."""
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+
+    from tensorboard_gradients import plugin
+
+    def make(logdir):
+        multiplexer = plugin_event_multiplexer.EventMultiplexer(
+            tensor_size_guidance={"gradients": 0}
+        )
+        multiplexer.AddRunsFromDirectory(logdir)
+        multiplexer.Reload()
+        provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+        context = base_plugin.TBContext(logdir=logdir, data_provider=provider)
+        app = application.TensorBoardWSGI(
+            [plugin.GradientsLoader().load(context)], data_provider=provider
+        )
+        client = werkzeug_test.Client(app)
+        client.reload = multiplexer.Reload
+        return client
+
+    return make

@@ -5,15 +5,11 @@ import time
 
 import numpy as np
 import pytest
-from tensorboard.backend import application
-from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins import base_plugin
 from tensorboard.util import tensor_util
-from werkzeug import test as werkzeug_test
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import event_files, metadata, plugin
+from tensorboard_gradients import event_files, metadata
 
 
 def _write_future_format(run_dir):
@@ -72,33 +68,34 @@ def test_reader_survives_a_half_written_record(tmp_path):
     assert list(tg.read_logdir(str(tmp_path))["."]["gradients"].steps) == [0, 1, 2]
 
 
-def _client(logdir):
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
-    multiplexer.AddRunsFromDirectory(logdir)
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
-    context = base_plugin.TBContext(logdir=logdir, data_provider=provider)
-    app = application.TensorBoardWSGI([plugin.GradientsLoader().load(context)], data_provider=provider)
-    return werkzeug_test.Client(app)
-
-
-def test_runs_route_lists_stats_tags(tmp_path):
+def test_runs_route_lists_stats_tags(tmp_path, plugin_client):
     with tg.GradientWriter(str(tmp_path / "run_a")) as writer:
         for step in range(12):
             writer.write(step, {"a/kernel": np.ones(2), "b/kernel": np.ones(3)}, histograms=step == 0)
-    response = _client(str(tmp_path)).get("/data/plugin/gradients/runs")
+    response = plugin_client(str(tmp_path)).get("/data/plugin/gradients/runs")
     assert response.status_code == 200
     assert json.loads(response.get_data()) == {
         "run_a": {
             "gradients": {
-                "variables": 2, "steps": 12, "stats": list(metadata.GRADIENT_STATS), "histograms": True
+                "variables": 2, "steps": 12, "stats": list(metadata.GRADIENT_STATS),
+                "histograms": True, "epochs": False, "sampled": None,
             }
         }
     }
 
 
-def test_runs_route_answers_400_for_a_newer_format(tmp_path):
+def test_a_newer_format_is_listed_with_its_error_and_refused_by_data_routes(
+    tmp_path, plugin_client
+):
     _write_future_format(str(tmp_path / "future"))
-    response = _client(str(tmp_path)).get("/data/plugin/gradients/runs")
+    with tg.GradientWriter(str(tmp_path / "current")) as writer:
+        writer.write(0, {"a/kernel": np.ones(2)})
+    client = plugin_client(str(tmp_path))
+    response = client.get("/data/plugin/gradients/runs")
+    assert response.status_code == 200
+    runs = json.loads(response.get_data())
+    assert "upgrade" in runs["future"]["gradients"]["error"]
+    assert runs["current"]["gradients"]["steps"] == 1
+    response = client.get("/data/plugin/gradients/heatmap?run=future&tag=gradients&stat=l2_norm")
     assert response.status_code == 400
-    assert b"upgrade" in response.get_data()
+    assert "upgrade" in json.loads(response.get_data())["error"]

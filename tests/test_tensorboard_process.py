@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import tensorboard_gradients as tg
 
 STEPS = 150  # more than either loader keeps per tag by default (10 Python, 100 Rust)
+NAN_STEP = 123
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +23,11 @@ def logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     with tg.GradientWriter(str(root / "numpy_run")) as writer:
         for step in range(STEPS):
+            fc2 = np.ones(5)
+            if step == NAN_STEP:
+                fc2[2] = np.nan
             writer.write(
-                step,
-                {"fc1/weight": np.full((4, 3), 1.0 + step), "fc2/weight": np.ones(5)},
+                step, {"fc1/weight": np.full((4, 3), 1.0 + step), "fc2/weight": fc2},
                 histograms=step % 10 == 0,
             )
     tf = pytest.importorskip("tensorflow")
@@ -94,6 +98,25 @@ def test_every_step_reaches_the_plugin_through_both_loaders(logdir, load_fast):
         assert "gradients" in listing
         assert summary == expected, f"TensorBoard served {runs}"
         assert runs["tf_run"]["gradients"]["stats"][-1] == "weight_l2_norm"
+
+        route = base + "/data/plugin/gradients/"
+        heatmap = _get_json(route + "heatmap?run=numpy_run&tag=gradients&stat=l2_norm")
+        assert heatmap["steps"] == list(range(STEPS)) and not heatmap["downsampled"]
+        assert heatmap["classes"][1][NAN_STEP] == "nonfinite"
+        assert heatmap["values"][0][-1] == pytest.approx(np.sqrt(12) * STEPS)
+        merged = _get_json(route + "heatmap?run=numpy_run&tag=gradients&stat=l2_norm&max_steps=10")
+        assert len(merged["steps"]) == 10 and "nonfinite" in merged["classes"][1]
+        alerts = _get_json(route + "alerts?run=numpy_run&tag=gradients")["alerts"]
+        assert (alerts[0]["kind"], alerts[0]["variable"], alerts[0]["first_step"]) == (
+            "nonfinite", "fc2/weight", NAN_STEP)
+        histogram = _get_json(
+            route + f"histogram?run=numpy_run&tag=gradients&variable=fc2/weight&step={NAN_STEP}")
+        assert histogram["step"] == 120 and histogram["steps"] == list(range(0, STEPS, 10))
+        try:
+            urllib.request.urlopen(route + "heatmap?run=numpy_run&tag=gradients&stat=nope")
+            raise AssertionError("an unknown stat must not answer 200")
+        except urllib.error.HTTPError as error:
+            assert error.code == 404 and "no stat" in json.loads(error.read())["error"]
     finally:
         process.terminate()
         process.wait(timeout=30)

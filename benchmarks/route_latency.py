@@ -1,0 +1,539 @@
+"""Latency of the plugin's HTTP routes in a real `tensorboard`, against TensorBoard's scalars route.
+
+For each size (variables x logged steps) and each loader (``--load_fast=true``: the Rust data
+server; ``false``: the Python multiplexer) this starts ``python -m tensorboard.main`` on a
+generated logdir, waits until the run is loaded, then times over HTTP (a new connection per
+request, until the last byte of the body):
+
+* ``heatmap?stat=l2_norm&max_steps=1000``: the first call ("cold": it pays the read through the
+  data provider, the classification and the build) and the median of ``--repeats`` later calls
+  ("warm": the series and its classes are cached, the matrix is rebuilt and encoded each time);
+* ``runs`` (after the heatmap, so its series is cached), ``alerts`` (cold = first call, it pays
+  `analysis.diagnose`; warm = median) and ``series`` of one variable (first call, median);
+* TensorBoard's own ``/data/plugin/scalars/scalars?run&tag`` for ``--scalar_tags`` tags of the
+  same number of steps (a second run in the same logdir, so the same process serves both, and
+  the warm calls of both are interleaved round by round). The Scalars dashboard asks for one tag
+  per request, so the time for the same number of points as one heatmap stat (variables x steps)
+  is the sum over ``variables`` tags; with fewer scalar tags than variables it is the measured sum
+  scaled by ``variables / scalar_tags`` (printed as ``scaled``).
+
+Nothing is sampled at load: our plugin keeps every step by default, and the scalars plugin gets
+``--samples_per_plugin scalars=<steps + 1>`` (NOT ``scalars=0``: TensorBoard 2.21 passes 0 on to
+the scalars route's read, which then returns no points with the Python loader). One exception is
+inherent: the Rust data server answers a read in one gRPC message of at most 256 MiB, so a tag
+bigger than that (1,000 variables x 11 stats x 10,000 steps of float32 = 440 MB) is read by the
+plugin as a sampled subset; the ``steps served`` column shows it.
+
+"Loaded" = a marker scalar written after the last step of each run is visible through the scalars
+route (the loaders ingest a file in order), so the plugin's routes are not called before the
+timed cold call. ``--reload_interval 0`` (load once) by default, so no reload competes with the
+requests.
+
+Data: ``block_{i}/dense/kernel`` variables, float32 ``[variables, 11]`` matrices written with
+`GradientWriter.write_statistics`: per-variable log-normal ``l2_norm`` around a base scale drawn
+from 1e-2..3, the other columns consistent with it, ``size`` finite, a few exploding spikes.
+Generated once under ``--workdir`` (kept, reused by later runs) or a temporary folder.
+
+Run by hand (minutes; the Python loader ingests the 440 MB run slowly)::
+
+    python benchmarks/route_latency.py                                  # everything
+    python benchmarks/route_latency.py --sizes 100x1000 --loaders false  # smoke run
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+
+from tensorboard_gradients import metadata
+from tensorboard_gradients.writer import GradientWriter
+
+GRADIENT_RUN = "gradients_run"
+SCALAR_RUN = "scalars_run"
+TAG = metadata.DEFAULT_NAME
+MARKER_KEY = "benchmark_loaded"  # written by write_scalars as "<name>/benchmark_loaded"
+SCALAR_NAME = "scalars"
+STAT = "l2_norm"
+MAX_STEPS = 1000
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _stats_matrix(rng, base, sizes, step, spikes):
+    """One step's ``[variables, 11]`` float32 matrix, columns in `metadata.GRADIENT_STATS` order."""
+    n = len(base)
+    norm = base * np.exp(rng.normal(0.0, 0.25, n)) * (1.0 + 1.0 / (1.0 + step / 100.0))
+    hit = spikes.get(step)
+    if hit is not None:
+        norm[hit] *= 1e4
+    std = norm / np.sqrt(sizes)
+    mean = std * rng.normal(0.0, 0.05, n)
+    abs_max = std * rng.uniform(3.5, 5.0, n)
+    columns = {
+        "l2_norm": norm,
+        "mean": mean,
+        "std": std,
+        "min": -abs_max * rng.uniform(0.8, 1.0, n),
+        "max": abs_max,
+        "abs_max": abs_max,
+        "mean_abs": std * 0.8,
+        "zero_fraction": np.zeros(n),
+        "nan_count": np.zeros(n),
+        "inf_count": np.zeros(n),
+        "size": sizes,
+    }
+    return np.stack([columns[s] for s in metadata.GRADIENT_STATS], axis=1).astype(np.float32)
+
+
+def write_gradient_run(directory, variables, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    names = [f"block_{i}/dense/kernel" for i in range(variables)]
+    shapes = [(64 * (1 + i % 4), 256) for i in range(variables)]
+    sizes = np.array([a * b for a, b in shapes], dtype=np.float64)
+    layout = metadata.Layout.create(names, shapes, with_weights=False)
+    base = 10.0 ** rng.uniform(-2.0, 0.5, variables)
+    spike_steps = rng.choice(np.arange(100, steps), size=min(5, steps - 100), replace=False)
+    spikes = {int(s): int(rng.integers(variables)) for s in spike_steps}
+    with GradientWriter(directory) as writer:
+        for step in range(steps):
+            writer.write_statistics(step, layout, _stats_matrix(rng, base, sizes, step, spikes))
+        writer.write_scalars(steps - 1, {MARKER_KEY: 1.0})
+    return names
+
+
+def write_scalar_run(directory, tags, steps, seed=1):
+    """`tags` scalars-plugin tags ``scalars/v{i}`` of `steps` points each, then the marker."""
+    rng = np.random.default_rng(seed)
+    with GradientWriter(directory, name=SCALAR_NAME) as writer:
+        for step in range(steps):
+            values = rng.lognormal(-2.0, 0.5, tags)
+            writer.write_scalars(step, {f"v{i}": float(v) for i, v in enumerate(values)})
+        writer.write_scalars(steps - 1, {MARKER_KEY: 1.0})
+
+
+def logdir_for(workdir, variables, steps, scalar_tags):
+    """``<workdir>/logs_<V>x<S>`` with both runs (reused when a previous run completed it)."""
+    logdir = os.path.join(workdir, f"logs_{variables}x{steps}_k{scalar_tags}")
+    done = os.path.join(logdir, ".complete")
+    if os.path.exists(done):
+        return logdir, 0.0
+    shutil.rmtree(logdir, ignore_errors=True)
+    start = time.perf_counter()
+    scalars_source = os.path.join(workdir, f"scalars_{scalar_tags}x{steps}")
+    if not os.path.exists(os.path.join(scalars_source, ".complete")):
+        shutil.rmtree(scalars_source, ignore_errors=True)
+        write_scalar_run(os.path.join(scalars_source, SCALAR_RUN), scalar_tags, steps)
+        open(os.path.join(scalars_source, ".complete"), "w").close()
+    shutil.copytree(os.path.join(scalars_source, SCALAR_RUN), os.path.join(logdir, SCALAR_RUN))
+    write_gradient_run(os.path.join(logdir, GRADIENT_RUN), variables, steps)
+    open(done, "w").close()
+    return logdir, time.perf_counter() - start
+
+
+def _tree_bytes(path):
+    return sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files
+    )
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid):
+    """`pid` and every process below it (from /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    result, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        result.append(p)
+        todo.extend(children.get(p, ()))
+    return result
+
+
+def _memory_kib(pid, field):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_memory_gib(pid):
+    """(current RSS, sum of each process's peak RSS) of the TensorBoard process tree, GiB."""
+    pids = _descendants(pid)
+    rss = sum(_memory_kib(p, "VmRSS") for p in pids)
+    hwm = sum(_memory_kib(p, "VmHWM") for p in pids)
+    return rss / 2**20, hwm / 2**20
+
+
+def available_gib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+class TensorBoard:
+    """A `tensorboard` subprocess in its own process group, killed as a group on exit."""
+
+    def __init__(self, logdir, load_fast, samples, reload_interval, log_path):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
+                "--host", "127.0.0.1", "--port", str(self.port), f"--load_fast={load_fast}",
+                "--reload_interval", str(reload_interval), "--samples_per_plugin", samples,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            start_new_session=True,  # its own process group: the data server dies with it
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
+
+    def stop(self):
+        if self.process.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+                try:
+                    os.killpg(self.process.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:  # stragglers of the group (the data server) even if the leader is gone
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+
+    def log_tail(self, chars=3000):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def get(base, route, timeout, **params):
+    """(seconds to the last byte, HTTP status, body bytes)."""
+    url = base + route + ("?" + urllib.parse.urlencode(params) if params else "")
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        body = error.read()
+        status = error.code
+    return time.perf_counter() - start, status, body
+
+
+class RouteError(RuntimeError):
+    pass
+
+
+def _checked(result, what):
+    seconds, status, body = result
+    if status != 200:
+        raise RouteError(f"{what} answered {status}: {body[:2000].decode('utf-8', 'replace')}")
+    return seconds, body
+
+
+def _marker_loaded(tb, run, name, steps):
+    try:
+        _, status, body = get(
+            tb.base, "/data/plugin/scalars/scalars", 30, run=run, tag=f"{name}/{MARKER_KEY}"
+        )
+    except OSError:
+        return False
+    if status != 200:
+        return False
+    points = json.loads(body)
+    return bool(points) and points[-1][1] == steps - 1
+
+
+def wait_loaded(tb, steps, timeout):
+    """Seconds from start until each run's marker is visible: {"up", GRADIENT_RUN, SCALAR_RUN}."""
+    times = {}
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if tb.process.poll() is not None:
+            raise RouteError(f"tensorboard exited with {tb.process.returncode}:\n{tb.log_tail()}")
+        if available_gib() < 1.5:
+            raise RouteError(f"machine memory nearly exhausted ({available_gib():.1f} GiB left)")
+        if "up" not in times:
+            try:
+                get(tb.base, "/data/environment", 5)
+                times["up"] = time.perf_counter() - tb.started
+            except OSError:
+                time.sleep(0.25)
+                continue
+        for run, name in ((GRADIENT_RUN, TAG), (SCALAR_RUN, SCALAR_NAME)):
+            if run not in times and _marker_loaded(tb, run, name, steps):
+                times[run] = time.perf_counter() - tb.started
+        if GRADIENT_RUN in times and SCALAR_RUN in times:
+            return times
+        time.sleep(0.5)
+    raise RouteError(f"not loaded after {timeout} s (have {times}):\n{tb.log_tail()}")
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def measure(tb, variables, steps, scalar_tags, repeats, timeout):
+    base = tb.base
+    heatmap_params = dict(run=GRADIENT_RUN, tag=TAG, stat=STAT, max_steps=MAX_STEPS)
+    series_params = dict(run=GRADIENT_RUN, tag=TAG, variable="block_0/dense/kernel")
+    r = {}
+
+    seconds, body = _checked(get(base, "/data/plugin/gradients/heatmap", timeout, **heatmap_params),
+                             "heatmap (cold)")
+    r["heatmap_cold"] = seconds
+    r["heatmap_bytes"] = len(body)
+    heatmap = json.loads(body)
+    r["heatmap_columns"] = len(heatmap["steps"])
+    r["heatmap_rows"] = len(heatmap["values"])
+    r["sampled"] = heatmap["sampled"]
+    del heatmap, body
+
+    seconds, body = _checked(get(base, "/data/plugin/gradients/runs", timeout), "runs")
+    r["runs_first"] = seconds
+    info = json.loads(body)[GRADIENT_RUN][TAG]
+    r["steps_served"] = info["steps"]
+    r["variables_served"] = info["variables"]
+
+    seconds, body = _checked(get(base, "/data/plugin/gradients/alerts", timeout,
+                                 run=GRADIENT_RUN, tag=TAG), "alerts (cold)")
+    r["alerts_cold"] = seconds
+    r["alerts_count"] = len(json.loads(body)["alerts"])
+
+    seconds, body = _checked(get(base, "/data/plugin/gradients/series", timeout, **series_params),
+                             "series (first)")
+    r["series_first"] = seconds
+    r["series_bytes"] = len(body)
+
+    seconds, body = _checked(get(base, "/data/plugin/scalars/scalars", timeout, run=SCALAR_RUN,
+                                 tag=f"{SCALAR_NAME}/v0"), "scalars")
+    scalar_points = len(json.loads(body))
+    if scalar_points != steps:
+        raise RouteError(f"scalars route served {scalar_points} points of {steps}")
+    r["scalar_first"] = seconds
+    r["scalar_bytes"] = len(body)
+
+    warm = {k: [] for k in ("heatmap", "runs", "alerts", "series", "scalars_sum", "scalar_tag")}
+    for _ in range(repeats):  # interleaved rounds: machine noise hits every route alike
+        warm["heatmap"].append(_checked(get(base, "/data/plugin/gradients/heatmap", timeout,
+                                            **heatmap_params), "heatmap")[0])
+        warm["runs"].append(_checked(get(base, "/data/plugin/gradients/runs", timeout), "runs")[0])
+        warm["alerts"].append(_checked(get(base, "/data/plugin/gradients/alerts", timeout,
+                                           run=GRADIENT_RUN, tag=TAG), "alerts")[0])
+        warm["series"].append(_checked(get(base, "/data/plugin/gradients/series", timeout,
+                                           **series_params), "series")[0])
+        total = 0.0
+        for i in range(scalar_tags):
+            seconds = _checked(get(base, "/data/plugin/scalars/scalars", timeout, run=SCALAR_RUN,
+                                   tag=f"{SCALAR_NAME}/v{i}"), "scalars")[0]
+            warm["scalar_tag"].append(seconds)
+            total += seconds
+        warm["scalars_sum"].append(total)
+    for key, values in warm.items():
+        r[key + "_warm"] = statistics.median(values)
+    r["scalars_equiv"] = r["scalars_sum_warm"] * variables / scalar_tags
+    return r
+
+
+def run_one(args, workdir, variables, steps, load_fast):
+    scalar_tags = min(variables, args.scalar_tags)
+    logdir, generate_s = logdir_for(workdir, variables, steps, scalar_tags)
+    row = {
+        "variables": variables, "steps": steps, "load_fast": load_fast,
+        "scalar_tags": scalar_tags, "generate_s": generate_s,
+        "gradient_run_mb": _tree_bytes(os.path.join(logdir, GRADIENT_RUN)) / 1e6,
+        "scalar_run_mb": _tree_bytes(os.path.join(logdir, SCALAR_RUN)) / 1e6,
+    }
+    samples = f"scalars={steps + 1}"
+    log_path = os.path.join(workdir, f"tensorboard_{variables}x{steps}_fast-{load_fast}.log")
+    with TensorBoard(logdir, load_fast, samples, args.reload_interval, log_path) as tb:
+        try:
+            loaded = wait_loaded(tb, steps, args.load_timeout)
+            row["up_s"] = loaded["up"]
+            row["load_s"] = loaded[GRADIENT_RUN]
+            row["scalar_load_s"] = loaded[SCALAR_RUN]
+            row["rss_loaded_gib"], _ = tree_memory_gib(tb.process.pid)
+            row.update(measure(tb, variables, steps, scalar_tags, args.repeats, args.request_timeout))
+        except (RouteError, OSError) as error:
+            row["error"] = f"{type(error).__name__}: {error}"
+            row["log_tail"] = tb.log_tail()
+        finally:
+            row["rss_end_gib"], row["peak_gib"] = tree_memory_gib(tb.process.pid)
+    return row
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _ms(seconds):
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:.1f}"
+
+
+def print_tables(rows, max_steps=MAX_STEPS):
+    print("\nLoad and memory (s from process start; GiB = TensorBoard + data server):\n")
+    print("| size (vars x steps) | loader | run on disk MB | up s | gradients run loaded s "
+          "| scalars run loaded s | RSS loaded GiB | RSS end GiB | peak GiB | steps served |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        served = r.get("steps_served")
+        served = "-" if served is None else (
+            f"{served:,}" + (" (sampled)" if r.get("sampled") else ""))
+        print(f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {r['gradient_run_mb']:.0f} "
+              f"| {_s(r.get('up_s'))} | {_s(r.get('load_s'))} | {_s(r.get('scalar_load_s'))} "
+              f"| {_g(r.get('rss_loaded_gib'))} | {_g(r.get('rss_end_gib'))} "
+              f"| {_g(r.get('peak_gib'))} | {served} |")
+    print(f"\nRoute latency, ms (cold = first call after load; warm = median of the interleaved "
+          f"rounds; heatmap: stat={STAT}, max_steps={max_steps}):\n")
+    print("| size | loader | heatmap cold | heatmap warm | heatmap MB | runs | alerts cold "
+          "| alerts warm | series first | series warm | scalars: 1 tag | scalars: vars x steps "
+          "| heatmap warm / scalars | heatmap cold / scalars |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r and "heatmap_warm" not in r:
+            print(f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | ERROR: "
+                  f"{r['error'].splitlines()[0][:200]} |")
+            continue
+        scaled = "" if r["scalar_tags"] == r["variables"] else f" (scaled from {r['scalar_tags']})"
+        print(
+            f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {_ms(r['heatmap_cold'])} "
+            f"| {_ms(r['heatmap_warm'])} | {r['heatmap_bytes'] / 1e6:.1f} | {_ms(r['runs_warm'])} "
+            f"| {_ms(r['alerts_cold'])} | {_ms(r['alerts_warm'])} | {_ms(r['series_first'])} "
+            f"| {_ms(r['series_warm'])} | {_ms(r['scalar_tag_warm'])} "
+            f"| {_ms(r['scalars_equiv'])}{scaled} | {r['heatmap_warm'] / r['scalars_equiv']:.3f}x "
+            f"| {r['heatmap_cold'] / r['scalars_equiv']:.3f}x |"
+        )
+    for r in rows:
+        if r.get("sampled"):
+            print(f"\n{r['variables']:,} x {r['steps']:,}, {_loader(r)}: sampled: {r['sampled']}")
+        if "error" in r:
+            print(f"\n{r['variables']:,} x {r['steps']:,}, {_loader(r)}: {r['error']}\n"
+                  f"--- tensorboard log tail ---\n{r.get('log_tail', '')}")
+
+
+def _loader(r):
+    return "Rust (load_fast=true)" if r["load_fast"] == "true" else "Python (load_fast=false)"
+
+
+def _s(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _g(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def parse_sizes(text):
+    sizes = []
+    for item in text.split(","):
+        variables, steps = item.lower().split("x")
+        sizes.append((int(variables), int(steps)))
+    return sizes
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100x1000,100x10000,1000x1000,1000x10000",
+                        help="comma-separated VARIABLESxSTEPS")
+    parser.add_argument("--loaders", default="true,false",
+                        help="--load_fast values: true (Rust data server), false (Python)")
+    parser.add_argument("--workdir", default=None,
+                        help="where logdirs are generated and kept (default: a temp dir, removed)")
+    parser.add_argument("--repeats", type=int, default=5, help="warm rounds per route")
+    parser.add_argument("--scalar_tags", type=int, default=100,
+                        help="scalar tags actually logged and timed (capped at the variables)")
+    parser.add_argument("--reload_interval", type=int, default=0,
+                        help="TensorBoard --reload_interval (0: load once)")
+    parser.add_argument("--load_timeout", type=float, default=3600.0, help="s to wait for loading")
+    parser.add_argument("--request_timeout", type=float, default=600.0, help="s per request")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    args = parser.parse_args()
+
+    sizes = parse_sizes(args.sizes)
+    loaders = [x.strip() for x in args.loaders.split(",")]
+    temporary = args.workdir is None
+    workdir = tempfile.mkdtemp(prefix="route_latency_") if temporary else args.workdir
+    os.makedirs(workdir, exist_ok=True)
+    import tensorboard
+
+    print(
+        f"TensorBoard {tensorboard.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{available_gib():.1f} GiB available; workdir {workdir}; {args.repeats} warm rounds; "
+        f"reload_interval {args.reload_interval}",
+        flush=True,
+    )
+    rows = []
+    try:
+        for variables, steps in sizes:
+            for load_fast in loaders:
+                print(f"-- {variables} x {steps}, load_fast={load_fast} ...", flush=True)
+                row = run_one(args, workdir, variables, steps, load_fast)
+                rows.append(row)
+                brief = {k: (round(v, 4) if isinstance(v, float) else v)
+                         for k, v in row.items() if k != "log_tail"}
+                print(json.dumps(brief), flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(rows, f, indent=1)
+    finally:
+        print_tables(rows)
+        if temporary:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Merging heatmap columns never hides the worst cell; the epoch axis."""
+
+import numpy as np
+import pytest
+
+from tensorboard_gradients import analysis, heatmap
+from tensorboard_gradients.reader import GradientSeries
+
+OK, VAN, EXP, NF, MISS = (analysis.OK, analysis.VANISHING, analysis.EXPLODING,
+                          analysis.NONFINITE, analysis.MISSING)
+
+
+def series_of(values, epoch_starts=None, epoch_indices=None, steps=None):
+    values = np.asarray(values, dtype=np.float64)
+    count = values.shape[0]
+    return GradientSeries(
+        run="r", tag="t", name="t", variables=tuple(f"v{i}" for i in range(values.shape[1])),
+        layers=tuple(f"v{i}" for i in range(values.shape[1])), shapes=((1,),) * values.shape[1],
+        stat_names=("l2_norm",), steps=np.arange(count) if steps is None else np.asarray(steps),
+        wall_times=np.arange(count, dtype=float) + 100, values=values[..., None],
+        epoch_starts=None if epoch_starts is None else np.asarray(epoch_starts),
+        epoch_indices=None if epoch_indices is None else np.asarray(epoch_indices),
+    )
+
+
+def test_one_exploding_step_among_thousands_keeps_its_column_and_value():
+    values = np.ones((10_000, 2))
+    classes = np.full(values.shape, OK, dtype=np.int8)
+    values[7_777, 0], classes[7_777, 0] = 1e6, EXP
+    values[1_234, 1], classes[1_234:1_240, 1] = 1e-12, VAN
+    matrix = heatmap.build(series_of(values), "l2_norm", classes, max_columns=100)
+    assert matrix.values.shape == (2, 100) and matrix.downsampled
+    column = np.searchsorted(matrix.steps, 7_777, side="right") - 1
+    assert matrix.classes[0, column] == EXP and matrix.values[0, column] == 1e6
+    assert (np.delete(matrix.classes[0], column) == OK).all()
+    column = np.searchsorted(matrix.steps, 1_234, side="right") - 1
+    assert matrix.classes[1, column] == VAN and matrix.values[1, column] == 1e-12
+    assert matrix.steps[column] <= 1_234 <= matrix.last_steps[column]
+
+
+def test_merge_rules_per_class():
+    values = np.array([[1.0, 2.0, 3.0, np.nan], [5.0, 7.0, 1.0, np.nan]]).T  # 4 steps, 2 vars
+    classes = np.array([[OK, OK, OK, MISS], [EXP, NF, OK, MISS]], dtype=np.int8).T
+    merged, worst = heatmap.merge(values, classes, np.array([0, 3]))
+    assert worst.tolist() == [[OK, NF], [MISS, MISS]]
+    assert merged[0, 0] == pytest.approx(2.0)  # mean of healthy steps, missing ignored
+    assert merged[0, 1] == 7.0  # the non-finite step's value
+    assert np.isnan(merged[1]).all()
+    merged, worst = heatmap.merge(values, classes, np.array([0]))
+    assert worst.tolist() == [[OK, NF]] and merged[0, 0] == pytest.approx(2.0)
+
+
+def test_no_merging_when_steps_fit():
+    values = np.arange(12.0).reshape(6, 2)
+    classes = np.full(values.shape, OK, dtype=np.int8)
+    matrix = heatmap.build(series_of(values), "l2_norm", classes, max_columns=6)
+    assert not matrix.downsampled
+    assert matrix.values.tolist() == values.T.tolist()
+    assert matrix.steps.tolist() == matrix.last_steps.tolist() == list(range(6))
+    assert heatmap.build(series_of(values), "l2_norm", classes).values.shape == (2, 6)
+
+
+@pytest.mark.parametrize("count,limit", [(1, 1), (10, 3), (10_001, 1_000), (999, 1_000)])
+def test_step_groups_cover_every_step_within_the_limit(count, limit):
+    starts = heatmap.step_groups(count, limit)
+    assert len(starts) <= limit and starts[0] == 0 and (np.diff(starts) > 0).all()
+    assert starts[-1] < count
+
+
+def test_epoch_axis_one_column_per_epoch_worst_kept():
+    values = np.ones((30, 1))
+    classes = np.full(values.shape, OK, dtype=np.int8)
+    classes[17, 0], values[17, 0] = NF, 9.0
+    # Logging began at step 2; epoch 1 had no logged step (marks at 10 and 10 collapse).
+    series = series_of(values, epoch_starts=[0, 10, 10, 20], epoch_indices=[0, 1, 2, 3],
+                       steps=np.arange(30) + 2)
+    matrix = heatmap.build(series, "l2_norm", classes, by_epoch=True)
+    assert matrix.epoch_index.tolist() == [0, 2, 3]
+    assert matrix.steps.tolist() == [0, 10, 20]  # each epoch's first step
+    assert matrix.last_steps.tolist() == [9, 19, 31]
+    assert matrix.classes[0].tolist() == [OK, NF, OK] and matrix.values[0, 1] == 9.0
+    merged = heatmap.build(series, "l2_norm", classes, max_columns=2, by_epoch=True)
+    assert merged.downsampled and merged.epoch_index.tolist() == [0, 3]
+    assert merged.classes[0].tolist() == [NF, OK]
+
+
+def test_epoch_axis_without_marks_is_a_clear_error():
+    values = np.ones((5, 1))
+    with pytest.raises(heatmap.NoEpochsError, match="no epoch marks"):
+        heatmap.build(series_of(values), "l2_norm", np.ones((5, 1), np.int8), by_epoch=True)

@@ -1,0 +1,327 @@
+"""Every HTTP route over TensorBoard's Python-loader data provider, including hostile queries."""
+
+import csv
+import io
+import json
+import urllib.parse
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from tensorboard_gradients import data_access, plugin
+
+BASE = "/data/plugin/gradients/"
+STEPS = 60
+NAN_STEP, INF_STEP = 40, 45
+VARIABLES = ["dense/kernel", "dense/bias", "out/kernel"]
+
+
+def gradients_at(step):
+    grads = {
+        "dense/kernel": np.full((3, 3), 1.0, np.float32),
+        "dense/bias": np.full(3, 0.1, np.float32),
+        "out/kernel": np.full((3, 2), 1.0, np.float32),
+    }
+    if step == NAN_STEP:
+        grads["dense/kernel"][0, 0] = np.nan
+    if step == INF_STEP:
+        grads["out/kernel"][:] = 3e38  # finite entries whose float32 norm overflows to +Inf
+    return grads
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("routes")
+    with tg.GradientWriter(str(root / "train")) as writer:
+        for step in range(STEPS):
+            if step % 20 == 0:
+                writer.write_epoch(step, step // 20)
+            writer.write(step, gradients_at(step), histograms=step % 10 == 0)
+    with tg.GradientWriter(str(root / "plain")) as writer:
+        for step in range(5):
+            writer.write(step, {"<b>x</b>/kernel": np.ones(2), "ü/bias": np.zeros(2)})
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def client(served, plugin_client):
+    return plugin_client(served)
+
+
+def get(client, route, **params):
+    response = client.get(BASE + route + ("?" + urllib.parse.urlencode(params) if params else ""))
+    body = response.get_data()
+    return response.status_code, (json.loads(body) if response.mimetype == "application/json" else body)
+
+
+def test_runs(client):
+    status, runs = get(client, "runs")
+    assert status == 200
+    assert runs["train"]["gradients"] == {
+        "variables": 3, "steps": STEPS, "stats": list(tg.metadata.GRADIENT_STATS),
+        "histograms": True, "epochs": True, "sampled": None,
+    }
+    assert runs["plain"]["gradients"]["histograms"] is False
+    assert runs["plain"]["gradients"]["epochs"] is False
+    assert set(runs["train"]) == {"gradients"}  # histogram and epoch tags are not listed
+
+
+def test_heatmap_shape_and_non_finite_encoding(client):
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm")
+    assert status == 200
+    assert set(body) == {
+        "run", "tag", "stat", "variables", "layers", "steps", "last_steps", "wall_times", "values",
+        "classes", "epochs", "downsampled", "sampled",
+    }
+    assert body["variables"] == VARIABLES and body["layers"] == ["dense", "dense", "out"]
+    assert body["steps"] == list(range(STEPS)) and not body["downsampled"]
+    assert len(body["wall_times"]) == STEPS and body["epochs"] == [0, 20, 40]
+    assert [len(row) for row in body["values"]] == [STEPS] * 3
+    assert body["classes"][0][NAN_STEP] == "nonfinite"
+    assert body["values"][2][INF_STEP] == "Infinity"
+    assert body["classes"][2][INF_STEP] == "exploding"
+    assert body["values"][0][0] == pytest.approx(3.0)
+    assert body["classes"][1][0] == "ok"
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="nan_count")
+    assert body["values"][0][NAN_STEP] == 1 and body["classes"][0][NAN_STEP] == "nonfinite"
+
+
+def test_heatmap_merging_never_hides_the_worst(client):
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm", max_steps=7)
+    assert status == 200 and body["downsampled"]
+    assert len(body["steps"]) <= 7 and all(len(row) == len(body["steps"]) for row in body["values"])
+    column = max(i for i, s in enumerate(body["steps"]) if s <= INF_STEP)
+    assert body["classes"][2][column] == "exploding" and body["values"][2][column] == "Infinity"
+    column = max(i for i, s in enumerate(body["steps"]) if s <= NAN_STEP)
+    assert body["classes"][0][column] == "nonfinite"
+    assert body["last_steps"][-1] == STEPS - 1
+
+
+def test_heatmap_by_epoch(client):
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       axis="epoch")
+    assert status == 200
+    assert body["epoch_index"] == [0, 1, 2] and body["steps"] == [0, 20, 40]
+    assert body["classes"][0] == ["ok", "ok", "nonfinite"]
+    assert body["classes"][2] == ["ok", "ok", "exploding"]
+    status, body = get(client, "heatmap", run="plain", tag="gradients", stat="l2_norm",
+                       axis="epoch")
+    assert status == 400 and "no epoch marks" in body["error"]
+
+
+def test_threshold_overrides_change_classes(client):
+    _, default = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm")
+    _, lowered = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                     exploding_norm="2")
+    assert default["classes"][0][0] == "ok" and lowered["classes"][0][0] == "exploding"
+    assert lowered["classes"][1][0] == "ok"  # the bias (norm 0.17) stays below 2
+
+
+def test_alerts(client):
+    status, body = get(client, "alerts", run="train", tag="gradients")
+    assert status == 200
+    alerts = body["alerts"]
+    assert alerts[0]["kind"] == "nonfinite" and alerts[0]["variable"] == "dense/kernel"
+    assert alerts[0]["first_step"] == NAN_STEP and alerts[0]["severity"] == "critical"
+    exploding = [a for a in alerts if a["kind"] == "exploding" and a["rule"] == "absolute"]
+    assert exploding[0]["variable"] == "out/kernel" and exploding[0]["value"] == "Infinity"
+    severities = [["critical", "warning", "info"].index(a["severity"]) for a in alerts]
+    assert severities == sorted(severities)
+    status, body = get(client, "alerts", run="plain", tag="gradients")
+    assert status == 200  # the all-zero bias: vanishing and dead, nothing about the kernel
+    assert {(a["kind"], a["variable"]) for a in body["alerts"]} == {
+        ("vanishing", "ü/bias"), ("dead", "ü/bias")}
+
+
+def test_series(client):
+    status, body = get(client, "series", run="train", tag="gradients", variable="dense/kernel")
+    assert status == 200
+    assert body["layer"] == "dense" and body["shape"] == [3, 3]
+    assert body["steps"] == list(range(STEPS))
+    assert set(body["stats"]) == set(tg.metadata.GRADIENT_STATS)
+    assert body["stats"]["nan_count"][NAN_STEP] == 1
+    assert body["stats"]["l2_norm"][NAN_STEP] == pytest.approx(np.sqrt(8))
+    assert body["classes"][NAN_STEP] == "nonfinite" and body["epochs"] == [0, 20, 40]
+
+
+def test_histogram_at_nearest_logged_step(client):
+    status, body = get(client, "histogram", run="train", tag="gradients",
+                       variable="dense/kernel", step=38)
+    assert status == 200
+    assert body["step"] == NAN_STEP and body["requested_step"] == 38
+    counts = dict(zip(body["bins"], body["counts"]))
+    assert counts["nan"] == 1 and sum(body["counts"]) == 9
+    assert body["steps"] == list(range(0, STEPS, 10))
+    status, body = get(client, "histogram", run="train", tag="gradients",
+                       variable="dense/kernel", step=10**12)
+    assert status == 200 and body["step"] == 50
+    status, body = get(client, "histogram", run="plain", tag="gradients",
+                       variable="ü/bias", step=0)
+    assert status == 404 and "no histograms" in body["error"]
+
+
+def test_export_csv_long_format(client):
+    response = client.get(BASE + "export?run=train&tag=gradients&format=csv")
+    assert response.status_code == 200 and response.mimetype == "text/csv"
+    assert "attachment" in response.headers["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.get_data(as_text=True))))
+    assert len(rows) == STEPS * len(VARIABLES)
+    assert list(rows[0])[:3] == ["step", "variable", "layer"]
+    nan_row = next(r for r in rows if r["step"] == str(NAN_STEP) and r["variable"] == "dense/kernel")
+    assert float(nan_row["nan_count"]) == 1 and float(nan_row["l2_norm"]) == pytest.approx(np.sqrt(8))
+    inf_row = next(r for r in rows if r["step"] == str(INF_STEP) and r["variable"] == "out/kernel")
+    assert float(inf_row["l2_norm"]) == np.inf
+    html = client.get(BASE + "export?run=plain&tag=gradients&format=csv").get_data(as_text=True)
+    assert '<b>x</b>/kernel' in html and "ü/bias" in html
+
+
+def test_names_with_html_and_unicode_round_trip(client):
+    status, body = get(client, "heatmap", run="plain", tag="gradients", stat="l2_norm")
+    assert status == 200 and body["variables"] == ["<b>x</b>/kernel", "ü/bias"]
+    status, body = get(client, "series", run="plain", tag="gradients", variable="ü/bias")
+    assert status == 200 and body["stats"]["zero_fraction"] == [1.0] * 5
+
+
+HOSTILE = [
+    ("heatmap", {}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients"}, 400),
+    ("heatmap", {"run": "nope", "tag": "gradients", "stat": "l2_norm"}, 404),
+    ("heatmap", {"run": "train", "tag": "nope", "stat": "l2_norm"}, 404),
+    ("heatmap", {"run": "train", "tag": "gradients_histograms", "stat": "l2_norm"}, 404),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "nope"}, 404),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "0"}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "-5"}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "1e3"}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "9" * 5000},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "9" * 30},
+     200),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "axis": "layer"}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "exploding_norm": "nan"},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "exploding_norm": "-1"},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "sustain_steps": "1e99"},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "bogus": "1"}, 400),
+    ("heatmap", {"run": "<script>alert(1)</script>", "tag": "gradients", "stat": "l2_norm"}, 404),
+    ("heatmap", {"run": "../../etc/passwd", "tag": "gradients", "stat": "l2_norm"}, 404),
+    ("heatmap", {"run": "trаin", "tag": "gradients", "stat": "l2_norm"}, 404),  # Cyrillic a
+    ("alerts", {"run": "train"}, 400),
+    ("alerts", {"run": "train", "tag": "gradients", "spike_window": "0"}, 400),
+    ("series", {"run": "train", "tag": "gradients"}, 400),
+    ("series", {"run": "train", "tag": "gradients", "variable": "../dense/kernel"}, 404),
+    ("series", {"run": "train", "tag": "gradients", "variable": "\u0000"}, 404),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel"}, 400),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel", "step": "-1"},
+     400),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel", "step": "x"},
+     400),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "nope", "step": "3"}, 404),
+    ("export", {"run": "train", "tag": "gradients"}, 400),
+    ("export", {"run": "train", "tag": "gradients", "format": "xlsx"}, 400),
+    ("export", {"run": "nope", "tag": "gradients", "format": "csv"}, 404),
+    ("runs", {"run": "x"}, 400),
+]
+
+
+@pytest.mark.parametrize("route,params,expected", HOSTILE)
+def test_bad_queries_get_a_clear_4xx_never_a_500(client, route, params, expected):
+    status, body = get(client, route, **params)
+    assert status == expected, body
+    if expected != 200:
+        assert isinstance(body, dict) and body["error"]
+
+
+def test_repeated_parameters_are_refused(client):
+    response = client.get(BASE + "heatmap?run=train&run=plain&tag=gradients&stat=l2_norm")
+    assert response.status_code == 400
+    assert "more than once" in json.loads(response.get_data())["error"]
+
+
+@pytest.mark.parametrize("path", [
+    "static/../plugin.py", "static/%2e%2e/plugin.py", "static/..%2fplugin.py",
+    "static//etc/passwd", "static/%2fetc%2fpasswd", "static/nope.js", "static/",
+    "static/..\\plugin.py",
+])
+def test_static_files_cannot_escape_their_folder(client, path):
+    response = client.get(BASE + path)
+    assert response.status_code == 404
+    assert b"import" not in response.get_data()
+
+
+def test_static_files_are_served_with_their_type(client, monkeypatch, tmp_path):
+    (tmp_path / "index.js").write_text("export function render() {}\n")
+    monkeypatch.setattr(plugin, "STATIC_DIR", str(tmp_path))
+    response = client.get(BASE + "static/index.js")
+    assert response.status_code == 200 and response.mimetype == "text/javascript"
+    assert b"render" in response.get_data()
+
+
+def test_frontend_metadata_names_the_tab_and_module():
+    meta = plugin.GradientsPlugin.__new__(plugin.GradientsPlugin).frontend_metadata()
+    assert meta.tab_name == "Gradients" and meta.es_module_path == "/static/index.js"
+
+
+def test_new_steps_are_served_after_a_reload(tmp_path, plugin_client):
+    with tg.GradientWriter(str(tmp_path / "live")) as writer:
+        for step in range(3):
+            writer.write(step, {"a/kernel": np.ones(2)})
+        client = plugin_client(str(tmp_path))
+        assert get(client, "runs")[1]["live"]["gradients"]["steps"] == 3
+        assert get(client, "heatmap", run="live", tag="gradients", stat="l2_norm")[1]["steps"] == [
+            0, 1, 2]
+        for step in range(3, 5):
+            writer.write(step, {"a/kernel": np.ones(2) * step})
+    client.reload()
+    assert get(client, "runs")[1]["live"]["gradients"]["steps"] == 5
+    _, body = get(client, "heatmap", run="live", tag="gradients", stat="l2_norm")
+    assert body["steps"] == [0, 1, 2, 3, 4] and body["values"][0][4] == pytest.approx(4 * np.sqrt(2))
+
+
+class _TooBigForOneRead(Exception):
+    class _Code:
+        name = "RESOURCE_EXHAUSTED"
+
+    def code(self):
+        return self._Code()
+
+
+def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(served):
+    """The Rust data server's gRPC answer is capped at 256 MiB; that needs ~440 MB on disk to
+    reproduce, so this test stands a provider in front of the real one that fails like gRPC."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
+    multiplexer.AddRunsFromDirectory(served)
+    multiplexer.Reload()
+    real = data_provider.MultiplexerDataProvider(multiplexer, served)
+
+    class CappedProvider:
+        def list_tensors(self, ctx, **kwargs):
+            return real.list_tensors(ctx, **kwargs)
+
+        def read_tensors(self, ctx, *, downsample, run_tag_filter, **kwargs):
+            if run_tag_filter.tags == {"gradients"} and downsample > 50:
+                raise _TooBigForOneRead()
+            return real.read_tensors(
+                ctx, downsample=downsample, run_tag_filter=run_tag_filter, **kwargs
+            )
+
+    data = data_access.GradientData(CappedProvider())
+    original = data_access._SAMPLED_READ_BYTES
+    data_access._SAMPLED_READ_BYTES = 50 * 3 * 11 * 8  # room for 50 points of this tag
+    try:
+        from tensorboard import context
+
+        loaded = data.series(context.RequestContext(), "", "train", "gradients")
+    finally:
+        data_access._SAMPLED_READ_BYTES = original
+    assert len(loaded.series.steps) == 50 and STEPS - 1 in loaded.series.steps
+    assert "--load_fast=false" in loaded.sampled
+    with pytest.raises(RuntimeError):
+        data_access.GradientData(type("Broken", (), {
+            "list_tensors": CappedProvider.list_tensors,
+            "read_tensors": lambda self, ctx, **kw: (_ for _ in ()).throw(RuntimeError("boom")),
+        })()).series(context.RequestContext(), "", "train", "gradients")
