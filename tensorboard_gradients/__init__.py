@@ -1,4 +1,4 @@
-"""Per-layer gradient statistics for TensorBoard: writers, reader and the Gradients plugin.
+"""Per-layer gradient statistics for TensorBoard: writers, reader, diagnosis and the plugin.
 
 Importing this package never imports TensorFlow or PyTorch. The TensorFlow summary op lives in
 `tensorboard_gradients.summary` and the Keras callback in `tensorboard_gradients.keras`; both are
@@ -7,6 +7,7 @@ imported on first attribute access.
 
 import importlib
 
+from tensorboard_gradients.analysis import Alert, Thresholds, classify, diagnose
 from tensorboard_gradients.metadata import UnsupportedFormatError
 from tensorboard_gradients.reader import GradientHistograms, GradientSeries, read_logdir
 from tensorboard_gradients.writer import GradientWriter
@@ -14,10 +15,14 @@ from tensorboard_gradients.writer import GradientWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "Alert",
     "GradientHistograms",
     "GradientSeries",
     "GradientWriter",
+    "Thresholds",
     "UnsupportedFormatError",
+    "classify",
+    "diagnose",
     "keras",
     "read_logdir",
     "summary",
