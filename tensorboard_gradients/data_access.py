@@ -27,7 +27,7 @@ _GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
 _SAMPLED_READ_BYTES = 200 * 1024 * 1024
 # Cached series kept in memory (least recently used first out; the newest always stays).
 DEFAULT_CACHE_BYTES = 2 * 1024**3
-_DERIVED_PER_SERIES = 4
+_DERIVED_PER_SERIES = 12
 
 
 class UnknownError(LookupError):
@@ -47,11 +47,9 @@ class Loaded:
 
     series: reader.GradientSeries
     sampled: Optional[str]  # why not every logged step is present, or None
-    # Derived per thresholds (a few kept: the tab asks again with the same ones).
-    classes: "collections.OrderedDict[analysis.Thresholds, np.ndarray]" = dataclasses.field(
-        default_factory=collections.OrderedDict
-    )
-    alerts: "collections.OrderedDict[analysis.Thresholds, list]" = dataclasses.field(
+    # What routes derived from it (classes, alerts, encoded heatmaps), by a key naming the
+    # derivation and its parameters; the newest few are kept.
+    derived: "collections.OrderedDict[tuple, object]" = dataclasses.field(
         default_factory=collections.OrderedDict
     )
 
@@ -141,25 +139,26 @@ class GradientData:
         return histograms
 
     def classes(self, loaded: Loaded, thresholds: analysis.Thresholds) -> np.ndarray:
-        """`analysis.classify` of a loaded series, cached per thresholds."""
-        return self._derived(loaded.classes, thresholds, lambda: analysis.classify(
-            loaded.series, thresholds))
+        """`analysis.classify` of a loaded series (memoised per thresholds)."""
+        return self.memo(loaded, ("classes", thresholds),
+                         lambda: analysis.classify(loaded.series, thresholds))
 
     def alerts(self, loaded: Loaded, thresholds: analysis.Thresholds):
-        """`analysis.diagnose` of a loaded series, cached per thresholds."""
-        return self._derived(loaded.alerts, thresholds, lambda: analysis.diagnose(
-            loaded.series, thresholds))
+        """`analysis.diagnose` of a loaded series (memoised per thresholds)."""
+        return self.memo(loaded, ("alerts", thresholds),
+                         lambda: analysis.diagnose(loaded.series, thresholds))
 
-    def _derived(self, cache, thresholds, compute):
+    def memo(self, loaded: Loaded, key: tuple, compute):
+        """``compute()`` once per ``key`` for as long as this loaded series is current."""
         with self._lock:
-            cached = cache.get(thresholds)
-        if cached is not None:
-            return cached
+            if key in loaded.derived:
+                loaded.derived.move_to_end(key)
+                return loaded.derived[key]
         value = compute()
         with self._lock:
-            cache[thresholds] = value
-            while len(cache) > _DERIVED_PER_SERIES:
-                cache.popitem(last=False)
+            loaded.derived[key] = value
+            while len(loaded.derived) > _DERIVED_PER_SERIES:
+                loaded.derived.popitem(last=False)
         return value
 
     def _read(self, ctx, experiment, run, tag, parsed):

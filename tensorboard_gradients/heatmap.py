@@ -72,16 +72,24 @@ def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
     worst = np.maximum.reduceat(classes, starts, axis=0)
     column_of_step = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, count)))
     chosen = (classes == worst[column_of_step]) & ~np.isnan(values)
-    picked = np.where(chosen, values.astype(np.float64), np.nan)
-    largest = np.fmax.reduceat(picked, starts, axis=0)
-    smallest = np.fmin.reduceat(picked, starts, axis=0)
-    totals = np.add.reduceat(np.where(chosen, picked, 0.0), starts, axis=0)
-    counts = np.add.reduceat(chosen, starts, axis=0)
+    totals = np.add.reduceat(np.where(chosen, values, 0), starts, axis=0, dtype=np.float64)
+    counts = np.add.reduceat(chosen, starts, axis=0, dtype=np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = totals / counts
-    merged = np.where(worst == analysis.VANISHING, smallest, mean)
-    merged = np.where(worst >= analysis.EXPLODING, largest, merged)
-    merged = np.where(worst == analysis.MISSING, np.nan, merged)
+        merged = totals / counts
+    # Extremes only where a column holds a flagged cell (few variables in a healthy run).
+    flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
+    if flagged.size:
+        picked = np.where(chosen[:, flagged], values[:, flagged], np.nan)
+        flagged_worst = worst[:, flagged]
+        extremes = np.where(
+            flagged_worst == analysis.VANISHING,
+            np.fmin.reduceat(picked, starts, axis=0),
+            np.fmax.reduceat(picked, starts, axis=0),
+        )
+        merged[:, flagged] = np.where(
+            flagged_worst >= analysis.VANISHING, extremes, merged[:, flagged]
+        )
+    merged[worst == analysis.MISSING] = np.nan
     return merged, worst
 
 

@@ -24,6 +24,7 @@ both as ``{"error": message}``.
 """
 
 import functools
+import gzip
 import json
 import mimetypes
 import os
@@ -66,11 +67,13 @@ def _class_names(codes):
     return np.asarray(analysis.CLASSES, dtype=object)[codes].tolist()
 
 
-def _respond_json(request, payload, code=200):
+def _json_text(payload) -> str:
     # Arrays were encoded by `_floats`; `allow_nan=False` proves no bare NaN slipped through.
-    return http_util.Respond(
-        request, json.dumps(payload, allow_nan=False), "application/json", code=code
-    )
+    return json.dumps(payload, allow_nan=False)
+
+
+def _respond_json(request, payload, code=200):
+    return http_util.Respond(request, _json_text(payload), "application/json", code=code)
 
 
 class _Query:
@@ -226,12 +229,26 @@ class GradientsPlugin(base_plugin.TBPlugin):
         by_epoch = query.choice("axis", ("step", "epoch")) == "epoch"
         thresholds = query.thresholds()
         loaded = self._load(ctx, experiment, query)
-        series = loaded.series
-        if stat not in series.stat_names:
+        if stat not in loaded.series.stat_names:
             raise data_access.UnknownError(
-                f"no stat {stat!r} in run {series.run!r}, tag {series.tag!r}; "
-                f"have {', '.join(series.stat_names)}"
+                f"no stat {stat!r} in run {loaded.series.run!r}, tag {loaded.series.tag!r}; "
+                f"have {', '.join(loaded.series.stat_names)}"
             )
+        # Kept gzipped: a repeated request (the tab polling a finished run) costs no encoding;
+        # `Respond` unzips on the fly for a client that does not accept gzip.
+        body = self._data.memo(
+            loaded,
+            ("heatmap", stat, max_steps, by_epoch, thresholds),
+            lambda: gzip.compress(
+                self._heatmap_json(loaded, stat, max_steps, by_epoch, thresholds).encode(),
+                compresslevel=3,
+                mtime=0,
+            ),
+        )
+        return http_util.Respond(request, body, "application/json", content_encoding="gzip")
+
+    def _heatmap_json(self, loaded, stat, max_steps, by_epoch, thresholds) -> str:
+        series = loaded.series
         matrix = heatmap.build(
             series, stat, self._data.classes(loaded, thresholds), max_steps, by_epoch
         )
@@ -252,7 +269,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         }
         if by_epoch:
             payload["epoch_index"] = matrix.epoch_index.tolist()
-        return _respond_json(request, payload)
+        return _json_text(payload)
 
     @_route
     def _serve_alerts(self, request, ctx, experiment):

@@ -325,3 +325,14 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(s
             "list_tensors": CappedProvider.list_tensors,
             "read_tensors": lambda self, ctx, **kw: (_ for _ in ()).throw(RuntimeError("boom")),
         })()).series(context.RequestContext(), "", "train", "gradients")
+
+
+def test_heatmap_is_gzipped_for_browsers_and_plain_for_others(client):
+    import gzip
+
+    url = BASE + "heatmap?run=train&tag=gradients&stat=l2_norm&max_steps=9"
+    zipped = client.get(url, headers={"Accept-Encoding": "gzip, deflate"})
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    plain = client.get(url)
+    assert "Content-Encoding" not in plain.headers
+    assert json.loads(gzip.decompress(zipped.get_data())) == json.loads(plain.get_data())
