@@ -184,7 +184,8 @@ class Alert:
 
 
 def _stat(series, name):
-    return np.asarray(series.stat(name), dtype=np.float64)
+    """``[steps, variables]`` of a stat as logged (a view: only compared, never written)."""
+    return series.stat(name)
 
 
 def _has(series, name):
@@ -236,7 +237,8 @@ def _block_nanmedian(blocks: np.ndarray) -> np.ndarray:
 
 def _forward_filled(blocks: np.ndarray) -> np.ndarray:
     """Each NaN entry along axis 0 replaced by the last non-NaN entry before it (NaN if none)."""
-    index = np.where(np.isnan(blocks), -1, np.arange(len(blocks)).reshape((-1,) + (1,) * (blocks.ndim - 1)))
+    positions = np.arange(len(blocks)).reshape((-1,) + (1,) * (blocks.ndim - 1))
+    index = np.where(np.isnan(blocks), -1, positions)
     last = np.maximum.accumulate(index, axis=0)
     filled = np.take_along_axis(blocks, np.maximum(last, 0), axis=0)
     return np.where(last >= 0, filled, np.nan)
@@ -334,7 +336,7 @@ class _Findings:
 
 
 def _findings(series, thresholds: Thresholds) -> _Findings:
-    norms = _stat(series, "l2_norm")
+    norms = np.asarray(_stat(series, "l2_norm"), dtype=np.float64)
     missing = np.isnan(_stat(series, "size"))
     with np.errstate(invalid="ignore"):
         nonfinite = ~missing & ((_stat(series, "nan_count") > 0) | (_stat(series, "inf_count") > 0))

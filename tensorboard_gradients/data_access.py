@@ -94,7 +94,9 @@ class GradientData:
         if info.error:
             raise ValueError(f"run {run!r}, tag {tag!r}: {info.error}")
         if info.parsed.kind != metadata.KIND_STATS:
-            raise UnknownError(f"{tag!r} in run {run!r} is a {info.parsed.kind} tag, not a stats tag")
+            raise UnknownError(
+                f"{tag!r} in run {run!r} is a {info.parsed.kind} tag, not a stats tag"
+            )
         return info
 
     def series(self, ctx, experiment, run: str, tag: str, tags=None) -> Loaded:

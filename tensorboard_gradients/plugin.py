@@ -116,8 +116,8 @@ class _Query:
         return value
 
     def thresholds(self) -> analysis.Thresholds:
-        names = analysis.Thresholds.names()
-        return analysis.Thresholds.from_strings({n: self._args[n] for n in names if n in self._args})
+        given = {n: self._args[n] for n in analysis.Thresholds.names() if n in self._args}
+        return analysis.Thresholds.from_strings(given)
 
 
 def _route(handler):
