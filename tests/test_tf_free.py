@@ -1,4 +1,4 @@
-"""Writer, reader and plugin entry point in a process where TensorFlow cannot be imported."""
+"""Writer, reader, diagnosis, CLI and plugin routes in a process where TensorFlow cannot be imported."""
 
 import json
 import subprocess
@@ -39,12 +39,31 @@ SCRIPT = textwrap.dedent(
     flags = argparse.Namespace(samples_per_plugin={})
     loader_class().fix_flags(flags)
 
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+    from tensorboard_gradients import cli
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    plugin = loader_class().load(base_plugin.TBContext(logdir=logdir, data_provider=provider))
+    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+    heatmap = json.loads(client.get(
+        "/data/plugin/gradients/heatmap?run=.&tag=gradients&stat=l2_norm").get_data())
+    cli_status = cli.main(["diagnose", logdir, "--json"])
+
     print(json.dumps({
         "steps": series.steps.tolist(),
         "norms": series.stat("l2_norm")[:, 0].tolist(),
         "missing": series.missing[:, 1].tolist(),
         "histogram_total": float(series.histograms.counts[-1, 0].sum()),
         "samples": flags.samples_per_plugin,
+        "heatmap_classes": heatmap["classes"],
+        "alerts": [a.kind for a in tg.diagnose(series)],
+        "cli_status": cli_status,
         "frameworks_loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "torch", "keras")),
     }))
     """
@@ -62,4 +81,6 @@ def test_writer_reader_and_entry_point_work_without_tensorflow():
     assert result["missing"] == [True] * 5
     assert result["histogram_total"] == 6
     assert result["samples"] == {"gradients": 0}
+    assert result["heatmap_classes"] == [["ok"] * 5, ["missing"] * 5]
+    assert result["alerts"] == [] and result["cli_status"] == 0
     assert result["frameworks_loaded"] == []
