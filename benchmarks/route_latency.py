@@ -3,11 +3,12 @@
 For each size (variables x logged steps) and each loader (``--load_fast=true``: the Rust data
 server; ``false``: the Python multiplexer) this starts ``python -m tensorboard.main`` on a
 generated logdir, waits until the run is loaded, then times over HTTP (a new connection per
-request, until the last byte of the body):
+request, ``Accept-Encoding: gzip`` as a browser sends it, until the last byte of the body):
 
 * ``heatmap?stat=l2_norm&max_steps=1000``: the first call ("cold": it pays the read through the
-  data provider, the classification and the build) and the median of ``--repeats`` later calls
-  ("warm": the series and its classes are cached, the matrix is rebuilt and encoded each time);
+  data provider, the classification, the build and the encoding) and the median of
+  ``--repeats`` later calls ("warm": the series and its classes are cached, and the plugin keeps
+  the gzipped answer of a repeated query);
 * ``runs`` (after the heatmap, so its series is cached), ``alerts`` (cold = first call, it pays
   `analysis.diagnose`; warm = median) and ``series`` of one variable (first call, median);
 * TensorBoard's own ``/data/plugin/scalars/scalars?run&tag`` for ``--scalar_tags`` tags of the
@@ -19,7 +20,7 @@ request, until the last byte of the body):
 
 Nothing is sampled at load: our plugin keeps every step by default, and the scalars plugin gets
 ``--samples_per_plugin scalars=<steps + 1>`` (NOT ``scalars=0``: TensorBoard 2.21 passes 0 on to
-the scalars route's read, which then returns no points with the Python loader). One exception is
+the scalars route's read, which then returns no points, with either loader). One exception is
 inherent: the Rust data server answers a read in one gRPC message of at most 256 MiB, so a tag
 bigger than that (1,000 variables x 11 stats x 10,000 steps of float32 = 440 MB) is read by the
 plugin as a sampled subset; the ``steps served`` column shows it.
@@ -34,13 +35,18 @@ Data: ``block_{i}/dense/kernel`` variables, float32 ``[variables, 11]`` matrices
 from 1e-2..3, the other columns consistent with it, ``size`` finite, a few exploding spikes.
 Generated once under ``--workdir`` (kept, reused by later runs) or a temporary folder.
 
-Run by hand (minutes; the Python loader ingests the 440 MB run slowly)::
+The plugin is imported as Python finds it (TensorBoard does the same): to benchmark a fixed
+version while the checkout changes, put an exported copy first on ``PYTHONPATH``; the header
+line says which one was used.
+
+Run by hand (about 10 minutes for everything on a 2-core VM)::
 
     python benchmarks/route_latency.py                                  # everything
     python benchmarks/route_latency.py --sizes 100x1000 --loaders false  # smoke run
 """
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -224,6 +230,9 @@ class TensorBoard:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            # Not the caller's directory: `python -m` puts the cwd first on sys.path, which would
+            # shadow a plugin copy given on PYTHONPATH with a checkout's own package.
+            cwd=os.path.dirname(os.path.abspath(log_path)),
             start_new_session=True,  # its own process group: the data server dies with it
         )
 
@@ -259,18 +268,26 @@ class TensorBoard:
             return ""
 
 
+ACCEPT_GZIP = True  # what a browser sends; --no_gzip turns it off
+
+
 def get(base, route, timeout, **params):
-    """(seconds to the last byte, HTTP status, body bytes)."""
+    """(seconds to the last byte, HTTP status, body as sent, decoded body)."""
     url = base + route + ("?" + urllib.parse.urlencode(params) if params else "")
+    headers = {"Accept-Encoding": "gzip"} if ACCEPT_GZIP else {}
+    request = urllib.request.Request(url, headers=headers)
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
             status = response.status
+            encoding = response.headers.get("Content-Encoding")
     except urllib.error.HTTPError as error:
         body = error.read()
         status = error.code
-    return time.perf_counter() - start, status, body
+        encoding = error.headers.get("Content-Encoding")
+    seconds = time.perf_counter() - start
+    return seconds, status, body, gzip.decompress(body) if encoding == "gzip" else body
 
 
 class RouteError(RuntimeError):
@@ -278,15 +295,16 @@ class RouteError(RuntimeError):
 
 
 def _checked(result, what):
-    seconds, status, body = result
+    """(seconds, bytes sent, decoded body); `RouteError` unless 200."""
+    seconds, status, sent, body = result
     if status != 200:
         raise RouteError(f"{what} answered {status}: {body[:2000].decode('utf-8', 'replace')}")
-    return seconds, body
+    return seconds, len(sent), body
 
 
 def _marker_loaded(tb, run, name, steps):
     try:
-        _, status, body = get(
+        _, status, _, body = get(
             tb.base, "/data/plugin/scalars/scalars", 30, run=run, tag=f"{name}/{MARKER_KEY}"
         )
     except OSError:
@@ -328,56 +346,53 @@ def wait_loaded(tb, steps, timeout):
 def measure(tb, variables, steps, scalar_tags, repeats, timeout):
     base = tb.base
     heatmap_params = dict(run=GRADIENT_RUN, tag=TAG, stat=STAT, max_steps=MAX_STEPS)
+    alerts_params = dict(run=GRADIENT_RUN, tag=TAG)
     series_params = dict(run=GRADIENT_RUN, tag=TAG, variable="block_0/dense/kernel")
     r = {}
 
-    seconds, body = _checked(get(base, "/data/plugin/gradients/heatmap", timeout, **heatmap_params),
-                             "heatmap (cold)")
-    r["heatmap_cold"] = seconds
-    r["heatmap_bytes"] = len(body)
+    def call(route, what, **params):
+        return _checked(get(base, route, timeout, **params), what)
+
+    seconds, sent, body = call("/data/plugin/gradients/heatmap", "heatmap (cold)", **heatmap_params)
+    r["heatmap_cold"], r["heatmap_sent_bytes"], r["heatmap_json_bytes"] = seconds, sent, len(body)
     heatmap = json.loads(body)
     r["heatmap_columns"] = len(heatmap["steps"])
     r["heatmap_rows"] = len(heatmap["values"])
     r["sampled"] = heatmap["sampled"]
     del heatmap, body
 
-    seconds, body = _checked(get(base, "/data/plugin/gradients/runs", timeout), "runs")
+    seconds, _, body = call("/data/plugin/gradients/runs", "runs")
     r["runs_first"] = seconds
     info = json.loads(body)[GRADIENT_RUN][TAG]
     r["steps_served"] = info["steps"]
     r["variables_served"] = info["variables"]
 
-    seconds, body = _checked(get(base, "/data/plugin/gradients/alerts", timeout,
-                                 run=GRADIENT_RUN, tag=TAG), "alerts (cold)")
+    seconds, _, body = call("/data/plugin/gradients/alerts", "alerts (cold)", **alerts_params)
     r["alerts_cold"] = seconds
     r["alerts_count"] = len(json.loads(body)["alerts"])
 
-    seconds, body = _checked(get(base, "/data/plugin/gradients/series", timeout, **series_params),
-                             "series (first)")
+    seconds, r["series_sent_bytes"], _ = call(
+        "/data/plugin/gradients/series", "series (first)", **series_params)
     r["series_first"] = seconds
-    r["series_bytes"] = len(body)
 
-    seconds, body = _checked(get(base, "/data/plugin/scalars/scalars", timeout, run=SCALAR_RUN,
-                                 tag=f"{SCALAR_NAME}/v0"), "scalars")
+    seconds, r["scalar_sent_bytes"], body = call(
+        "/data/plugin/scalars/scalars", "scalars", run=SCALAR_RUN, tag=f"{SCALAR_NAME}/v0")
     scalar_points = len(json.loads(body))
     if scalar_points != steps:
         raise RouteError(f"scalars route served {scalar_points} points of {steps}")
     r["scalar_first"] = seconds
-    r["scalar_bytes"] = len(body)
 
     warm = {k: [] for k in ("heatmap", "runs", "alerts", "series", "scalars_sum", "scalar_tag")}
     for _ in range(repeats):  # interleaved rounds: machine noise hits every route alike
-        warm["heatmap"].append(_checked(get(base, "/data/plugin/gradients/heatmap", timeout,
-                                            **heatmap_params), "heatmap")[0])
-        warm["runs"].append(_checked(get(base, "/data/plugin/gradients/runs", timeout), "runs")[0])
-        warm["alerts"].append(_checked(get(base, "/data/plugin/gradients/alerts", timeout,
-                                           run=GRADIENT_RUN, tag=TAG), "alerts")[0])
-        warm["series"].append(_checked(get(base, "/data/plugin/gradients/series", timeout,
-                                           **series_params), "series")[0])
+        warm["heatmap"].append(
+            call("/data/plugin/gradients/heatmap", "heatmap", **heatmap_params)[0])
+        warm["runs"].append(call("/data/plugin/gradients/runs", "runs")[0])
+        warm["alerts"].append(call("/data/plugin/gradients/alerts", "alerts", **alerts_params)[0])
+        warm["series"].append(call("/data/plugin/gradients/series", "series", **series_params)[0])
         total = 0.0
         for i in range(scalar_tags):
-            seconds = _checked(get(base, "/data/plugin/scalars/scalars", timeout, run=SCALAR_RUN,
-                                   tag=f"{SCALAR_NAME}/v{i}"), "scalars")[0]
+            seconds = call("/data/plugin/scalars/scalars", "scalars", run=SCALAR_RUN,
+                           tag=f"{SCALAR_NAME}/v{i}")[0]
             warm["scalar_tag"].append(seconds)
             total += seconds
         warm["scalars_sum"].append(total)
@@ -405,7 +420,8 @@ def run_one(args, workdir, variables, steps, load_fast):
             row["load_s"] = loaded[GRADIENT_RUN]
             row["scalar_load_s"] = loaded[SCALAR_RUN]
             row["rss_loaded_gib"], _ = tree_memory_gib(tb.process.pid)
-            row.update(measure(tb, variables, steps, scalar_tags, args.repeats, args.request_timeout))
+            row.update(
+                measure(tb, variables, steps, scalar_tags, args.repeats, args.request_timeout))
         except (RouteError, OSError) as error:
             row["error"] = f"{type(error).__name__}: {error}"
             row["log_tail"] = tb.log_tail()
@@ -438,9 +454,9 @@ def print_tables(rows, max_steps=MAX_STEPS):
               f"| {_g(r.get('peak_gib'))} | {served} |")
     print(f"\nRoute latency, ms (cold = first call after load; warm = median of the interleaved "
           f"rounds; heatmap: stat={STAT}, max_steps={max_steps}):\n")
-    print("| size | loader | heatmap cold | heatmap warm | heatmap MB | runs | alerts cold "
-          "| alerts warm | series first | series warm | scalars: 1 tag | scalars: vars x steps "
-          "| heatmap warm / scalars | heatmap cold / scalars |")
+    print("| size | loader | heatmap cold | heatmap warm | heatmap MB JSON / sent | runs "
+          "| alerts cold | alerts warm | series first | series warm | scalars: 1 tag "
+          "| scalars: vars x steps | heatmap warm / scalars | heatmap cold / scalars |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r and "heatmap_warm" not in r:
@@ -450,7 +466,8 @@ def print_tables(rows, max_steps=MAX_STEPS):
         scaled = "" if r["scalar_tags"] == r["variables"] else f" (scaled from {r['scalar_tags']})"
         print(
             f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {_ms(r['heatmap_cold'])} "
-            f"| {_ms(r['heatmap_warm'])} | {r['heatmap_bytes'] / 1e6:.1f} | {_ms(r['runs_warm'])} "
+            f"| {_ms(r['heatmap_warm'])} | {r['heatmap_json_bytes'] / 1e6:.1f} "
+            f"/ {r['heatmap_sent_bytes'] / 1e6:.1f} | {_ms(r['runs_warm'])} "
             f"| {_ms(r['alerts_cold'])} | {_ms(r['alerts_warm'])} | {_ms(r['series_first'])} "
             f"| {_ms(r['series_warm'])} | {_ms(r['scalar_tag_warm'])} "
             f"| {_ms(r['scalars_equiv'])}{scaled} | {r['heatmap_warm'] / r['scalars_equiv']:.3f}x "
@@ -476,6 +493,22 @@ def _g(x):
     return "-" if x is None else f"{x:.2f}"
 
 
+def source_description():
+    """Where `tensorboard_gradients` is imported from (TensorBoard imports it the same way), with
+    its git commit and whether the package differs from it, when it is a git checkout."""
+    import tensorboard_gradients
+
+    package = os.path.dirname(os.path.abspath(tensorboard_gradients.__file__))
+    try:
+        commit = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", package, "status", "--porcelain", "."],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return f"{package} (git {commit}{', with uncommitted changes' if dirty else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        return package
+
+
 def parse_sizes(text):
     sizes = []
     for item in text.split(","):
@@ -499,8 +532,12 @@ def main():
                         help="TensorBoard --reload_interval (0: load once)")
     parser.add_argument("--load_timeout", type=float, default=3600.0, help="s to wait for loading")
     parser.add_argument("--request_timeout", type=float, default=600.0, help="s per request")
+    parser.add_argument("--no_gzip", action="store_true",
+                        help="do not send Accept-Encoding: gzip (browsers do)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     args = parser.parse_args()
+    global ACCEPT_GZIP
+    ACCEPT_GZIP = not args.no_gzip
 
     sizes = parse_sizes(args.sizes)
     loaders = [x.strip() for x in args.loaders.split(",")]
@@ -513,7 +550,8 @@ def main():
         f"TensorBoard {tensorboard.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"{available_gib():.1f} GiB available; workdir {workdir}; {args.repeats} warm rounds; "
-        f"reload_interval {args.reload_interval}",
+        f"reload_interval {args.reload_interval}; Accept-Encoding gzip: {ACCEPT_GZIP}\n"
+        f"plugin from {source_description()}",
         flush=True,
     )
     rows = []

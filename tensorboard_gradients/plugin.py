@@ -89,7 +89,6 @@ class _Query:
                 )
             if len(self._args.getlist(name)) > 1:
                 raise _BadRequest(f"parameter {name!r} was given more than once")
-        self._thresholds = thresholds
 
     def text(self, name):
         value = self._args.get(name)
