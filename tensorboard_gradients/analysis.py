@@ -5,11 +5,12 @@ Pure numpy (no TensorBoard, no TensorFlow). The plugin (heatmap cell classes and
 red in the browser, an alert in the panel and a failing CI gate always agree.
 
 Inputs are `GradientSeries` (``values[step, variable, stat]`` in model order, input side first).
-Two entry points:
+Entry points:
 
 * `classify(series, thresholds)` -> ``int8[steps, variables]`` of `CLASSES` codes, one per cell
   (``missing``, ``ok``, ``vanishing``, ``exploding``, ``nonfinite``; later = worse);
-* `diagnose(series, **thresholds)` -> ``list[Alert]`` sorted by severity, then first step.
+* `diagnose(series, **thresholds)` -> ``list[Alert]`` sorted by severity, then first step;
+* `analyze(series, thresholds)` -> both at once (the rules run once).
 
 The rules and their sources are in `Thresholds`; every threshold can be overridden per call
 (``diagnose(series, exploding_norm=100)``) and per HTTP request (``...&exploding_norm=100``).
@@ -194,7 +195,7 @@ def _has(series, name):
 
 def _log10(values):
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log10(values)
+        return np.log10(np.asarray(values, dtype=np.float32))
 
 
 def _all_in_window(flags: np.ndarray, length: int) -> np.ndarray:
@@ -223,15 +224,15 @@ def _sustained(flags: np.ndarray, length: int) -> np.ndarray:
     return ~_all_in_window(~np.concatenate([padding, run_starts, padding]), length)
 
 
-def _block_nanmedian(blocks: np.ndarray) -> np.ndarray:
-    """Median over axis 1 of ``[blocks, window, ...]`` ignoring NaN (NaN where all are NaN).
+def _nanmedian(values: np.ndarray) -> np.ndarray:
+    """Median over the last axis ignoring NaN (NaN where all are NaN).
 
-    Sorting the short windows is several times faster than `np.nanmedian` on these shapes.
+    Sorting short rows is several times faster than `np.nanmedian` on these shapes.
     """
-    ordered = np.sort(np.moveaxis(blocks, 1, -1), axis=-1)  # NaN sorts last
+    ordered = np.sort(values, axis=-1)  # NaN sorts last
     count = np.sum(~np.isnan(ordered), axis=-1)
     low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[..., None], -1)[..., 0]
-    high = np.take_along_axis(ordered, (count // 2)[..., None].clip(max=ordered.shape[-1] - 1), -1)
+    high = np.take_along_axis(ordered, np.minimum(count // 2, ordered.shape[-1] - 1)[..., None], -1)
     return np.where(count > 0, (low + high[..., 0]) / 2, np.nan)
 
 
@@ -250,27 +251,33 @@ def _spike_zscores(log_norms: np.ndarray, thresholds: Thresholds, exclude=None):
     The reference of step t is the latest complete block of ``spike_window`` logged steps before
     t's block that had healthy cells: ``exclude``d cells (vanishing ones) and missing ones do not
     count, so a layer recovering from a vanishing stretch is compared with its level before it,
-    not flagged as a spike. NaN where there is no reference yet.
+    not flagged as a spike. NaN where there is no reference yet. float32: log-norms need no more.
     """
     window = thresholds.spike_window
     steps = log_norms.shape[0]
     blocks = steps // window
-    z = np.full(log_norms.shape, np.nan)
-    excess = np.full(log_norms.shape, np.nan)
     if steps <= window:
-        return z, excess
-    usable = np.isfinite(log_norms) if exclude is None else np.isfinite(log_norms) & ~exclude
-    healthy = np.where(usable, log_norms, np.nan)
-    blocked = healthy[: blocks * window].reshape((blocks, window) + log_norms.shape[1:])
-    median = _block_nanmedian(blocked)
-    mad = _block_nanmedian(np.abs(blocked - median[:, None]))
+        nothing = np.full(log_norms.shape, np.nan, dtype=np.float32)
+        return nothing, nothing
+    usable = np.isfinite(log_norms)
+    if exclude is not None:
+        usable &= ~exclude
+    healthy = np.where(usable[: blocks * window], log_norms[: blocks * window], np.float32(np.nan))
+    # [blocks, variables, window]: each block's window contiguous for the sort.
+    blocked = np.ascontiguousarray(
+        healthy.reshape((blocks, window) + log_norms.shape[1:]).swapaxes(1, -1)
+    )
+    median = _nanmedian(blocked)
+    mad = _nanmedian(np.abs(blocked - median[..., None]))
     median, mad = _forward_filled(median), _forward_filled(np.where(np.isnan(median), np.nan, mad))
-    sigma = np.maximum(_MAD_TO_SIGMA * mad, thresholds.spike_min_sigma)
+    sigma = np.maximum(np.float32(_MAD_TO_SIGMA) * mad, np.float32(thresholds.spike_min_sigma))
     # Step t (t >= window) is judged against block t // window - 1 (or the last healthy one).
     reference = np.arange(window, steps) // window - 1
+    excess = np.empty(log_norms.shape, dtype=np.float32)
+    excess[:window] = np.nan
     with np.errstate(invalid="ignore"):
-        excess[window:] = log_norms[window:] - median[reference]
-        z[window:] = excess[window:] / sigma[reference]
+        np.subtract(log_norms[window:], median[reference], out=excess[window:])
+        z = excess / np.concatenate([sigma[:1].repeat(window, axis=0), sigma[reference]])
     return z, excess
 
 
@@ -295,11 +302,12 @@ def _layer_index(series):
 def _layer_norms(norms: np.ndarray, rows: np.ndarray, layer_count: int) -> np.ndarray:
     """``[steps, layers]`` norm of each layer's variables together (NaN when all are missing)."""
     order = np.argsort(rows, kind="stable")
-    boundaries = np.searchsorted(rows[order], np.arange(layer_count))
-    grouped = norms[:, order]
-    valid = ~np.isnan(grouped)
+    if (np.diff(rows) < 0).any():  # layers interleaved (shared or reused layers): group them
+        norms, rows = norms[:, order], rows[order]
+    boundaries = np.searchsorted(rows, np.arange(layer_count))
+    valid = ~np.isnan(norms)
     with np.errstate(over="ignore"):
-        squares = np.add.reduceat(np.where(valid, grouped, 0.0) ** 2, boundaries, axis=1)
+        squares = np.add.reduceat(np.where(valid, norms, 0.0) ** 2, boundaries, axis=1)
     present = np.logical_or.reduceat(valid, boundaries, axis=1)
     return np.where(present, np.sqrt(squares), np.nan)
 
@@ -311,9 +319,7 @@ def _depth_ratios(series, norms: np.ndarray, thresholds: Thresholds):
         return None
     layer_norms = _layer_norms(norms, rows, len(names))
     reference_count = max(1, int(math.ceil(len(names) * thresholds.depth_reference_fraction)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        reference = np.nanmedian(layer_norms[:, -reference_count:], axis=1)
+    reference = _nanmedian(layer_norms[:, -reference_count:])
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = layer_norms / reference[:, None]
     return names, rows, ratios
@@ -442,19 +448,45 @@ def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> Li
     Raises:
       ValueError: an unknown or invalid threshold.
     """
+    limits = _limits(thresholds, overrides)
+    return _alerts(series, _findings(series, limits), limits)
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """`classify` and `diagnose` of one series, computed together (the rules run once)."""
+
+    classes: np.ndarray
+    alerts: List[Alert]
+
+
+def analyze(series, thresholds: Optional[Thresholds] = None, **overrides) -> Analysis:
+    """Cell classes and alerts at once: what the plugin serves for the heatmap and the panel."""
+    limits = _limits(thresholds, overrides)
+    findings = _findings(series, limits)
+    return Analysis(_classes(findings), _alerts(series, findings, limits))
+
+
+def _limits(thresholds, overrides) -> Thresholds:
     try:
-        limits = dataclasses.replace(thresholds or Thresholds(), **overrides)
+        return dataclasses.replace(thresholds or Thresholds(), **overrides)
     except TypeError as error:  # an unknown field name
         raise ValueError(f"{error}; known thresholds: {', '.join(Thresholds.names())}") from None
-    findings = _findings(series, limits)
+
+
+def _flagged(mask: np.ndarray) -> np.ndarray:
+    """Columns (variables or layers) with at least one flagged step."""
+    return np.flatnonzero(mask.any(axis=0))
+
+
+def _alerts(series, findings: _Findings, limits: Thresholds) -> List[Alert]:
     builder = _AlertBuilder(series)
     norms = findings.norms
-    variables = len(series.variables)
 
     first_nonfinite_row = np.flatnonzero(findings.nonfinite.any(axis=1))
     first_nonfinite = first_nonfinite_row[0] if first_nonfinite_row.size else None
     nonfinite_entries = _stat(series, "nan_count") + _stat(series, "inf_count")
-    for row in range(variables):
+    for row in _flagged(findings.nonfinite):
         mask = findings.nonfinite[:, row]
         at_first = first_nonfinite is not None and mask[first_nonfinite]
         builder.add(
@@ -464,13 +496,14 @@ def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> Li
             row=row,
         )
 
-    for row in range(variables):
+    for row in _flagged(findings.exploding_absolute):
         builder.add(
             "exploding", "absolute", "critical", findings.exploding_absolute[:, row],
             norms[:, row], np.max, limits.exploding_norm,
             lambda v: f"gradient norm reached {v:.3g}, above {limits.exploding_norm:g}",
             row=row,
         )
+    for row in _flagged(findings.spike):
         _add_spike(builder, findings.spike[:, row], findings.spike_z[:, row],
                    findings.spike_excess[:, row], limits, "gradient norm", row=row)
 
@@ -490,7 +523,7 @@ def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> Li
     _add_spike(builder, global_present & _spikes(global_z[:, 0], limits), global_z[:, 0],
                global_excess[:, 0], limits, "global gradient norm", rule="global_spike")
 
-    for row in range(variables):
+    for row in _flagged(findings.vanishing_absolute):
         builder.add(
             "vanishing", "absolute", "warning", findings.vanishing_absolute[:, row],
             norms[:, row], np.min, limits.vanishing_norm,
@@ -499,19 +532,19 @@ def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> Li
         )
     if findings.depth is not None:
         names, _, ratios, flags = findings.depth
-        for position, layer in enumerate(names):
+        for position in _flagged(flags):
             builder.add(
                 "vanishing", "depth", "warning", flags[:, position], ratios[:, position], np.min,
                 limits.depth_ratio,
                 lambda v: f"gradient norm fell to {v:.3g}x that of the output-side layers "
                 f"(below {limits.depth_ratio:g})",
-                layer=layer,
+                layer=names[position],
             )
 
     zero_fraction = _stat(series, "zero_fraction")
     with np.errstate(invalid="ignore"):
         dead = _sustained(zero_fraction >= limits.dead_fraction, limits.sustain_steps)
-    for row in range(variables):
+    for row in _flagged(dead):
         builder.add(
             "dead", "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,
             limits.dead_fraction,

@@ -140,15 +140,10 @@ class GradientData:
         self._store(key, histograms, info.signature, histograms.counts.nbytes)
         return histograms
 
-    def classes(self, loaded: Loaded, thresholds: analysis.Thresholds) -> np.ndarray:
-        """`analysis.classify` of a loaded series (memoised per thresholds)."""
-        return self.memo(loaded, ("classes", thresholds),
-                         lambda: analysis.classify(loaded.series, thresholds))
-
-    def alerts(self, loaded: Loaded, thresholds: analysis.Thresholds):
-        """`analysis.diagnose` of a loaded series (memoised per thresholds)."""
-        return self.memo(loaded, ("alerts", thresholds),
-                         lambda: analysis.diagnose(loaded.series, thresholds))
+    def analysis(self, loaded: Loaded, thresholds: analysis.Thresholds) -> analysis.Analysis:
+        """`analysis.analyze` of a loaded series: classes and alerts (memoised per thresholds)."""
+        return self.memo(loaded, ("analysis", thresholds),
+                         lambda: analysis.analyze(loaded.series, thresholds))
 
     def memo(self, loaded: Loaded, key: tuple, compute):
         """``compute()`` once per ``key`` for as long as this loaded series is current."""
@@ -181,16 +176,25 @@ class GradientData:
         except Exception as error:  # noqa: BLE001 - only the gRPC size error is handled
             if not _too_big_for_grpc(error):
                 raise
-        point_bytes = 8 * max(1, int(np.prod(reader.expected_shape(parsed))))
+        # float32 statistics (float64 ones when a gradient was float64: then halve again).
+        point_bytes = 4 * max(1, int(np.prod(reader.expected_shape(parsed))))
         kept = max(1, _SAMPLED_READ_BYTES // point_bytes)
-        logger.warning(
-            "run %r tag %r exceeds the data server's %d MiB per-read limit; reading %d sampled "
-            "steps", run, tag, _GRPC_MESSAGE_LIMIT >> 20, kept,
-        )
-        return read(kept), (
+        while True:
+            logger.warning(
+                "run %r tag %r exceeds the data server's %d MiB per-read limit; reading %d "
+                "sampled steps", run, tag, _GRPC_MESSAGE_LIMIT >> 20, kept,
+            )
+            try:
+                points = read(kept)
+                break
+            except Exception as error:  # noqa: BLE001
+                if not _too_big_for_grpc(error) or kept == 1:
+                    raise
+                kept = max(1, kept // 2)
+        return points, (
             f"this tag holds more data than TensorBoard's data server passes in one read "
-            f"({_GRPC_MESSAGE_LIMIT >> 20} MiB), so only {kept} sampled steps are shown; start "
-            "TensorBoard with --load_fast=false to see every logged step"
+            f"({_GRPC_MESSAGE_LIMIT >> 20} MiB), so only {len(points)} sampled steps are shown; "
+            "start TensorBoard with --load_fast=false to see every logged step"
         )
 
     def _cached(self, key, signature):

@@ -249,7 +249,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
     def _heatmap_json(self, loaded, stat, max_steps, by_epoch, thresholds) -> str:
         series = loaded.series
         matrix = heatmap.build(
-            series, stat, self._data.classes(loaded, thresholds), max_steps, by_epoch
+            series, stat, self._data.analysis(loaded, thresholds).classes, max_steps, by_epoch
         )
         payload = {
             "run": series.run,
@@ -276,7 +276,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         query = _Query(request, ("run", "tag"), thresholds=True)
         thresholds = query.thresholds()
         loaded = self._load(ctx, experiment, query)
-        alerts = self._data.alerts(loaded, thresholds)
+        alerts = self._data.analysis(loaded, thresholds).alerts
         encoded = [
             dict(alert.to_json(), value=_floats(alert.value), threshold=_floats(alert.threshold))
             for alert in alerts
@@ -307,7 +307,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                     name: _floats(series.values[:, row, column])
                     for column, name in enumerate(series.stat_names)
                 },
-                "classes": _class_names(self._data.classes(loaded, thresholds)[:, row]),
+                "classes": _class_names(self._data.analysis(loaded, thresholds).classes[:, row]),
                 "epochs": None if series.epoch_starts is None else series.epoch_starts.tolist(),
             },
         )

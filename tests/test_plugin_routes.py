@@ -311,7 +311,7 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(s
 
     data = data_access.GradientData(CappedProvider())
     original = data_access._SAMPLED_READ_BYTES
-    data_access._SAMPLED_READ_BYTES = 50 * 3 * 11 * 8  # room for 50 points of this tag
+    data_access._SAMPLED_READ_BYTES = 100 * 3 * 11 * 4  # 100 float32 points: too many, then 50
     try:
         from tensorboard import context
 
