@@ -234,13 +234,14 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 f"have {', '.join(loaded.series.stat_names)}"
             )
         # Kept gzipped: a repeated request (the tab polling a finished run) costs no encoding;
-        # `Respond` unzips on the fly for a client that does not accept gzip.
+        # `Respond` unzips on the fly for a client that does not accept gzip. Level 1: 3x faster
+        # than TensorBoard's level 3 on these matrices for 5% more bytes.
         body = self._data.memo(
             loaded,
             ("heatmap", stat, max_steps, by_epoch, thresholds),
             lambda: gzip.compress(
                 self._heatmap_json(loaded, stat, max_steps, by_epoch, thresholds).encode(),
-                compresslevel=3,
+                compresslevel=1,
                 mtime=0,
             ),
         )
