@@ -8,7 +8,8 @@ request, ``Accept-Encoding: gzip`` as a browser sends it, until the last byte of
 * ``heatmap?stat=l2_norm&max_steps=1000``: the first call ("cold": it pays the read through the
   data provider, the classification, the build and the encoding) and the median of
   ``--repeats`` later calls ("warm": the series and its classes are cached, and the plugin keeps
-  the gzipped answer of a repeated query);
+  the gzipped answer of a repeated query); "new stat": a heatmap of another stat each round
+  (series and classes cached, the matrix built and encoded: what switching the stat costs);
 * ``runs`` (after the heatmap, so its series is cached), ``alerts`` (cold = first call, it pays
   `analysis.diagnose`; warm = median) and ``series`` of one variable (first call, median);
 * TensorBoard's own ``/data/plugin/scalars/scalars?run&tag`` for ``--scalar_tags`` tags of the
@@ -112,7 +113,8 @@ def write_gradient_run(directory, variables, steps, seed=0):
     sizes = np.array([a * b for a, b in shapes], dtype=np.float64)
     layout = metadata.Layout.create(names, shapes, with_weights=False)
     base = 10.0 ** rng.uniform(-2.0, 0.5, variables)
-    spike_steps = rng.choice(np.arange(100, steps), size=min(5, steps - 100), replace=False)
+    first = min(100, steps // 2)  # after some history, so the spike rule can see them
+    spike_steps = rng.choice(np.arange(first, steps), size=min(5, steps - first), replace=False)
     spikes = {int(s): int(rng.integers(variables)) for s in spike_steps}
     with GradientWriter(directory) as writer:
         for step in range(steps):
@@ -132,7 +134,10 @@ def write_scalar_run(directory, tags, steps, seed=1):
 
 
 def logdir_for(workdir, variables, steps, scalar_tags):
-    """``<workdir>/logs_<V>x<S>`` with both runs (reused when a previous run completed it)."""
+    """``<workdir>/logs_<V>x<S>_k<tags>`` with both runs (reused once a previous run completed it).
+
+    Changing the data generation keeps the old folders: use a new ``--workdir``.
+    """
     logdir = os.path.join(workdir, f"logs_{variables}x{steps}_k{scalar_tags}")
     done = os.path.join(logdir, ".complete")
     if os.path.exists(done):
@@ -269,6 +274,7 @@ class TensorBoard:
 
 
 ACCEPT_GZIP = True  # what a browser sends; --no_gzip turns it off
+ENCODING = "json"  # the heatmap route's encoding parameter; --encoding base64 packs it
 
 
 def get(base, route, timeout, **params):
@@ -346,6 +352,8 @@ def wait_loaded(tb, steps, timeout):
 def measure(tb, variables, steps, scalar_tags, repeats, timeout):
     base = tb.base
     heatmap_params = dict(run=GRADIENT_RUN, tag=TAG, stat=STAT, max_steps=MAX_STEPS)
+    if ENCODING != "json":
+        heatmap_params["encoding"] = ENCODING
     alerts_params = dict(run=GRADIENT_RUN, tag=TAG)
     series_params = dict(run=GRADIENT_RUN, tag=TAG, variable="block_0/dense/kernel")
     r = {}
@@ -357,7 +365,7 @@ def measure(tb, variables, steps, scalar_tags, repeats, timeout):
     r["heatmap_cold"], r["heatmap_sent_bytes"], r["heatmap_json_bytes"] = seconds, sent, len(body)
     heatmap = json.loads(body)
     r["heatmap_columns"] = len(heatmap["steps"])
-    r["heatmap_rows"] = len(heatmap["values"])
+    r["heatmap_rows"] = heatmap["shape"][0] if "shape" in heatmap else len(heatmap["values"])
     r["sampled"] = heatmap["sampled"]
     del heatmap, body
 
@@ -382,10 +390,16 @@ def measure(tb, variables, steps, scalar_tags, repeats, timeout):
         raise RouteError(f"scalars route served {scalar_points} points of {steps}")
     r["scalar_first"] = seconds
 
-    warm = {k: [] for k in ("heatmap", "runs", "alerts", "series", "scalars_sum", "scalar_tag")}
-    for _ in range(repeats):  # interleaved rounds: machine noise hits every route alike
+    warm = {k: [] for k in ("heatmap", "heatmap_new_stat", "runs", "alerts", "series",
+                            "scalars_sum", "scalar_tag")}
+    other_stats = [s for s in metadata.GRADIENT_STATS if s != STAT]
+    for round_ in range(repeats):  # interleaved rounds: machine noise hits every route alike
         warm["heatmap"].append(
             call("/data/plugin/gradients/heatmap", "heatmap", **heatmap_params)[0])
+        # A stat not asked before: the series and classes are cached, the matrix is not.
+        warm["heatmap_new_stat"].append(call(
+            "/data/plugin/gradients/heatmap", "heatmap (new stat)",
+            **dict(heatmap_params, stat=other_stats[round_ % len(other_stats)]))[0])
         warm["runs"].append(call("/data/plugin/gradients/runs", "runs")[0])
         warm["alerts"].append(call("/data/plugin/gradients/alerts", "alerts", **alerts_params)[0])
         warm["series"].append(call("/data/plugin/gradients/series", "series", **series_params)[0])
@@ -454,10 +468,12 @@ def print_tables(rows, max_steps=MAX_STEPS):
               f"| {_g(r.get('peak_gib'))} | {served} |")
     print(f"\nRoute latency, ms (cold = first call after load; warm = median of the interleaved "
           f"rounds; heatmap: stat={STAT}, max_steps={max_steps}):\n")
-    print("| size | loader | heatmap cold | heatmap warm | heatmap MB JSON / sent | runs "
+    print("| size | loader | heatmap cold | heatmap warm | heatmap, new stat "
+          "| heatmap MB JSON / sent | runs "
           "| alerts cold | alerts warm | series first | series warm | scalars: 1 tag "
-          "| scalars: vars x steps | heatmap warm / scalars | heatmap cold / scalars |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| scalars: vars x steps | heatmap cold / scalars | new stat / scalars "
+          "| heatmap warm / scalars |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r and "heatmap_warm" not in r:
             print(f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | ERROR: "
@@ -466,12 +482,15 @@ def print_tables(rows, max_steps=MAX_STEPS):
         scaled = "" if r["scalar_tags"] == r["variables"] else f" (scaled from {r['scalar_tags']})"
         print(
             f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {_ms(r['heatmap_cold'])} "
-            f"| {_ms(r['heatmap_warm'])} | {r['heatmap_json_bytes'] / 1e6:.1f} "
+            f"| {_ms(r['heatmap_warm'])} | {_ms(r['heatmap_new_stat_warm'])} "
+            f"| {r['heatmap_json_bytes'] / 1e6:.1f} "
             f"/ {r['heatmap_sent_bytes'] / 1e6:.1f} | {_ms(r['runs_warm'])} "
             f"| {_ms(r['alerts_cold'])} | {_ms(r['alerts_warm'])} | {_ms(r['series_first'])} "
             f"| {_ms(r['series_warm'])} | {_ms(r['scalar_tag_warm'])} "
-            f"| {_ms(r['scalars_equiv'])}{scaled} | {r['heatmap_warm'] / r['scalars_equiv']:.3f}x "
-            f"| {r['heatmap_cold'] / r['scalars_equiv']:.3f}x |"
+            f"| {_ms(r['scalars_equiv'])}{scaled} "
+            f"| {_ratio(r['heatmap_cold'], r['scalars_equiv'])} "
+            f"| {_ratio(r['heatmap_new_stat_warm'], r['scalars_equiv'])} "
+            f"| {_ratio(r['heatmap_warm'], r['scalars_equiv'])} |"
         )
     for r in rows:
         if r.get("sampled"):
@@ -479,6 +498,10 @@ def print_tables(rows, max_steps=MAX_STEPS):
         if "error" in r:
             print(f"\n{r['variables']:,} x {r['steps']:,}, {_loader(r)}: {r['error']}\n"
                   f"--- tensorboard log tail ---\n{r.get('log_tail', '')}")
+
+
+def _ratio(a, b):
+    return f"{a / b:.2g}x"
 
 
 def _loader(r):
@@ -534,10 +557,15 @@ def main():
     parser.add_argument("--request_timeout", type=float, default=600.0, help="s per request")
     parser.add_argument("--no_gzip", action="store_true",
                         help="do not send Accept-Encoding: gzip (browsers do)")
+    parser.add_argument("--encoding", default="json", choices=("json", "base64"),
+                        help="the heatmap route's encoding parameter")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     args = parser.parse_args()
-    global ACCEPT_GZIP
+    global ACCEPT_GZIP, ENCODING
     ACCEPT_GZIP = not args.no_gzip
+    ENCODING = args.encoding
+    # `kill` of this script unwinds through the `with TensorBoard` blocks (which kill the group).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     sizes = parse_sizes(args.sizes)
     loaders = [x.strip() for x in args.loaders.split(",")]
@@ -550,7 +578,8 @@ def main():
         f"TensorBoard {tensorboard.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"{available_gib():.1f} GiB available; workdir {workdir}; {args.repeats} warm rounds; "
-        f"reload_interval {args.reload_interval}; Accept-Encoding gzip: {ACCEPT_GZIP}\n"
+        f"reload_interval {args.reload_interval}; Accept-Encoding gzip: {ACCEPT_GZIP}; "
+        f"heatmap encoding {ENCODING}\n"
         f"plugin from {source_description()}",
         flush=True,
     )

@@ -7,7 +7,7 @@ provider, both loaders), rules from `analysis`, the merged matrix from `heatmap`
 Routes (GET, under ``/data/plugin/gradients/``):
 
 * ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}``
-* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&<threshold>=<value>...]``
+* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&<threshold>...]``
 * ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...]}``
 * ``series?run&tag&variable[&<threshold>...]`` -> every stat of one variable over the steps
 * ``histogram?run&tag&variable&step`` -> the distribution at the nearest logged step
@@ -23,6 +23,7 @@ Errors: a missing or invalid parameter answers 400, an unknown run, tag, variabl
 both as ``{"error": message}``.
 """
 
+import base64
 import functools
 import gzip
 import json
@@ -61,6 +62,22 @@ def _floats(values):
     encoded[array == np.inf] = "Infinity"
     encoded[array == -np.inf] = "-Infinity"
     return encoded.tolist()
+
+
+def _packed_matrix(matrix: heatmap.Heatmap):
+    """``encoding=base64``: the matrix as typed arrays, ~10x smaller and faster than JSON lists.
+
+    ``values``: base64 of little-endian float32, row-major ``[variables][columns]`` (NaN and
+    Inf are native float32 values); ``classes``: base64 of uint8 codes indexing
+    ``class_names``.
+    """
+    return {
+        "encoding": "base64",
+        "shape": list(matrix.values.shape),
+        "values": base64.b64encode(matrix.values.astype("<f4").tobytes()).decode("ascii"),
+        "classes": base64.b64encode(matrix.classes.astype(np.uint8).tobytes()).decode("ascii"),
+        "class_names": list(analysis.CLASSES),
+    }
 
 
 def _class_names(codes):
@@ -220,12 +237,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         steps than ``max_steps``, consecutive steps merge into one column by the never-hide-the-
         worst rule (`heatmap.merge`); ``steps``/``last_steps`` give each column's step range.
         ``axis=epoch`` makes one column per epoch (adds ``epoch_index``; 400 without epoch marks).
+        ``encoding=base64`` packs ``values``/``classes`` as typed arrays (`_packed_matrix`).
         ``sampled`` explains when TensorBoard could not deliver every logged step (else null).
         """
-        query = _Query(request, ("run", "tag", "stat", "max_steps", "axis"), thresholds=True)
+        query = _Query(
+            request, ("run", "tag", "stat", "max_steps", "axis", "encoding"), thresholds=True
+        )
         stat = query.text("stat")
         max_steps = query.integer("max_steps", minimum=1)
         by_epoch = query.choice("axis", ("step", "epoch")) == "epoch"
+        packed = query.choice("encoding", ("json", "base64")) == "base64"
         thresholds = query.thresholds()
         loaded = self._load(ctx, experiment, query)
         if stat not in loaded.series.stat_names:
@@ -238,16 +259,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         # than TensorBoard's level 3 on these matrices for 5% more bytes.
         body = self._data.memo(
             loaded,
-            ("heatmap", stat, max_steps, by_epoch, thresholds),
+            ("heatmap", stat, max_steps, by_epoch, packed, thresholds),
             lambda: gzip.compress(
-                self._heatmap_json(loaded, stat, max_steps, by_epoch, thresholds).encode(),
+                self._heatmap_json(loaded, stat, max_steps, by_epoch, packed, thresholds).encode(),
                 compresslevel=1,
                 mtime=0,
             ),
         )
         return http_util.Respond(request, body, "application/json", content_encoding="gzip")
 
-    def _heatmap_json(self, loaded, stat, max_steps, by_epoch, thresholds) -> str:
+    def _heatmap_json(self, loaded, stat, max_steps, by_epoch, packed, thresholds) -> str:
         series = loaded.series
         matrix = heatmap.build(
             series, stat, self._data.analysis(loaded, thresholds).classes, max_steps, by_epoch
@@ -267,6 +288,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
             "downsampled": matrix.downsampled or loaded.sampled is not None,
             "sampled": loaded.sampled,
         }
+        if packed:
+            payload.update(_packed_matrix(matrix))
         if by_epoch:
             payload["epoch_index"] = matrix.epoch_index.tolist()
         return _json_text(payload)

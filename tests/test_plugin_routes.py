@@ -336,3 +336,24 @@ def test_heatmap_is_gzipped_for_browsers_and_plain_for_others(client):
     plain = client.get(url)
     assert "Content-Encoding" not in plain.headers
     assert json.loads(gzip.decompress(zipped.get_data())) == json.loads(plain.get_data())
+
+
+def test_heatmap_base64_encoding_carries_the_same_matrix(client):
+    import base64
+
+    params = dict(run="train", tag="gradients", stat="l2_norm", max_steps=9)
+    _, listed = get(client, "heatmap", **params)
+    status, packed = get(client, "heatmap", encoding="base64", **params)
+    assert status == 200 and packed["encoding"] == "base64"
+    rows, columns = packed["shape"]
+    assert (rows, columns) == (len(VARIABLES), len(listed["steps"]))
+    values = np.frombuffer(base64.b64decode(packed["values"]), "<f4").reshape(rows, columns)
+    codes = np.frombuffer(base64.b64decode(packed["classes"]), np.uint8).reshape(rows, columns)
+    decoded = [[packed["class_names"][c] for c in row] for row in codes]
+    assert decoded == listed["classes"]
+    as_numbers = [[float(v) if not isinstance(v, str) else float(v.replace("Infinity", "inf"))
+                   for v in row] for row in listed["values"]]
+    np.testing.assert_allclose(values, np.array(as_numbers, dtype=np.float32), rtol=1e-6)
+    assert np.isposinf(values).any()
+    assert packed["steps"] == listed["steps"] and packed["variables"] == listed["variables"]
+    assert get(client, "heatmap", encoding="xml", **params)[0] == 400
