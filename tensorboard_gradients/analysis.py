@@ -53,10 +53,10 @@ class Thresholds:
         that ``clipnorm``/``global_clipnorm``/``clip_grad_norm_`` act on (Pascanu et al. 2013).
     spike_window = 25
         Spikes are judged against the median and MAD of log10(norm) over the previous complete
-        block of this many logged steps (a blocked rolling median: O(steps x variables), so a
-        1,000-variable x 10,000-step run is classified in well under a second). Needs one full
-        block of history, so the first ``spike_window`` logged steps are judged by the absolute
-        ceiling only.
+        block of this many logged steps (a blocked rolling median: O(steps x variables); a
+        1,000-variable x 10,000-step run is classified in about 1-2 s on a 2-core CPU). Needs
+        one full block of history, so the first ``spike_window`` logged steps are judged by the
+        absolute ceiling only.
     spike_zscore = 5.0
         A step whose log-norm is this many robust standard deviations (1.4826 MAD) above that
         median is a spike - the robust z-score rule llm.c (z > 3 on the grad norm) and OLMo /
