@@ -25,6 +25,7 @@ test: install
 benchmark: install
 	$(PY) benchmarks/summary_overhead.py
 	$(PY) benchmarks/keras_overhead.py
+	$(PY) benchmarks/route_latency.py --encoding base64
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs
