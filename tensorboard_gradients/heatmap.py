@@ -56,8 +56,8 @@ def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
     indices = np.asarray(epoch_indices)
     inside = positions < len(steps)
     positions, indices = positions[inside], indices[inside]
-    if positions.size == 0:
-        return np.zeros(1, dtype=np.int64), np.asarray(epoch_indices)[-1:]
+    if positions.size == 0:  # every mark comes after the last logged step
+        return np.zeros(1, dtype=np.int64), np.asarray(epoch_indices)[:1]
     positions[0] = 0
     # Epochs sharing a start position had no logged steps except the last of them.
     last_of_position = np.append(positions[1:] != positions[:-1], True)

@@ -88,3 +88,10 @@ def test_epoch_axis_without_marks_is_a_clear_error():
     values = np.ones((5, 1))
     with pytest.raises(heatmap.NoEpochsError, match="no epoch marks"):
         heatmap.build(series_of(values), "l2_norm", np.ones((5, 1), np.int8), by_epoch=True)
+
+
+def test_steps_logged_before_every_epoch_mark_join_the_first_epoch():
+    values = np.ones((5, 1))
+    series = series_of(values, epoch_starts=[10, 20], epoch_indices=[3, 4])
+    matrix = heatmap.build(series, "l2_norm", np.ones((5, 1), np.int8), by_epoch=True)
+    assert matrix.epoch_index.tolist() == [3] and matrix.last_steps.tolist() == [4]
