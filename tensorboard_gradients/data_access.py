@@ -121,9 +121,9 @@ class GradientData:
         self._store(key, loaded, signature, loaded.series.values.nbytes)
         return loaded
 
-    def histograms(self, ctx, experiment, run: str, tag: str) -> reader.GradientHistograms:
-        """The histograms logged next to a stats tag; `UnknownError` when there are none."""
-        tags = self.tags(ctx, experiment)
+    def histograms(self, ctx, experiment, run: str, tag: str, tags=None):
+        """The `GradientHistograms` logged next to a stats tag; `UnknownError` if there are none."""
+        tags = self.tags(ctx, experiment) if tags is None else tags
         self.stats_tag(tags, run, tag)
         histogram_tag = metadata.histogram_tag(tag)
         info = tags[run].get(histogram_tag)

@@ -154,12 +154,12 @@ def _route(handler):
     return application
 
 
-def _variable_row(series, variable):
+def _variable_row(variables, variable, run, tag):
     try:
-        return series.variables.index(variable)
+        return variables.index(variable)
     except ValueError:
         raise data_access.UnknownError(
-            f"no variable {variable!r} in run {series.run!r}, tag {series.tag!r}"
+            f"no variable {variable!r} in run {run!r}, tag {tag!r}"
         ) from None
 
 
@@ -315,7 +315,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         thresholds = query.thresholds()
         loaded = self._load(ctx, experiment, query)
         series = loaded.series
-        row = _variable_row(series, variable)
+        row = _variable_row(series.variables, variable, series.run, series.tag)
         shape = series.shapes[row]
         return _respond_json(
             request,
@@ -346,17 +346,17 @@ class GradientsPlugin(base_plugin.TBPlugin):
         query = _Query(request, ("run", "tag", "variable", "step"))
         variable = query.text("variable")
         step = query.integer("step", minimum=0, required=True)
-        loaded = self._load(ctx, experiment, query)
-        row = _variable_row(loaded.series, variable)
-        histograms = self._data.histograms(
-            ctx, experiment, loaded.series.run, loaded.series.tag
-        )
+        run, tag = query.text("run"), query.text("tag")
+        tags = self._data.tags(ctx, experiment)
+        layout = self._data.stats_tag(tags, run, tag).parsed.layout
+        row = _variable_row(layout.variables, variable, run, tag)
+        histograms = self._data.histograms(ctx, experiment, run, tag, tags)
         index = int(np.argmin(np.abs(histograms.steps - step)))
         return _respond_json(
             request,
             {
-                "run": loaded.series.run,
-                "tag": loaded.series.tag,
+                "run": run,
+                "tag": tag,
                 "variable": variable,
                 "requested_step": step,
                 "step": int(histograms.steps[index]),
