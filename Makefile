@@ -20,6 +20,7 @@ demo: install
 	$(PY) demo/train.py --logdir $(LOGDIR) --serve
 
 test: install
+	node --test frontend/test/
 	$(PY) -m pytest -q tests
 
 benchmark: install

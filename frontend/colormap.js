@@ -1,0 +1,101 @@
+// Colour scales for the heatmap (pure, no DOM): a perceptually uniform, colour-blind-safe map
+// (viridis) over log10 of the value, and the colours that mark cells by class.
+
+// matplotlib's viridis at 10 evenly spaced points; linear interpolation between them stays within
+// a few RGB units of the full 256-entry table.
+const VIRIDIS = [
+  [68, 1, 84], [72, 40, 120], [62, 73, 137], [49, 104, 142], [38, 130, 142],
+  [31, 158, 137], [53, 183, 121], [110, 206, 88], [181, 222, 43], [253, 231, 37],
+];
+
+/** Colours that do not occur in viridis, for cells whose class matters more than their value. */
+export const CLASS_COLORS = Object.freeze({
+  nonfinite: [255, 45, 85], // NaN/Inf: saturated red, absent from viridis
+  missing: null, // drawn as an empty (background) cell
+});
+
+/** viridis(t) for t in [0, 1] -> [r, g, b]. */
+export function viridis(t) {
+  const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  const f = x - i;
+  return VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
+}
+
+/** `size` colours of viridis as a flat RGBA table (fast per-cell lookup while drawing). */
+export function colorTable(size = 256) {
+  const table = new Uint8ClampedArray(size * 4);
+  for (let i = 0; i < size; i++) {
+    table.set([...viridis(i / (size - 1)), 255], i * 4);
+  }
+  return table;
+}
+
+// How each stat is scaled: magnitudes on log10, fractions and counts linearly.
+const STAT_KINDS = {
+  zero_fraction: "fraction",
+  nan_count: "count",
+  inf_count: "count",
+  size: "count",
+  mean: "linear",
+  min: "linear",
+  max: "linear",
+};
+
+export function statKind(stat) {
+  return STAT_KINDS[stat] || "log";
+}
+
+function percentile(sorted, q) {
+  if (sorted.length === 0) return NaN;
+  const position = (sorted.length - 1) * q;
+  const low = Math.floor(position);
+  const high = Math.min(sorted.length - 1, low + 1);
+  return sorted[low] + (position - low) * (sorted[high] - sorted[low]);
+}
+
+/**
+ * A scale for one matrix of values of `stat`.
+ *
+ * Log scales span the 1st-99th percentile of log10 of the finite positive values (one exploding
+ * cell would otherwise flatten every other row; the class colours and outlines still show it),
+ * at least one decade wide. `position(v)` is in [0, 1] (clamped), or NaN for values the colour
+ * map does not show (NaN, Inf, and zero or negative values on a log scale).
+ */
+export function makeScale(values, stat) {
+  const kind = statKind(stat);
+  const finite = [];
+  for (const v of values) {
+    if (Number.isFinite(v) && (kind !== "log" || v > 0)) finite.push(kind === "log" ? Math.log10(v) : v);
+  }
+  const sorted = Float64Array.from(finite).sort();
+  let low;
+  let high;
+  if (kind === "fraction") [low, high] = [0, 1];
+  else if (kind === "count") [low, high] = [0, Math.max(1, sorted.length ? sorted[sorted.length - 1] : 1)];
+  else if (kind === "log") [low, high] = [percentile(sorted, 0.01), percentile(sorted, 0.99)];
+  else [low, high] = [sorted[0], sorted[sorted.length - 1]];
+  if (!Number.isFinite(low) || !Number.isFinite(high)) [low, high] = kind === "log" ? [-1, 0] : [0, 1];
+  const minimumWidth = kind === "log" ? 1 : Math.max(Math.abs(high) * 1e-6, 1e-12);
+  if (high - low < minimumWidth) {
+    const middle = (low + high) / 2;
+    [low, high] = [middle - minimumWidth / 2, middle + minimumWidth / 2];
+  }
+  const transform = kind === "log" ? (v) => (v > 0 ? Math.log10(v) : NaN) : (v) => v;
+  return {
+    kind,
+    // The domain in the stat's own units (what the colour bar is labelled with).
+    domain: kind === "log" ? [10 ** low, 10 ** high] : [low, high],
+    position(value) {
+      if (!Number.isFinite(value)) return NaN;
+      const x = transform(value);
+      if (Number.isNaN(x)) return NaN;
+      return Math.min(1, Math.max(0, (x - low) / (high - low)));
+    },
+    /** The value at position t (the inverse, for colour bar ticks). */
+    valueAt(t) {
+      const x = low + t * (high - low);
+      return kind === "log" ? 10 ** x : x;
+    },
+  };
+}

@@ -1,0 +1,67 @@
+// The view's state in the URL hash, so a link reproduces what the user saw (pure, no DOM).
+//
+//   #run=train&tag=gradients&stat=l2_norm&axis=epoch&zoom=100-2000&t.exploding_norm=100
+//
+// Threshold overrides carry a "t." prefix and are sent to the plugin as they are; anything
+// unknown or malformed in a hand-edited hash is dropped rather than breaking the view.
+
+export const DEFAULT_STATE = Object.freeze({
+  run: null,
+  tag: null,
+  stat: "l2_norm",
+  axis: "step",
+  zoom: null, // [first step, last step] or null for the whole run
+  thresholds: Object.freeze({}),
+});
+
+const THRESHOLD_PREFIX = "t.";
+
+function validZoom(text) {
+  const match = /^(\d+)-(\d+)$/.exec(text || "");
+  if (!match) return null;
+  const [first, last] = [Number(match[1]), Number(match[2])];
+  return first <= last && Number.isSafeInteger(last) ? [first, last] : null;
+}
+
+/** The state a hash describes; `thresholdNames` are the overrides the plugin accepts. */
+export function parseHash(hash, thresholdNames) {
+  const params = new URLSearchParams((hash || "").replace(/^#/, ""));
+  const known = new Set(thresholdNames);
+  const thresholds = {};
+  for (const [key, value] of params) {
+    if (!key.startsWith(THRESHOLD_PREFIX)) continue;
+    const name = key.slice(THRESHOLD_PREFIX.length);
+    const number = Number(value);
+    if (known.has(name) && value.trim() !== "" && Number.isFinite(number) && number > 0) {
+      thresholds[name] = number;
+    }
+  }
+  return {
+    run: params.get("run") || null,
+    tag: params.get("tag") || null,
+    stat: params.get("stat") || DEFAULT_STATE.stat,
+    axis: params.get("axis") === "epoch" ? "epoch" : "step",
+    zoom: validZoom(params.get("zoom")),
+    thresholds,
+  };
+}
+
+/** The hash for a state, omitting defaults (so a default view has a short link). */
+export function formatHash(state) {
+  const params = new URLSearchParams();
+  if (state.run) params.set("run", state.run);
+  if (state.tag) params.set("tag", state.tag);
+  if (state.stat && state.stat !== DEFAULT_STATE.stat) params.set("stat", state.stat);
+  if (state.axis === "epoch") params.set("axis", "epoch");
+  if (state.zoom) params.set("zoom", `${state.zoom[0]}-${state.zoom[1]}`);
+  for (const name of Object.keys(state.thresholds || {}).sort()) {
+    params.set(THRESHOLD_PREFIX + name, String(state.thresholds[name]));
+  }
+  const text = params.toString();
+  return text ? `#${text}` : "";
+}
+
+/** The plugin query parameters for a state's threshold overrides. */
+export function thresholdParams(state) {
+  return Object.fromEntries(Object.entries(state.thresholds || {}).map(([k, v]) => [k, String(v)]));
+}

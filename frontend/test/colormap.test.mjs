@@ -1,0 +1,64 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { CLASS_COLORS, colorTable, makeScale, statKind, viridis } from "../colormap.js";
+
+test("viridis runs from dark purple to yellow and is monotonic in lightness", () => {
+  assert.deepEqual(viridis(0), [68, 1, 84]);
+  assert.deepEqual(viridis(1), [253, 231, 37]);
+  assert.deepEqual(viridis(-3), viridis(0));
+  const lightness = ([r, g, b]) => 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  let previous = -1;
+  for (let i = 0; i <= 100; i++) {
+    const current = lightness(viridis(i / 100));
+    assert.ok(current > previous, `lightness must grow at ${i}`);
+    previous = current;
+  }
+});
+
+test("the colour table has one opaque RGBA entry per level", () => {
+  const table = colorTable(16);
+  assert.equal(table.length, 64);
+  assert.deepEqual([...table.slice(60)], [253, 231, 37, 255]);
+  assert.equal(table[3], 255);
+});
+
+test("the non-finite colour is not a viridis colour", () => {
+  const [r, g, b] = CLASS_COLORS.nonfinite;
+  for (let i = 0; i <= 255; i++) {
+    const [vr, vg, vb] = viridis(i / 255);
+    assert.ok(Math.abs(vr - r) + Math.abs(vg - g) + Math.abs(vb - b) > 150);
+  }
+});
+
+test("log scale spans the bulk of the values and clamps outliers", () => {
+  const values = [];
+  for (let i = 0; i < 1000; i++) values.push(10 ** (-3 + (3 * i) / 999)); // 1e-3 .. 1
+  values.push(1e9, NaN, Infinity, 0);
+  const scale = makeScale(values, "l2_norm");
+  assert.equal(scale.kind, "log");
+  assert.ok(scale.domain[0] > 1e-3 && scale.domain[0] < 1.2e-3);
+  assert.ok(scale.domain[1] > 0.9 && scale.domain[1] < 1.01);
+  assert.equal(scale.position(1e9), 1);
+  assert.ok(Math.abs(scale.position(Math.sqrt(scale.domain[0] * scale.domain[1])) - 0.5) < 1e-9);
+  assert.ok(Number.isNaN(scale.position(NaN)));
+  assert.ok(Number.isNaN(scale.position(Infinity)));
+  assert.ok(Number.isNaN(scale.position(0)));
+  assert.ok(Math.abs(scale.valueAt(0.5) - Math.sqrt(scale.domain[0] * scale.domain[1])) < 1e-9);
+});
+
+test("a constant matrix still gets a one-decade scale; empty input a default one", () => {
+  const scale = makeScale([2, 2, 2], "l2_norm");
+  assert.ok(Math.abs(Math.log10(scale.domain[1] / scale.domain[0]) - 1) < 1e-9);
+  assert.equal(scale.position(2), 0.5);
+  assert.deepEqual(makeScale([NaN], "l2_norm").domain.map((v) => +v.toFixed(6)), [0.1, 1]);
+});
+
+test("fractions and counts are linear", () => {
+  assert.equal(statKind("zero_fraction"), "fraction");
+  assert.deepEqual(makeScale([0.2, 0.4], "zero_fraction").domain, [0, 1]);
+  const counts = makeScale([0, 3, 12], "nan_count");
+  assert.deepEqual(counts.domain, [0, 12]);
+  assert.equal(counts.position(3), 0.25);
+  assert.equal(statKind("mean_abs"), "log");
+});

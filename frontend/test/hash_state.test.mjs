@@ -1,0 +1,40 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { DEFAULT_STATE, formatHash, parseHash, thresholdParams } from "../hash_state.js";
+
+const NAMES = ["exploding_norm", "vanishing_norm", "sustain_steps"];
+
+test("a state survives the round trip through the hash", () => {
+  const state = {
+    run: "train/a b", tag: "gradients", stat: "mean_abs", axis: "epoch", zoom: [100, 2000],
+    thresholds: { exploding_norm: 100, vanishing_norm: 1e-9 },
+  };
+  const hash = formatHash(state);
+  assert.ok(hash.startsWith("#run=train%2Fa+b"));
+  assert.deepEqual(parseHash(hash, NAMES), state);
+});
+
+test("the default view has an empty hash and parses back to the defaults", () => {
+  assert.equal(formatHash(DEFAULT_STATE), "");
+  assert.deepEqual(parseHash("", NAMES), { ...DEFAULT_STATE, thresholds: {} });
+  assert.equal(formatHash({ ...DEFAULT_STATE, run: "r" }), "#run=r");
+});
+
+test("malformed or unknown entries are dropped", () => {
+  const state = parseHash(
+    "#run=r&axis=sideways&zoom=9-3&t.exploding_norm=-1&t.vanishing_norm=abc&t.nope=3&t.sustain_steps=7",
+    NAMES,
+  );
+  assert.equal(state.axis, "step");
+  assert.equal(state.zoom, null);
+  assert.deepEqual(state.thresholds, { sustain_steps: 7 });
+  assert.equal(parseHash("#zoom=1-99999999999999999999", NAMES).zoom, null);
+  assert.equal(parseHash("#t.exploding_norm=", NAMES).thresholds.exploding_norm, undefined);
+});
+
+test("threshold overrides become plugin query parameters", () => {
+  assert.deepEqual(thresholdParams({ thresholds: { exploding_norm: 100, vanishing_norm: 1e-9 } }), {
+    exploding_norm: "100", vanishing_norm: "1e-9",
+  });
+});
