@@ -189,10 +189,6 @@ def _stat(series, name):
     return series.stat(name)
 
 
-def _has(series, name):
-    return name in series.stat_names
-
-
 def _log10(values):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.log10(np.asarray(values, dtype=np.float32))
@@ -553,7 +549,7 @@ def _alerts(series, findings: _Findings, limits: Thresholds) -> List[Alert]:
             row=row,
         )
 
-    _update_ratio_alerts(series, findings, limits, builder)
+    _update_ratio_alerts(series, limits, builder)
 
     severity_rank = {s: i for i, s in enumerate(SEVERITIES)}
     order = {name: i for i, name in enumerate(series.variables)}
@@ -578,19 +574,16 @@ def _add_spike(builder, mask, z, excess, limits, what, rule="spike", row=None):
     )
 
 
-def _update_ratio_alerts(series, findings, limits, builder):
-    if not _has(series, "weight_l2_norm"):
-        return
-    weights = _stat(series, "weight_l2_norm")
-    if _has(series, "update_l2_norm"):
-        numerator, rule, scale = _stat(series, "update_l2_norm"), "update/weight", 1.0
-        what = "update/weight ratio"
-    else:
-        numerator, rule = findings.norms, "gradient/weight"
+def _update_ratio_alerts(series, limits, builder):
+    available = series.available_stats
+    if "update_weight_ratio" in available:
+        ratios, rule, scale = series.stat("update_weight_ratio"), "update/weight", 1.0
+    elif "grad_weight_ratio" in available:
+        ratios, rule = series.stat("grad_weight_ratio"), "gradient/weight"
         scale = 1.0 / limits.reference_learning_rate
-        what = "gradient/weight ratio"
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = np.where(weights > 0, numerator / weights, np.nan)
+    else:
+        return
+    what = f"{rule} ratio"
     low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

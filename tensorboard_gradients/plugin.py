@@ -6,7 +6,8 @@ provider, both loaders), rules from `analysis`, the merged matrix from `heatmap`
 
 Routes (GET, under ``/data/plugin/gradients/``):
 
-* ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}``
+* ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}`` (stats:
+  the logged ones, then the derived ratios `reader.DERIVED_STATS` that can be computed)
 * ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&<threshold>...]``
 * ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...]}``
 * ``series?run&tag&variable[&<threshold>...]`` -> every stat of one variable over the steps
@@ -219,7 +220,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 result.setdefault(run, {})[tag] = {
                     "variables": len(series.variables),
                     "steps": len(series.steps),
-                    "stats": list(series.stat_names),
+                    "stats": list(series.available_stats),
                     "histograms": metadata.histogram_tag(tag) in run_tags,
                     "epochs": series.epoch_starts is not None,
                     "sampled": loaded.sampled,
@@ -249,10 +250,10 @@ class GradientsPlugin(base_plugin.TBPlugin):
         packed = query.choice("encoding", ("json", "base64")) == "base64"
         thresholds = query.thresholds()
         loaded = self._load(ctx, experiment, query)
-        if stat not in loaded.series.stat_names:
+        if stat not in loaded.series.available_stats:
             raise data_access.UnknownError(
                 f"no stat {stat!r} in run {loaded.series.run!r}, tag {loaded.series.tag!r}; "
-                f"have {', '.join(loaded.series.stat_names)}"
+                f"have {', '.join(loaded.series.available_stats)}"
             )
         # Kept gzipped: a repeated request (the tab polling a finished run) costs no encoding;
         # `Respond` unzips on the fly for a client that does not accept gzip. Level 1: 3x faster
@@ -328,8 +329,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 "steps": series.steps.tolist(),
                 "wall_times": _floats(series.wall_times),
                 "stats": {
-                    name: _floats(series.values[:, row, column])
-                    for column, name in enumerate(series.stat_names)
+                    name: _floats(series.stat(name)[:, row]) for name in series.available_stats
                 },
                 "classes": _class_names(self._data.analysis(loaded, thresholds).classes[:, row]),
                 "epochs": None if series.epoch_starts is None else series.epoch_starts.tolist(),

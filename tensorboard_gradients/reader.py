@@ -17,6 +17,15 @@ from tensorboard_gradients import event_files, metadata
 logger = logging.getLogger(__name__)
 
 
+# Ratios computed on read (never stored): name -> (numerator stat, denominator stat).
+# grad/weight is what an SGD step scales by the learning rate; update/weight is the step's real
+# relative size (healthy around 1e-3, see `analysis.Thresholds`).
+DERIVED_STATS = {
+    "grad_weight_ratio": ("l2_norm", "weight_l2_norm"),
+    "update_weight_ratio": ("update_l2_norm", "weight_l2_norm"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class GradientHistograms:
     """The log10|g| histograms of one tag: ``counts[step, variable, bin]``."""
@@ -53,10 +62,29 @@ class GradientSeries:
     epoch_indices: Optional[np.ndarray] = None
 
     def stat(self, name: str) -> np.ndarray:
-        """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``."""
-        if name not in self.stat_names:
-            raise KeyError(f"no stat {name!r} in {self.run}/{self.tag}; have {list(self.stat_names)}")
-        return self.values[:, :, self.stat_names.index(name)]
+        """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``.
+
+        Besides the logged stats (`stat_names`), the ratios of `DERIVED_STATS` when their inputs
+        were logged (NaN where the weight norm is 0 or missing); see `available_stats`.
+        """
+        if name in self.stat_names:
+            return self.values[:, :, self.stat_names.index(name)]
+        if name not in self.available_stats:
+            raise KeyError(
+                f"no stat {name!r} in {self.run}/{self.tag}; have {list(self.available_stats)}"
+            )
+        numerator, denominator = (self.stat(n) for n in DERIVED_STATS[name])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(denominator > 0, numerator / denominator, np.nan)
+
+    @property
+    def available_stats(self) -> Tuple[str, ...]:
+        """The logged stats, then the derived ratios whose inputs were logged."""
+        derived = tuple(
+            name for name, inputs in DERIVED_STATS.items()
+            if all(i in self.stat_names for i in inputs)
+        )
+        return self.stat_names + derived
 
     @property
     def missing(self) -> np.ndarray:

@@ -357,3 +357,22 @@ def test_heatmap_base64_encoding_carries_the_same_matrix(client):
     assert np.isposinf(values).any()
     assert packed["steps"] == listed["steps"] and packed["variables"] == listed["variables"]
     assert get(client, "heatmap", encoding="xml", **params)[0] == 400
+
+
+def test_derived_ratio_stats_when_weights_were_logged(tmp_path, plugin_client):
+    with tg.GradientWriter(str(tmp_path / "weighted")) as writer:
+        for step in range(4):
+            writer.write(step, {"a/kernel": np.full(4, 0.5), "a/bias": np.ones(2)},
+                         weights={"a/kernel": np.full(4, 2.0), "a/bias": np.zeros(2)})
+    client = plugin_client(str(tmp_path))
+    stats = get(client, "runs")[1]["weighted"]["gradients"]["stats"]
+    assert stats[-2:] == ["weight_l2_norm", "grad_weight_ratio"]
+    status, body = get(client, "heatmap", run="weighted", tag="gradients", stat="grad_weight_ratio")
+    assert status == 200
+    assert body["values"][0] == [pytest.approx(0.25)] * 4
+    assert body["values"][1] == ["NaN"] * 4  # a zero weight norm has no ratio
+    assert body["classes"][0] == ["ok"] * 4
+    status, body = get(client, "series", run="weighted", tag="gradients", variable="a/kernel")
+    assert body["stats"]["grad_weight_ratio"] == [pytest.approx(0.25)] * 4
+    assert get(client, "heatmap", run="weighted", tag="gradients",
+               stat="update_weight_ratio")[0] == 404
