@@ -8,7 +8,7 @@ still colours its column at any zoom level.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -93,20 +93,47 @@ def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
     return merged, worst
 
 
+def _epochs_in_range(epoch_starts, epoch_indices, first_step, last_step):
+    """The epoch marks that matter for steps [first_step, last_step]: the epoch containing
+    ``first_step`` (its mark may lie before the range) and every epoch starting inside it."""
+    starts, indices = np.asarray(epoch_starts), np.asarray(epoch_indices)
+    before = np.flatnonzero(starts <= first_step)
+    keep = (starts > first_step) & (starts <= last_step)
+    if before.size:
+        keep[before[-1]] = True
+    return starts[keep], indices[keep]
+
+
 def build(
-    series, stat: str, classes: np.ndarray, max_columns: Optional[int] = None, by_epoch=False
+    series,
+    stat: str,
+    classes: np.ndarray,
+    max_columns: Optional[int] = None,
+    by_epoch=False,
+    step_range: Optional[Tuple[int, int]] = None,
 ) -> Heatmap:
     """The heatmap of ``series.stat(stat)`` coloured by ``classes`` (from `analysis.classify`).
+
+    ``step_range = (first, last)`` keeps the logged steps in that inclusive range (a zoom); the
+    classes were judged on the whole series, so a zoomed cell has the class it has unzoomed.
 
     Raises:
       KeyError: unknown stat.
       NoEpochsError: ``by_epoch`` on a series without epoch marks.
     """
-    values = series.stat(stat)
     steps = np.asarray(series.steps)
+    window = slice(None)
+    epoch_starts, epoch_indices = series.epoch_starts, series.epoch_indices
+    if step_range is not None:
+        first, last = step_range
+        window = slice(np.searchsorted(steps, first, "left"), np.searchsorted(steps, last, "right"))
+        if epoch_starts is not None:
+            epoch_starts, epoch_indices = _epochs_in_range(epoch_starts, epoch_indices, first, last)
+    values, classes, steps = series.stat(stat)[window], classes[window], steps[window]
+    wall_times = np.asarray(series.wall_times)[window]
     epoch_index = None
     if by_epoch:
-        starts, epoch_index = epoch_groups(steps, series.epoch_starts, series.epoch_indices)
+        starts, epoch_index = epoch_groups(steps, epoch_starts, epoch_indices)
         if len(steps) == 0:
             starts = starts[:0]
             epoch_index = epoch_index[:0]
@@ -126,7 +153,7 @@ def build(
     return Heatmap(
         steps=column_steps,
         last_steps=steps[ends],
-        wall_times=np.asarray(series.wall_times)[starts],
+        wall_times=wall_times[starts],
         values=merged_values.T,
         classes=merged_classes.T,
         epoch_index=epoch_index,

@@ -8,7 +8,8 @@ Routes (GET, under ``/data/plugin/gradients/``):
 
 * ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}`` (stats:
   the logged ones, then the derived ratios `reader.DERIVED_STATS` that can be computed)
-* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&<threshold>...]``
+* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&first_step]
+  [&last_step][&<threshold>...]``
 * ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...]}``
 * ``series?run&tag&variable[&<threshold>...]`` -> every stat of one variable over the steps
 * ``histogram?run&tag&variable&step`` -> the distribution at the nearest logged step
@@ -239,13 +240,25 @@ class GradientsPlugin(base_plugin.TBPlugin):
         worst rule (`heatmap.merge`); ``steps``/``last_steps`` give each column's step range.
         ``axis=epoch`` makes one column per epoch (adds ``epoch_index``; 400 without epoch marks).
         ``encoding=base64`` packs ``values``/``classes`` as typed arrays (`_packed_matrix`).
+        ``first_step``/``last_step`` (inclusive) zoom into a step range; cells keep the classes
+        judged on the whole run.
         ``sampled`` explains when TensorBoard could not deliver every logged step (else null).
         """
         query = _Query(
-            request, ("run", "tag", "stat", "max_steps", "axis", "encoding"), thresholds=True
+            request,
+            ("run", "tag", "stat", "max_steps", "axis", "encoding", "first_step", "last_step"),
+            thresholds=True,
         )
         stat = query.text("stat")
         max_steps = query.integer("max_steps", minimum=1)
+        first_step = query.integer("first_step", minimum=0)
+        last_step = query.integer("last_step", minimum=0)
+        step_range = None
+        if first_step is not None or last_step is not None:
+            last = np.iinfo(np.int64).max if last_step is None else last_step
+            step_range = (first_step or 0, last)
+            if step_range[0] > step_range[1]:
+                raise _BadRequest("parameter 'first_step' must not exceed 'last_step'")
         by_epoch = query.choice("axis", ("step", "epoch")) == "epoch"
         packed = query.choice("encoding", ("json", "base64")) == "base64"
         thresholds = query.thresholds()
@@ -260,20 +273,23 @@ class GradientsPlugin(base_plugin.TBPlugin):
         # than TensorBoard's level 3 on these matrices for 5% more bytes.
         body = self._data.memo(
             loaded,
-            ("heatmap", stat, max_steps, by_epoch, packed, thresholds),
+            ("heatmap", stat, max_steps, by_epoch, packed, step_range, thresholds),
             lambda: gzip.compress(
-                self._heatmap_json(loaded, stat, max_steps, by_epoch, packed, thresholds).encode(),
+                self._heatmap_json(
+                    loaded, stat, max_steps, by_epoch, packed, step_range, thresholds
+                ).encode(),
                 compresslevel=1,
                 mtime=0,
             ),
         )
         return http_util.Respond(request, body, "application/json", content_encoding="gzip")
 
-    def _heatmap_json(self, loaded, stat, max_steps, by_epoch, packed, thresholds) -> str:
+    def _heatmap_json(
+        self, loaded, stat, max_steps, by_epoch, packed, step_range, thresholds
+    ) -> str:
         series = loaded.series
-        matrix = heatmap.build(
-            series, stat, self._data.analysis(loaded, thresholds).classes, max_steps, by_epoch
-        )
+        classes = self._data.analysis(loaded, thresholds).classes
+        matrix = heatmap.build(series, stat, classes, max_steps, by_epoch, step_range)
         payload = {
             "run": series.run,
             "tag": series.tag,

@@ -95,3 +95,28 @@ def test_steps_logged_before_every_epoch_mark_join_the_first_epoch():
     series = series_of(values, epoch_starts=[10, 20], epoch_indices=[3, 4])
     matrix = heatmap.build(series, "l2_norm", np.ones((5, 1), np.int8), by_epoch=True)
     assert matrix.epoch_index.tolist() == [3] and matrix.last_steps.tolist() == [4]
+
+
+def test_zoom_keeps_a_step_range_at_full_resolution_with_whole_run_classes():
+    values = np.arange(100.0)[:, None]
+    classes = np.full(values.shape, OK, dtype=np.int8)
+    classes[55, 0] = EXP
+    series = series_of(values, steps=np.arange(100) * 10)
+    matrix = heatmap.build(series, "l2_norm", classes, max_columns=20, step_range=(500, 590))
+    assert matrix.steps.tolist() == list(range(500, 600, 10)) and not matrix.downsampled
+    assert matrix.classes[0].tolist() == [OK] * 5 + [EXP] + [OK] * 4
+    assert matrix.values[0, 5] == 55.0
+    coarse = heatmap.build(series, "l2_norm", classes, max_columns=2, step_range=(0, 999))
+    assert coarse.downsampled and coarse.classes[0].tolist() == [OK, EXP]
+    empty = heatmap.build(series, "l2_norm", classes, step_range=(5000, 6000))
+    assert empty.values.shape == (1, 0) and empty.steps.tolist() == []
+
+
+def test_zoom_on_the_epoch_axis_starts_with_the_epoch_containing_the_range():
+    values = np.ones((40, 1))
+    classes = np.full(values.shape, OK, dtype=np.int8)
+    series = series_of(values, epoch_starts=[0, 10, 20, 30], epoch_indices=[0, 1, 2, 3])
+    matrix = heatmap.build(series, "l2_norm", classes, by_epoch=True, step_range=(15, 25))
+    assert matrix.epoch_index.tolist() == [1, 2]
+    assert matrix.steps.tolist() == [10, 20]  # epoch 1 starts at 10, before the range
+    assert matrix.last_steps.tolist() == [19, 25]

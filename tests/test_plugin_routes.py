@@ -376,3 +376,19 @@ def test_derived_ratio_stats_when_weights_were_logged(tmp_path, plugin_client):
     assert body["stats"]["grad_weight_ratio"] == [pytest.approx(0.25)] * 4
     assert get(client, "heatmap", run="weighted", tag="gradients",
                stat="update_weight_ratio")[0] == 404
+
+
+def test_heatmap_zoom_into_a_step_range(client):
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       first_step=38, last_step=47, max_steps=100)
+    assert status == 200 and body["steps"] == list(range(38, 48))
+    assert body["classes"][0][NAN_STEP - 38] == "nonfinite"
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       first_step=55)
+    assert body["steps"] == list(range(55, STEPS))
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       last_step=2, axis="epoch")
+    assert body["epoch_index"] == [0] and body["last_steps"] == [2]
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       first_step=9, last_step=3)
+    assert status == 400 and "must not exceed" in body["error"]
