@@ -1,6 +1,8 @@
 """A built wheel (non-editable install) carries the package and registers the plugin."""
 
+import glob
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -9,12 +11,14 @@ import zipfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 CHECK = """
-import importlib.metadata, json, sys, tensorboard_gradients
+import importlib.metadata, json, os, sys, tensorboard_gradients
+from tensorboard_gradients import plugin
 target = sys.argv[1]
 dists = [d for d in importlib.metadata.distributions(path=[target]) if d.metadata["Name"] == "tensorboard-gradients"]
 points = [e for e in dists[0].entry_points if e.group == "tensorboard_plugins"]
 print(json.dumps({"file": tensorboard_gradients.__file__, "points": [[e.name, e.value] for e in points],
-                  "loader": points[0].load().__name__, "requires": dists[0].requires}))
+                  "loader": points[0].load().__name__, "requires": dists[0].requires,
+                  "static_files": sorted(os.listdir(plugin.STATIC_DIR))}))
 """
 
 
@@ -28,6 +32,11 @@ def test_wheel_installs_and_registers_the_entry_point(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tensorboard_gradients/plugin.py" in names
     assert not any(n.startswith(("tests/", "demo/", "benchmarks/")) for n in names)
+    # The tab's ES modules ship as real files (static/ links to frontend/ in the source tree);
+    # their Node tests do not.
+    modules = {os.path.basename(p) for p in glob.glob(str(ROOT / "frontend" / "*.js"))}
+    assert modules and {n for n in names if n.startswith("tensorboard_gradients/static/")} == {
+        f"tensorboard_gradients/static/{m}" for m in modules}
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
@@ -43,6 +52,7 @@ def test_wheel_installs_and_registers_the_entry_point(tmp_path):
     assert result["file"].startswith(str(target))
     assert result["points"] == [["gradients", "tensorboard_gradients.plugin:GradientsLoader"]]
     assert result["loader"] == "GradientsLoader"
+    assert result["static_files"] == sorted(modules)
     always = [r for r in result["requires"] if "extra ==" not in r]
     assert not [r for r in always if r.startswith(("tensorflow", "torch"))]
     for needed in ("tensorboard", "numpy", "werkzeug"):

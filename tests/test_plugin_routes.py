@@ -392,3 +392,9 @@ def test_heatmap_zoom_into_a_step_range(client):
     status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
                        first_step=9, last_step=3)
     assert status == 400 and "must not exceed" in body["error"]
+
+
+def test_the_tabs_modules_are_served_from_the_package(client):
+    response = client.get(BASE + "static/colormap.js")
+    assert response.status_code == 200 and response.mimetype == "text/javascript"
+    assert b"export function viridis" in response.get_data()
