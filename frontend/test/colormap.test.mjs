@@ -61,4 +61,8 @@ test("fractions and counts are linear", () => {
   assert.deepEqual(counts.domain, [0, 12]);
   assert.equal(counts.position(3), 0.25);
   assert.equal(statKind("mean_abs"), "log");
+  const many = new Array(300000).fill(1);
+  many[123457] = 40; // one large count must set the top even when percentiles are sampled
+  assert.deepEqual(makeScale(many, "nan_count").domain, [0, 40]);
+  assert.deepEqual(makeScale([-2, 3], "mean").domain, [-2, 3]);
 });

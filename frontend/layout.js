@@ -1,0 +1,69 @@
+// Geometry of the heatmap (pure, no DOM): which cell is under a pixel, where rows and layer
+// groups sit, which columns a step range covers.
+
+/**
+ * Row and column placement of a `rows` x `columns` matrix in a `width` x `height` plot area.
+ * Cells may be fractions of a pixel (1,000 rows in 600 px): `cellAt` and `rowRange` map both ways.
+ */
+export function gridLayout(rows, columns, width, height) {
+  const rowHeight = rows ? height / rows : 0;
+  const columnWidth = columns ? width / columns : 0;
+  return {
+    rows,
+    columns,
+    width,
+    height,
+    rowHeight,
+    columnWidth,
+    /** The [row, column] under plot-area pixel (x, y), or null outside the matrix. */
+    cellAt(x, y) {
+      if (x < 0 || y < 0 || x >= width || y >= height || !rows || !columns) return null;
+      return [Math.min(rows - 1, Math.floor(y / rowHeight)), Math.min(columns - 1, Math.floor(x / columnWidth))];
+    },
+    /** Top and bottom pixel of a row. */
+    rowRange(row) {
+      return [row * rowHeight, (row + 1) * rowHeight];
+    },
+    /** Left and right pixel of a column. */
+    columnRange(column) {
+      return [column * columnWidth, (column + 1) * columnWidth];
+    },
+  };
+}
+
+/** Consecutive rows of the same layer: [{layer, first, last}] in row order. */
+export function layerGroups(layers) {
+  const groups = [];
+  layers.forEach((layer, row) => {
+    const current = groups[groups.length - 1];
+    if (current && current.layer === layer) current.last = row;
+    else groups.push({ layer, first: row, last: row });
+  });
+  return groups;
+}
+
+/** The column holding `step` given each column's first and last step (-1 if none). */
+export function columnOfStep(firstSteps, lastSteps, step) {
+  let low = 0;
+  let high = firstSteps.length - 1;
+  while (low <= high) {
+    const middle = (low + high) >> 1;
+    if (step < firstSteps[middle]) high = middle - 1;
+    else if (step > lastSteps[middle]) low = middle + 1;
+    else return middle;
+  }
+  return -1;
+}
+
+/** Evenly spaced "nice" tick values (1, 2, 5 x 10^k) covering [low, high], at most ~`count`. */
+export function niceTicks(low, high, count = 6) {
+  if (!(high > low)) return [low];
+  const raw = (high - low) / Math.max(1, count);
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+  const ticks = [];
+  for (let v = Math.ceil(low / step) * step; v <= high + step * 1e-9; v += step) {
+    ticks.push(Number(v.toPrecision(12)));
+  }
+  return ticks;
+}

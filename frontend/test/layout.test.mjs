@@ -1,0 +1,39 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { columnOfStep, gridLayout, layerGroups, niceTicks } from "../layout.js";
+
+test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
+  const grid = gridLayout(1000, 500, 1000, 600);
+  assert.deepEqual(grid.cellAt(0, 0), [0, 0]);
+  assert.deepEqual(grid.cellAt(999.9, 599.9), [999, 499]);
+  assert.deepEqual(grid.cellAt(500, 300), [500, 250]);
+  assert.equal(grid.cellAt(-1, 5), null);
+  assert.equal(grid.cellAt(5, 600), null);
+  const [top, bottom] = grid.rowRange(10);
+  assert.ok(Math.abs(top - 6) < 1e-9 && Math.abs(bottom - 6.6) < 1e-9);
+  assert.equal(gridLayout(0, 0, 100, 100).cellAt(1, 1), null);
+});
+
+test("layer groups follow the row order", () => {
+  assert.deepEqual(layerGroups(["a", "a", "b", "a"]), [
+    { layer: "a", first: 0, last: 1 }, { layer: "b", first: 2, last: 2 }, { layer: "a", first: 3, last: 3 },
+  ]);
+  assert.deepEqual(layerGroups([]), []);
+});
+
+test("the column of a step in merged columns", () => {
+  const first = [0, 10, 20];
+  const last = [9, 19, 25];
+  assert.equal(columnOfStep(first, last, 0), 0);
+  assert.equal(columnOfStep(first, last, 15), 1);
+  assert.equal(columnOfStep(first, last, 25), 2);
+  assert.equal(columnOfStep(first, last, 26), -1);
+  assert.equal(columnOfStep([], [], 3), -1);
+});
+
+test("nice ticks", () => {
+  assert.deepEqual(niceTicks(0, 10000, 5), [0, 2000, 4000, 6000, 8000, 10000]);
+  assert.deepEqual(niceTicks(-7, -2, 5), [-7, -6, -5, -4, -3, -2]);
+  assert.deepEqual(niceTicks(3, 3), [3]);
+});
