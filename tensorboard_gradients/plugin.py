@@ -14,6 +14,7 @@ Routes (GET, under ``/data/plugin/gradients/``):
 * ``series?run&tag&variable[&<threshold>...]`` -> every stat of one variable over the steps
 * ``histogram?run&tag&variable&step`` -> the distribution at the nearest logged step
 * ``export?run&tag&format=csv`` -> the whole matrix as a CSV download
+* ``thresholds`` -> ``{"defaults": {name: value}}`` (the overridable rule parameters)
 * ``static/<file>`` -> the Gradients tab's ES modules
 
 JSON encoding of numbers: finite floats are JSON numbers; NaN, +Inf and -Inf are the STRINGS
@@ -181,6 +182,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
             "/series": self._serve_series,
             "/histogram": self._serve_histogram,
             "/export": self._serve_export,
+            "/thresholds": self._serve_thresholds,
             _STATIC_PREFIX + "*": self._serve_static,
         }
 
@@ -310,6 +312,15 @@ class GradientsPlugin(base_plugin.TBPlugin):
         if by_epoch:
             payload["epoch_index"] = matrix.epoch_index.tolist()
         return _json_text(payload)
+
+    @_route
+    def _serve_thresholds(self, request, ctx, experiment):
+        """``{"defaults": {name: value}}``: the overridable thresholds and their defaults."""
+        _Query(request, ())
+        defaults = analysis.Thresholds()
+        return _respond_json(
+            request, {"defaults": {n: getattr(defaults, n) for n in analysis.Thresholds.names()}}
+        )
 
     @_route
     def _serve_alerts(self, request, ctx, experiment):

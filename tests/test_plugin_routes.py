@@ -398,3 +398,11 @@ def test_the_tabs_modules_are_served_from_the_package(client):
     response = client.get(BASE + "static/colormap.js")
     assert response.status_code == 200 and response.mimetype == "text/javascript"
     assert b"export function viridis" in response.get_data()
+
+
+def test_thresholds_route_lists_every_override_with_its_default(client):
+    status, body = get(client, "thresholds")
+    assert status == 200
+    assert list(body["defaults"]) == list(tg.Thresholds.names())
+    assert body["defaults"]["exploding_norm"] == 1e3 and body["defaults"]["sustain_steps"] == 5
+    assert get(client, "thresholds", x="1")[0] == 400
