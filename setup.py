@@ -30,7 +30,8 @@ setup(
         "tensorflow": ["tensorflow>=2.16"],
         "tensorflow-cpu": ["tensorflow-cpu>=2.16"],
         "torch": ["torch>=2.1"],
-        "test": ["pytest>=7", "setuptools>=61", "wheel"],
+        # Playwright drives the system's Chromium (Debian `chromium`); it downloads no browser.
+        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],

@@ -190,8 +190,10 @@ export class App {
   }
 
   writeHash() {
-    const hash = formatHash(this.state);
-    if (hash !== window.location.hash) history.replaceState(null, "", hash || window.location.pathname + window.location.search);
+    // An absolute URL: a relative one would resolve against the frame's <base href="plugin/...">.
+    const url = new URL(window.location.href);
+    url.hash = formatHash(this.state);
+    if (url.href !== window.location.href) history.replaceState(null, "", url.href);
   }
 
   onHashChange() {
@@ -203,6 +205,7 @@ export class App {
 
   async load() {
     const token = ++this.loadToken;
+    this.drawn = false;
     this.renderToolbar();
     if (!this.main.contains(this.view.root)) {
       replaceChildren(this.main, this.view.root, el("div", { class: "side" }, this.alertsPanel, this.detailsPanel));
@@ -237,6 +240,7 @@ export class App {
       }
     }
     this.view.setData(matrix, makeScale(matrix.values, matrix.stat), rowSeverity, matrix.epochs);
+    this.drawn = true; // the latest data is on screen (browser tests wait for it)
     this.renderAlerts(rows);
     const notes = [];
     if (matrix.sampled) notes.push(matrix.sampled);

@@ -1,0 +1,272 @@
+"""The Gradients tab in a real Chromium, against a real `tensorboard` serving real training logs.
+
+Runs: the demo's deep sigmoid net (input-side layers vanish) and its healthy ReLU twin, a Keras
+model whose batch at optimizer step 3 holds a NaN (every gradient is NaN from there on), and a
+run with a variable named like an XSS payload. Screenshots go to $GRADIENTS_ARTIFACTS (default:
+the test's tmp dir).
+"""
+
+import os
+import pathlib
+import shutil
+import socket
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# .ci/run installs Debian's chromium and sets GRADIENTS_REQUIRE_BROWSER=1, so CI cannot skip these.
+if CHROMIUM is None and not os.environ.get("GRADIENTS_REQUIRE_BROWSER"):
+    pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
+LAUNCH_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+XSS_NAME = "<img src=x onerror=window.__xss=1>/kernel"
+NAN_STEP = 3
+NONFINITE_RGB = (255, 45, 85)
+VANISHING_HATCH_RGB = (200, 240, 255)
+EXPLODING_HATCH_RGB = (255, 120, 0)
+
+
+def _train_nan_keras_model(run_dir):
+    import keras
+
+    from tensorboard_gradients.keras import GradientMonitor
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    x[(NAN_STEP - 1) * 8] = np.nan  # the third batch of 8: optimizer step 3
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[GradientMonitor(run_dir)])
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser_logs")
+    sys.path.insert(0, str(ROOT / "demo"))
+    try:
+        import train as demo
+    finally:
+        sys.path.pop(0)
+    for name, scenario in demo.SCENARIOS.items():
+        demo.train(str(root / name), steps=60, **scenario)
+    _train_nan_keras_model(str(root / "nan_keras"))
+    with tg.GradientWriter(str(root / "xss")) as writer:
+        for step in range(10):
+            writer.write(step, {XSS_NAME: np.full(3, 0.5), "dense/bias": np.full(3, 0.1)})
+    return str(root)
+
+
+def _serve(logdir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast=false", "--reload_interval", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(base + "/data/plugin/gradients/runs", timeout=5)
+            return process, base
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("tensorboard did not start")
+
+
+@pytest.fixture(scope="module")
+def server(logdir):
+    process, base = _serve(logdir)
+    # Wait until every run is loaded with every step.
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        runs = json.loads(urllib.request.urlopen(base + "/data/plugin/gradients/runs").read())
+        if {"relu_he", "sigmoid_deep", "xss", "nan_keras/train"} <= set(runs) and all(
+            runs[r]["gradients"]["steps"] == 60 for r in ("relu_he", "sigmoid_deep")
+        ):
+            break
+        time.sleep(0.5)
+    yield base
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def artifacts(tmp_path):
+    directory = pathlib.Path(os.environ.get("GRADIENTS_ARTIFACTS", tmp_path))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+class Tab:
+    """The plugin's page as TensorBoard frames it (`data/plugin_entry.html?name=gradients`)."""
+
+    def __init__(self, browser, base, hash_=""):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.errors = []
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.base = base
+        self.page.goto(f"{base}/data/plugin_entry.html?name=gradients{hash_}")
+
+    def wait_drawn(self):
+        """Waits for the heatmap's draw after the latest load (fails with the page's message)."""
+        self.page.wait_for_function(
+            "(window.gradientsApp && window.gradientsApp.drawn) || document.querySelector('.status-error')")
+        error = self.page.locator(".status-error")
+        assert error.count() == 0, error.inner_text()
+
+    def pixels(self, selector="[data-testid=heatmap-canvas]"):
+        """Every pixel of a canvas as an [height, width, 4] array."""
+        data = self.page.evaluate(
+            """(selector) => {
+                const c = document.querySelector(selector);
+                return [c.width, c.height, Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)];
+            }""", selector)
+        width, height, flat = data
+        return np.array(flat, dtype=np.uint8).reshape(height, width, 4)
+
+    def canvas_box(self):
+        return self.page.locator("[data-testid=heatmap-canvas]").bounding_box()
+
+    def close(self):
+        assert self.errors == [], self.errors
+        self.page.close()
+
+
+def has_color(pixels, rgb):
+    return bool(np.all(pixels[..., :3] == rgb, axis=-1).any())
+
+
+def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, server, artifacts):
+    tab = Tab(browser, server, "#run=sigmoid_deep&tag=gradients")
+    tab.wait_drawn()
+    pixels = tab.pixels()
+    assert len(np.unique(pixels.reshape(-1, 4), axis=0)) > 20, "the heatmap has real colour"
+    rows = 26  # 13 dense layers x (kernel, bias)
+    top_rows = pixels[: pixels.shape[0] * 4 // rows]  # dense_00 and dense_01
+    bottom_rows = pixels[-pixels.shape[0] * 4 // rows:]  # dense_11 and logits
+    assert has_color(top_rows, VANISHING_HATCH_RGB)
+    assert not has_color(bottom_rows, VANISHING_HATCH_RGB)
+    alerts = tab.page.locator("[data-testid=alert]")
+    assert alerts.count() > 0
+    assert "dense_00" in alerts.first.inner_text() and "vanishing" in alerts.first.inner_text().lower()
+    box = tab.canvas_box()
+    tab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 2)
+    tooltip = tab.page.locator(".tooltip")
+    tooltip.wait_for(state="visible")
+    assert "sigmoid_deep/dense_00/kernel" in tooltip.inner_text()
+    assert "vanishing" in tooltip.inner_text()
+    tab.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 2)
+    details = tab.page.locator(".details")
+    details.wait_for(state="visible")
+    assert "sigmoid_deep/dense_00/kernel" in details.inner_text()
+    assert "nan_count" in details.inner_text()
+    chart = tab.pixels("[data-testid=series-chart]")
+    assert (chart[..., 3] > 0).sum() > 500, "the series chart is drawn"
+    assert "|g| distribution" in details.inner_text() or "histogram" not in details.inner_text()
+    tab.page.screenshot(path=str(artifacts / "sigmoid_deep.png"), full_page=True)
+    tab.close()
+
+
+def test_the_nan_step_is_flagged_and_called_out(browser, server, artifacts):
+    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
+    tab.wait_drawn()
+    callout = tab.page.locator("[data-testid=first-nonfinite]")
+    assert f"step {NAN_STEP}" in callout.inner_text()
+    pixels = tab.pixels()
+    columns = int(tab.page.evaluate("window.gradientsApp.matrix.columns"))
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    column = steps.index(NAN_STEP)
+    width = pixels.shape[1]
+    before = pixels[:, : width * column // columns]
+    at = pixels[:, width * column // columns: width * (column + 1) // columns]
+    assert has_color(at, NONFINITE_RGB) and not has_color(before, NONFINITE_RGB)
+    tab.page.screenshot(path=str(artifacts / "nan_keras.png"), full_page=True)
+    tab.close()
+
+
+def test_thresholds_change_the_highlighting_and_survive_a_reload(browser, server):
+    tab = Tab(browser, server, "#run=relu_he&tag=gradients")
+    tab.wait_drawn()
+    assert not has_color(tab.pixels(), EXPLODING_HATCH_RGB)
+    tab.page.get_by_role("button", name="Thresholds").click()
+    field = tab.page.locator("[data-testid=threshold-exploding_norm]")
+    field.fill("1e-6")
+    field.dispatch_event("change")
+    tab.page.wait_for_function("location.hash.includes('t.exploding_norm=0.000001')")
+    tab.page.wait_for_function(
+        "window.gradientsApp.matrix && window.gradientsApp.alerts.some(a => a.kind === 'exploding')")
+    tab.wait_drawn()
+    assert has_color(tab.pixels(), EXPLODING_HATCH_RGB)
+    assert tab.page.url.startswith(f"{server}/data/plugin_entry.html?name=gradients#")
+    tab.page.reload()
+    tab.wait_drawn()
+    tab.page.wait_for_function("window.gradientsApp.alerts && window.gradientsApp.alerts.length > 0")
+    assert has_color(tab.pixels(), EXPLODING_HATCH_RGB)
+    tab.page.get_by_role("button", name="Thresholds").click()
+    assert tab.page.locator("[data-testid=threshold-exploding_norm]").input_value() == "0.000001"
+    tab.page.get_by_role("button", name="Reset to defaults").click()
+    tab.page.wait_for_function("!location.hash.includes('exploding_norm')")
+    tab.close()
+
+
+def test_a_variable_named_like_html_renders_as_text_and_runs_nothing(browser, server):
+    tab = Tab(browser, server, "#run=xss&tag=gradients")
+    tab.wait_drawn()
+    box = tab.canvas_box()
+    tab.page.mouse.move(box["x"] + 5, box["y"] + 5)
+    tooltip = tab.page.locator(".tooltip")
+    tooltip.wait_for(state="visible")
+    assert XSS_NAME in tooltip.inner_text()
+    assert tab.page.evaluate("window.__xss") is None
+    assert tab.page.locator(".tooltip img").count() == 0
+    tab.close()
+
+
+def test_backend_errors_are_shown_not_blank(browser, server):
+    # update_ratio_low above update_ratio_high is refused by the plugin with a 400.
+    tab = Tab(browser, server, "#run=relu_he&tag=gradients&t.update_ratio_low=0.5")
+    tab.page.wait_for_function("document.querySelector('.status-error')")
+    text = tab.page.locator(".status-error").inner_text()
+    assert "update_ratio_low must be below update_ratio_high" in text
+    tab.close()
+
+
+def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
+    process, base = _serve(str(tmp_path))
+    try:
+        tab = Tab(browser, base)
+        empty = tab.page.locator("[data-testid=empty-state]")
+        empty.wait_for(state="visible")
+        assert "GradientMonitor" in empty.inner_text() and "summary.gradients" in empty.inner_text()
+        tab.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
