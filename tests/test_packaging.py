@@ -34,7 +34,8 @@ def test_wheel_installs_and_registers_the_entry_point(tmp_path):
     assert not any(n.startswith(("tests/", "demo/", "benchmarks/")) for n in names)
     # The tab's ES modules ship as real files (static/ links to frontend/ in the source tree);
     # their Node tests do not.
-    modules = {os.path.basename(p) for p in glob.glob(str(ROOT / "frontend" / "*.js"))}
+    modules = {os.path.basename(p) for pattern in ("*.js", "*.css")
+               for p in glob.glob(str(ROOT / "frontend" / pattern))}
     assert modules and {n for n in names if n.startswith("tensorboard_gradients/static/")} == {
         f"tensorboard_gradients/static/{m}" for m in modules}
     target = tmp_path / "site"

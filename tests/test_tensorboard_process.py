@@ -97,7 +97,7 @@ def test_every_step_reaches_the_plugin_through_both_loaders(logdir, load_fast):
             time.sleep(0.5)
         assert "gradients" in listing
         assert summary == expected, f"TensorBoard served {runs}"
-        assert runs["tf_run"]["gradients"]["stats"][-1] == "weight_l2_norm"
+        assert runs["tf_run"]["gradients"]["stats"][-2:] == ["weight_l2_norm", "grad_weight_ratio"]
 
         route = base + "/data/plugin/gradients/"
         heatmap = _get_json(route + "heatmap?run=numpy_run&tag=gradients&stat=l2_norm")
