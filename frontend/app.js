@@ -50,6 +50,11 @@ export class App {
     this.thresholdForm = el("form", { class: "thresholds", hidden: true });
     this.view = new HeatmapView({
       onSelect: (row, column) => this.selectCell(row, column),
+      onZoom: (zoom) => this.update({ zoom }),
+      // Wider than the merged columns fetched: ask again for one column per pixel.
+      onResize: (width) => {
+        if (this.matrix && this.matrix.downsampled && width > this.matrix.columns * 1.2) this.load();
+      },
     });
     this.alertsPanel = el("section", { class: "alerts", "aria-label": "Alerts" });
     this.detailsPanel = el("section", { class: "details", hidden: true, "aria-label": "Details" });
@@ -75,7 +80,6 @@ export class App {
       this.showEmpty();
       return;
     }
-    window.addEventListener("resize", debounce(() => this.view.draw(), 100));
     window.addEventListener("hashchange", () => this.onHashChange());
     setInterval(() => this.refreshIfGrown(), REFRESH_MS);
     await this.load();
@@ -137,6 +141,9 @@ export class App {
       href: routeUrl("export", { run: this.state.run, tag: this.state.tag, format: "csv" }),
     }, "CSV");
     const png = el("button", { type: "button", class: "button", onclick: () => this.downloadPng() }, "PNG");
+    const zoom = this.state.zoom ? el("button", {
+      type: "button", class: "button", "data-testid": "reset-zoom", onclick: () => this.update({ zoom: null }),
+    }, `Steps ${formatStep(this.state.zoom[0])}–${formatStep(this.state.zoom[1])} ✕`) : null;
     const thresholds = el("button", {
       type: "button", class: "button", "aria-expanded": String(!this.thresholdForm.hidden),
       onclick: () => { this.thresholdForm.hidden = !this.thresholdForm.hidden; this.renderToolbar(); },
@@ -146,7 +153,8 @@ export class App {
       select("Tag", this.state.tag, tags.map((t) => [t, t]), (tag) => this.update({ tag, zoom: null }), "tag-picker"),
       select("Stat", this.state.stat, info.stats.filter((s) => STAT_LABELS[s]).map((s) => [s, STAT_LABELS[s]]),
         (stat) => this.update({ stat }), "stat-picker"),
-      axis, thresholds, csv, png);
+      axis, zoom, thresholds, csv, png,
+      el("span", { class: "hint" }, this.state.axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
     this.renderThresholdForm();
   }
 
@@ -240,6 +248,7 @@ export class App {
       }
     }
     this.view.setData(matrix, makeScale(matrix.values, matrix.stat), rowSeverity, matrix.epochs);
+    this.loadLoss(token);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
     this.renderAlerts(rows);
     const notes = [];
@@ -248,6 +257,19 @@ export class App {
     if (!matrix.columns) notes.push("No logged steps in this range.");
     this.setStatus(notes.join(" "), matrix.sampled ? "warning" : "info");
     if (this.selected) this.selectCell(...this.selected, true);
+  }
+
+  /** The run's training loss from the Scalars plugin, drawn above the heatmap when it exists. */
+  async loadLoss(token) {
+    try {
+      const tags = await getJson("../scalars/tags");
+      const runTags = Object.keys(tags[this.state.run] || {});
+      const tag = runTags.find((t) => /(^|\/)(batch_|epoch_)?loss$/.test(t)) || runTags.find((t) => /loss/.test(t));
+      const points = tag ? await getJson("../scalars/scalars", { run: this.state.run, tag }) : null;
+      if (token === this.loadToken) this.view.setLoss(points, tag);
+    } catch {
+      if (token === this.loadToken) this.view.setLoss(null); // no Scalars data: no curve
+    }
   }
 
   alertRows(alert, rows) {
@@ -315,12 +337,4 @@ export class App {
     });
     link.click();
   }
-}
-
-function debounce(fn, ms) {
-  let timer = null;
-  return (...args) => {
-    clearTimeout(timer);
-    timer = setTimeout(() => fn(...args), ms);
-  };
 }

@@ -14,31 +14,76 @@ const MIN_LABEL_ROW = 10; // CSS px a row needs for its own label
 const SEVERITY_COLORS = { critical: "#d93025", warning: "#f29900", info: "#1a73e8" };
 
 export class HeatmapView {
-  constructor({ onSelect, onHover } = {}) {
+  constructor({ onSelect, onHover, onZoom, onResize } = {}) {
     this.onSelect = onSelect || (() => {});
     this.onHover = onHover || (() => {});
+    this.onZoom = onZoom || (() => {});
+    this.onResize = onResize || (() => {});
     this.labels = el("canvas", { class: "labels", "aria-hidden": "true" });
     this.cells = el("canvas", { class: "cells", "data-testid": "heatmap-canvas" });
     this.overlay = el("canvas", { class: "overlay" });
     this.axis = el("canvas", { class: "axis", "aria-hidden": "true" });
+    this.lossLabel = el("div", { class: "loss-label" });
+    this.loss = el("canvas", { class: "loss", "data-testid": "loss-curve", hidden: true });
+    this.lossPoints = null;
     this.tooltip = el("div", { class: "tooltip", role: "tooltip", hidden: true });
     this.colorbar = el("div", { class: "colorbar" });
     this.plot = el("div", { class: "plot" }, this.cells, this.overlay, this.tooltip);
     this.root = el(
       "div", { class: "heatmap" },
-      el("div", { class: "grid" }, this.labels, this.plot, el("div"), this.axis),
+      el("div", { class: "grid" }, this.lossLabel, this.loss, this.labels, this.plot, el("div"), this.axis),
       this.colorbar,
     );
     this.matrix = null;
     this.hover = null;
     this.selected = null;
     this.highlight = null; // {rows: Set, firstStep, lastStep} from a clicked alert
-    this.overlay.addEventListener("mousemove", (event) => this.#moved(event));
-    this.overlay.addEventListener("mouseleave", () => this.#moved(null));
-    this.overlay.addEventListener("click", (event) => {
+    // Redraw whenever the plot's width changes (window resize, panels appearing beside it).
+    let width = 0;
+    new ResizeObserver(() => {
+      const now = this.plotWidth();
+      if (now === width) return;
+      width = now;
+      this.draw();
+      this.onResize(now);
+    }).observe(this.plot);
+    this.drag = null; // {startX, x} in plot pixels while the user drags out a step range
+    this.overlay.addEventListener("mousedown", (event) => {
+      const x = this.#plotX(event);
+      this.drag = { startX: x, x };
+    });
+    this.overlay.addEventListener("mousemove", (event) => {
+      if (this.drag) this.drag.x = this.#plotX(event);
+      this.#moved(event);
+    });
+    this.overlay.addEventListener("mouseleave", () => {
+      this.drag = null;
+      this.#moved(null);
+    });
+    this.overlay.addEventListener("mouseup", (event) => {
+      const drag = this.drag;
+      this.drag = null;
+      if (drag && Math.abs(drag.x - drag.startX) > 5) {
+        this.#zoomTo(Math.min(drag.startX, drag.x), Math.max(drag.startX, drag.x));
+        return;
+      }
       const cell = this.#cellAt(event);
       if (cell) this.onSelect(...cell);
+      this.#drawOverlay();
     });
+  }
+
+  #plotX(event) {
+    return event.clientX - this.overlay.getBoundingClientRect().left;
+  }
+
+  // Dragged from x0 to x1: the steps of the columns under them, at full resolution.
+  #zoomTo(x0, x1) {
+    const grid = this.#grid();
+    const first = grid.cellAt(Math.max(0, x0), 0);
+    const last = grid.cellAt(Math.min(grid.width - 0.01, x1), 0);
+    if (!first || !last || this.matrix.epochIndex) return;
+    this.onZoom([this.matrix.steps[first[1]], this.matrix.lastSteps[last[1]]]);
   }
 
   /** New data: a decoded matrix, its colour scale, alert severity per row, epoch start steps. */
@@ -46,6 +91,13 @@ export class HeatmapView {
     Object.assign(this, { matrix, scale, rowSeverity, epochs: epochs || [] });
     this.hover = null;
     this.draw();
+  }
+
+  /** A loss curve to align above the step axis: [[wall_time, step, value], ...] or null. */
+  setLoss(points, tag) {
+    this.lossPoints = points && points.length ? points : null;
+    this.lossTag = tag;
+    this.#drawLoss();
   }
 
   select(cell) {
@@ -87,6 +139,7 @@ export class HeatmapView {
     this.#drawEpochs(width, height, ratio);
     this.#drawLabels(height, ratio);
     this.#drawAxis(width, ratio);
+    this.#drawLoss();
     this.#drawColorbar();
     this.#drawOverlay();
     this.lastDrawMs = performance.now() - started;
@@ -156,6 +209,12 @@ export class HeatmapView {
         const right = grid.columnRange(last)[1];
         context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
       }
+    }
+    if (this.drag && Math.abs(this.drag.x - this.drag.startX) > 5) {
+      context.fillStyle = "rgba(26, 115, 232, 0.25)";
+      const left = Math.min(this.drag.startX, this.drag.x);
+      context.fillRect(left, 0, Math.abs(this.drag.x - this.drag.startX), grid.height);
+      return;
     }
     for (const [cell, color] of [[this.selected, "#1a73e8"], [this.hover, "rgba(255,255,255,0.85)"]]) {
       if (!cell) continue;
@@ -248,17 +307,59 @@ export class HeatmapView {
     }
     const ticks = niceTicks(m.steps[0], m.lastSteps[m.columns - 1], Math.max(2, Math.floor(width / 90)));
     for (const step of ticks) {
-      const column = columnOfStep(m.steps, m.lastSteps, step);
-      if (column < 0) continue;
-      const [left, right] = grid.columnRange(column);
-      const span = Math.max(1, m.lastSteps[column] - m.steps[column] + 1);
-      const x = left + ((step - m.steps[column] + 0.5) / span) * (right - left);
+      const x = this.#stepX(step, grid);
+      if (x === null) continue;
       context.beginPath();
       context.moveTo(x, 0);
       context.lineTo(x, 4);
       context.stroke();
       context.fillText(formatStep(step), Math.min(width - 20, Math.max(20, x)), 6);
     }
+  }
+
+  // The x of a step on the step axis (inside its column, by its place in the column's range).
+  #stepX(step, grid) {
+    const m = this.matrix;
+    const column = columnOfStep(m.steps, m.lastSteps, step);
+    if (column < 0) return null;
+    const [left, right] = grid.columnRange(column);
+    const span = Math.max(1, m.lastSteps[column] - m.steps[column] + 1);
+    return left + ((step - m.steps[column] + 0.5) / span) * (right - left);
+  }
+
+  #drawLoss() {
+    const m = this.matrix;
+    const points = this.lossPoints;
+    const shown = Boolean(points && m && m.columns && !m.epochIndex);
+    this.loss.hidden = !shown;
+    replaceChildren(this.lossLabel, shown ? this.lossTag : null);
+    if (!shown) return;
+    const ratio = window.devicePixelRatio || 1;
+    const width = this.plotWidth();
+    const height = 70;
+    size(this.loss, width, height, ratio);
+    const context = this.loss.getContext("2d");
+    context.setTransform(ratio, 0, 0, ratio, 0, 0);
+    context.clearRect(0, 0, width, height);
+    const grid = gridLayout(m.rows, m.columns, width, 1);
+    const visible = points
+      .map(([, step, value]) => [this.#stepX(step, grid), Number(value)])
+      .filter(([x, v]) => x !== null && Number.isFinite(v));
+    if (!visible.length) return;
+    const low = Math.min(...visible.map(([, v]) => v));
+    const high = Math.max(...visible.map(([, v]) => v));
+    const y = (v) => 4 + (1 - (v - low) / (high - low || 1)) * (height - 8);
+    context.strokeStyle = getComputedStyle(this.root).getPropertyValue("--accent") || "#1a73e8";
+    context.lineWidth = 1.5;
+    context.beginPath();
+    visible.forEach(([x, v], i) => (i ? context.lineTo(x, y(v)) : context.moveTo(x, y(v))));
+    context.stroke();
+    context.fillStyle = getComputedStyle(this.root).color;
+    context.font = `11px ${getComputedStyle(this.root).fontFamily}`;
+    context.textBaseline = "top";
+    context.fillText(formatValue(high), 4, 2);
+    context.textBaseline = "bottom";
+    context.fillText(formatValue(low), 4, height - 2);
   }
 
   #drawColorbar() {

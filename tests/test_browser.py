@@ -195,6 +195,31 @@ def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, 
     tab.close()
 
 
+def test_drag_zooms_into_steps_at_full_resolution_and_the_loss_lines_up(browser, server):
+    tab = Tab(browser, server, "#run=sigmoid_deep&tag=gradients")
+    tab.wait_drawn()
+    loss = tab.page.locator("[data-testid=loss-curve]")
+    loss.wait_for(state="visible")
+    assert (tab.pixels("[data-testid=loss-curve]")[..., 3] > 0).sum() > 100
+    assert abs(loss.bounding_box()["width"] - tab.canvas_box()["width"]) < 1
+    box = tab.canvas_box()
+    tab.page.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + 20)
+    tab.page.mouse.down()
+    tab.page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + 40, steps=5)
+    tab.page.mouse.up()
+    tab.page.wait_for_function("location.hash.includes('zoom=')")
+    tab.wait_drawn()
+    first, last = map(int, tab.page.evaluate("location.hash").split("zoom=")[1].split("&")[0].split("-"))
+    assert 10 <= first < last <= 35
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    assert steps == list(range(first, last + 1))
+    tab.page.locator("[data-testid=reset-zoom]").click()
+    tab.page.wait_for_function("!location.hash.includes('zoom=')")
+    tab.wait_drawn()
+    assert len(tab.page.evaluate("window.gradientsApp.matrix.steps")) == 60
+    tab.close()
+
+
 def test_the_nan_step_is_flagged_and_called_out(browser, server, artifacts):
     tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
     tab.wait_drawn()
