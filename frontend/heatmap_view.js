@@ -31,7 +31,7 @@ export class HeatmapView {
     this.plot = el("div", { class: "plot" }, this.cells, this.overlay, this.tooltip);
     this.root = el(
       "div", { class: "heatmap" },
-      el("div", { class: "grid" }, this.lossLabel, this.loss, this.labels, this.plot, el("div"), this.axis),
+      el("div", { class: "grid" }, this.lossLabel, this.loss, this.labels, this.plot, this.axis),
       this.colorbar,
     );
     this.matrix = null;

@@ -190,9 +190,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return False  # activity comes from `data_plugin_names` meeting the data provider
 
     def data_plugin_names(self):
-        # The Gradients tab (frontend) is not shipped yet: stay out of the tab bar until it is,
-        # while the routes already serve the data.
-        return ()
+        return (metadata.PLUGIN_NAME,)
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(

@@ -164,6 +164,21 @@ def has_color(pixels, rgb):
     return bool(np.all(pixels[..., :3] == rgb, axis=-1).any())
 
 
+def test_the_tab_appears_in_tensorboard_and_draws_in_its_frame(browser, server, artifacts):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server + "/")
+    page.get_by_text("Gradients", exact=True).first.click()
+    frame = page.frame_locator("iframe")
+    frame.locator("[data-testid=heatmap-canvas]").wait_for(state="visible", timeout=60000)
+    frame.locator(".alerts h2").wait_for(timeout=60000)
+    labels = frame.locator("canvas.labels").bounding_box()
+    cells = frame.locator("[data-testid=heatmap-canvas]").bounding_box()
+    assert labels["x"] + labels["width"] <= cells["x"] + 1 and abs(labels["y"] - cells["y"]) < 1
+    assert frame.locator(".alerts h2").inner_text().startswith(("Alerts", "No alerts"))
+    page.screenshot(path=str(artifacts / "tensorboard_gradients_tab.png"))
+    page.close()
+
+
 def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, server, artifacts):
     tab = Tab(browser, server, "#run=sigmoid_deep&tag=gradients")
     tab.wait_drawn()
@@ -292,6 +307,53 @@ def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
         empty.wait_for(state="visible")
         assert "GradientMonitor" in empty.inner_text() and "summary.gradients" in empty.inner_text()
         tab.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_epoch_view_live_refresh_and_downloads(browser, server):
+    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
+    tab.wait_drawn()
+    tab.page.get_by_role("button", name="Epochs", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('axis=epoch')")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
+    tab.page.get_by_role("button", name="Steps", exact=True).click()
+    tab.wait_drawn()
+    href = tab.page.locator("[data-testid=download-csv]").get_attribute("href")
+    assert href.startswith("export?") and "format=csv" in href
+    csv = tab.page.request.get(f"{server}/data/plugin/gradients/{href}").text()
+    assert csv.startswith("step,variable,layer,l2_norm")
+    with tab.page.expect_download() as download:
+        tab.page.get_by_role("button", name="PNG").click()
+    assert download.value.suggested_filename.endswith(".png")
+    # A refresh that finds the same number of steps keeps the view; the selection survives one
+    # that finds more (checked by the app's own state, the periodic timer is 30 s).
+    tab.page.mouse.click(tab.canvas_box()["x"] + 5, tab.canvas_box()["y"] + 5)
+    tab.page.locator(".details").wait_for(state="visible")
+    tab.page.evaluate("window.gradientsApp.runs[window.gradientsApp.state.run].gradients.steps = 1")
+    tab.page.evaluate("window.gradientsApp.refreshIfGrown()")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.selected") == [0, 0]
+    tab.close()
+
+
+def test_dark_mode_and_tiny_runs(browser, tmp_path):
+    with tg.GradientWriter(str(tmp_path / "one")) as writer:
+        writer.write(0, {"only/kernel": np.ones(2)})
+    process, base = _serve(str(tmp_path))
+    try:
+        page = browser.new_page(color_scheme="dark")
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{base}/data/plugin_entry.html?name=gradients#run=one&tag=gradients")
+        page.wait_for_function("window.gradientsApp && window.gradientsApp.drawn", timeout=60000)
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(32, 33, 36)"
+        assert page.evaluate("[window.gradientsApp.matrix.rows, window.gradientsApp.matrix.columns]") == [1, 1]
+        assert errors == []
+        page.close()
     finally:
         process.terminate()
         process.wait(timeout=30)
