@@ -27,6 +27,7 @@ benchmark: install
 	$(PY) benchmarks/summary_overhead.py
 	$(PY) benchmarks/keras_overhead.py
 	$(PY) benchmarks/route_latency.py --encoding base64
+	$(PY) benchmarks/frontend_paint.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs

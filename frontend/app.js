@@ -51,10 +51,7 @@ export class App {
     this.view = new HeatmapView({
       onSelect: (row, column) => this.selectCell(row, column),
       onZoom: (zoom) => this.update({ zoom }),
-      // Wider than the merged columns fetched: ask again for one column per pixel.
-      onResize: (width) => {
-        if (this.matrix && this.matrix.downsampled && width > this.matrix.columns * 1.2) this.load();
-      },
+      onResize: () => this.refetchIfWider(),
     });
     this.alertsPanel = el("section", { class: "alerts", "aria-label": "Alerts" });
     this.detailsPanel = el("section", { class: "details", hidden: true, "aria-label": "Details" });
@@ -220,9 +217,10 @@ export class App {
     }
     this.setStatus("Loading…", "loading");
     const common = { run: this.state.run, tag: this.state.tag, ...thresholdParams(this.state) };
+    this.requestedWidth = this.view.plotWidth();
     const heatmapParams = {
       ...common, stat: this.state.stat, encoding: "base64",
-      max_steps: Math.min(4000, this.view.plotWidth()),
+      max_steps: Math.min(4000, this.requestedWidth),
       axis: this.state.axis === "epoch" ? "epoch" : null,
       first_step: this.state.zoom ? this.state.zoom[0] : null,
       last_step: this.state.zoom ? this.state.zoom[1] : null,
@@ -257,6 +255,16 @@ export class App {
     if (!matrix.columns) notes.push("No logged steps in this range.");
     this.setStatus(notes.join(" "), matrix.sampled ? "warning" : "info");
     if (this.selected) this.selectCell(...this.selected, true);
+    this.refetchIfWider();
+  }
+
+  /** The plot grew well past the width the columns were fetched for: one column per pixel again. */
+  refetchIfWider() {
+    const matrix = this.matrix;
+    if (matrix && this.drawn && matrix.downsampled && !matrix.sampled
+        && this.view.plotWidth() > this.requestedWidth * 1.2) {
+      this.load();
+    }
   }
 
   /** The run's training loss from the Scalars plugin, drawn above the heatmap when it exists. */
