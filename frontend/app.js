@@ -5,7 +5,7 @@ import { makeScale } from "./colormap.js";
 import { decodeHeatmap } from "./decode.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatStep } from "./format.js";
-import { formatHash, parseHash, thresholdParams } from "./hash_state.js";
+import { formatHash, parseHash, resolvedAxis, thresholdParams } from "./hash_state.js";
 import { renderDetails } from "./details.js";
 import { HeatmapView } from "./heatmap_view.js";
 
@@ -92,12 +92,15 @@ export class App {
     [this.state.run, this.state.tag] = wanted;
     const stats = this.info().stats;
     if (!stats.includes(this.state.stat)) this.state.stat = "l2_norm";
-    if (this.state.axis === "epoch" && !this.info().epochs) this.state.axis = "step";
     return true;
   }
 
   info() {
     return this.runs[this.state.run][this.state.tag];
+  }
+
+  axis() {
+    return resolvedAxis(this.state, this.info());
   }
 
   setStatus(text, kind = "info") {
@@ -129,7 +132,7 @@ export class App {
     const info = this.info();
     const axis = el("div", { class: "segmented", role: "group", "aria-label": "Columns" },
       ["step", "epoch"].map((value) => el("button", {
-        type: "button", "aria-pressed": String(this.state.axis === value), disabled: value === "epoch" && !info.epochs,
+        type: "button", "aria-pressed": String(this.axis() === value), disabled: value === "epoch" && !info.epochs,
         title: value === "epoch" && !info.epochs ? "this run has no epoch marks" : null,
         onclick: () => this.update({ axis: value, zoom: null }),
       }, value === "step" ? "Steps" : "Epochs")));
@@ -151,7 +154,7 @@ export class App {
       select("Stat", this.state.stat, info.stats.filter((s) => STAT_LABELS[s]).map((s) => [s, STAT_LABELS[s]]),
         (stat) => this.update({ stat }), "stat-picker"),
       axis, zoom, thresholds, csv, png,
-      el("span", { class: "hint" }, this.state.axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
+      el("span", { class: "hint" }, this.axis() === "step" ? "Drag across the heatmap to zoom into steps." : ""));
     this.renderThresholdForm();
   }
 
@@ -221,7 +224,7 @@ export class App {
     const heatmapParams = {
       ...common, stat: this.state.stat, encoding: "base64",
       max_steps: Math.min(4000, this.requestedWidth),
-      axis: this.state.axis === "epoch" ? "epoch" : null,
+      axis: this.axis() === "epoch" ? "epoch" : null,
       first_step: this.state.zoom ? this.state.zoom[0] : null,
       last_step: this.state.zoom ? this.state.zoom[1] : null,
     };

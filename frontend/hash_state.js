@@ -9,7 +9,7 @@ export const DEFAULT_STATE = Object.freeze({
   run: null,
   tag: null,
   stat: "l2_norm",
-  axis: "step",
+  axis: null, // "step" or "epoch"; null: the run decides (see `resolvedAxis`)
   zoom: null, // [first step, last step] or null for the whole run
   thresholds: Object.freeze({}),
 });
@@ -40,7 +40,7 @@ export function parseHash(hash, thresholdNames) {
     run: params.get("run") || null,
     tag: params.get("tag") || null,
     stat: params.get("stat") || DEFAULT_STATE.stat,
-    axis: params.get("axis") === "epoch" ? "epoch" : "step",
+    axis: ["step", "epoch"].includes(params.get("axis")) ? params.get("axis") : null,
     zoom: validZoom(params.get("zoom")),
     thresholds,
   };
@@ -52,7 +52,7 @@ export function formatHash(state) {
   if (state.run) params.set("run", state.run);
   if (state.tag) params.set("tag", state.tag);
   if (state.stat && state.stat !== DEFAULT_STATE.stat) params.set("stat", state.stat);
-  if (state.axis === "epoch") params.set("axis", "epoch");
+  if (state.axis) params.set("axis", state.axis);
   if (state.zoom) params.set("zoom", `${state.zoom[0]}-${state.zoom[1]}`);
   for (const name of Object.keys(state.thresholds || {}).sort()) {
     params.set(THRESHOLD_PREFIX + name, String(state.thresholds[name]));
@@ -64,4 +64,19 @@ export function formatHash(state) {
 /** The plugin query parameters for a state's threshold overrides. */
 export function thresholdParams(state) {
   return Object.fromEntries(Object.entries(state.thresholds || {}).map(([k, v]) => [k, String(v)]));
+}
+
+// Runs with at most this many logged steps per epoch open on the layer-by-epoch view.
+const EPOCH_VIEW_MAX_STEPS_PER_EPOCH = 500;
+
+/**
+ * The axis to show: the user's choice, else epochs when the run has epoch marks (at least two)
+ * and at most a few hundred logged steps per epoch (one column per epoch then reads at a
+ * glance), else steps. `info` is the run's entry from the plugin's `runs` route.
+ */
+export function resolvedAxis(state, info) {
+  if (state.axis === "epoch" && info.epochs) return "epoch";
+  if (state.axis) return "step";
+  const perEpoch = info.epochs ? info.steps / info.epochs : Infinity;
+  return info.epochs >= 2 && perEpoch <= EPOCH_VIEW_MAX_STEPS_PER_EPOCH ? "epoch" : "step";
 }

@@ -7,7 +7,8 @@ provider, both loaders), rules from `analysis`, the merged matrix from `heatmap`
 Routes (GET, under ``/data/plugin/gradients/``):
 
 * ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs"}}}`` (stats:
-  the logged ones, then the derived ratios `reader.DERIVED_STATS` that can be computed)
+  the logged ones, then the derived ratios `reader.DERIVED_STATS` that can be computed; epochs:
+  how many epoch marks, 0 without)
 * ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&first_step]
   [&last_step][&<threshold>...]``
 * ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...]}``
@@ -211,7 +212,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 if info.error:
                     result.setdefault(run, {})[tag] = {
                         "variables": 0, "steps": 0, "stats": [], "histograms": False,
-                        "epochs": False, "error": info.error,
+                        "epochs": 0, "error": info.error,
                     }
                     continue
                 if info.parsed.kind != metadata.KIND_STATS:
@@ -223,7 +224,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                     "steps": len(series.steps),
                     "stats": list(series.available_stats),
                     "histograms": metadata.histogram_tag(tag) in run_tags,
-                    "epochs": series.epoch_starts is not None,
+                    "epochs": 0 if series.epoch_starts is None else len(series.epoch_starts),
                     "sampled": loaded.sampled,
                 }
         return _respond_json(request, result)

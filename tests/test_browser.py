@@ -236,7 +236,7 @@ def test_drag_zooms_into_steps_at_full_resolution_and_the_loss_lines_up(browser,
 
 
 def test_the_nan_step_is_flagged_and_called_out(browser, server, artifacts):
-    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
+    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients&axis=step")
     tab.wait_drawn()
     callout = tab.page.locator("[data-testid=first-nonfinite]")
     assert f"step {NAN_STEP}" in callout.inner_text()
@@ -313,14 +313,14 @@ def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
 
 
 def test_epoch_view_live_refresh_and_downloads(browser, server):
+    # 2 epochs of 8 steps: the run opens on the layer-by-epoch view.
     tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
-    tab.wait_drawn()
-    tab.page.get_by_role("button", name="Epochs", exact=True).click()
-    tab.page.wait_for_function("location.hash.includes('axis=epoch')")
     tab.wait_drawn()
     assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
     tab.page.get_by_role("button", name="Steps", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('axis=step')")
     tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") is None
     href = tab.page.locator("[data-testid=download-csv]").get_attribute("href")
     assert href.startswith("export?") and "format=csv" in href
     csv = tab.page.request.get(f"{server}/data/plugin/gradients/{href}").text()

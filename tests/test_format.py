@@ -78,7 +78,7 @@ def test_runs_route_lists_stats_tags(tmp_path, plugin_client):
         "run_a": {
             "gradients": {
                 "variables": 2, "steps": 12, "stats": list(metadata.GRADIENT_STATS),
-                "histograms": True, "epochs": False, "sampled": None,
+                "histograms": True, "epochs": 0, "sampled": None,
             }
         }
     }

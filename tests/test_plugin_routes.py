@@ -60,10 +60,10 @@ def test_runs(client):
     assert status == 200
     assert runs["train"]["gradients"] == {
         "variables": 3, "steps": STEPS, "stats": list(tg.metadata.GRADIENT_STATS),
-        "histograms": True, "epochs": True, "sampled": None,
+        "histograms": True, "epochs": 3, "sampled": None,
     }
     assert runs["plain"]["gradients"]["histograms"] is False
-    assert runs["plain"]["gradients"]["epochs"] is False
+    assert runs["plain"]["gradients"]["epochs"] == 0
     assert set(runs["train"]) == {"gradients"}  # histogram and epoch tags are not listed
 
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { DEFAULT_STATE, formatHash, parseHash, thresholdParams } from "../hash_state.js";
+import { DEFAULT_STATE, formatHash, parseHash, resolvedAxis, thresholdParams } from "../hash_state.js";
 
 const NAMES = ["exploding_norm", "vanishing_norm", "sustain_steps"];
 
@@ -26,7 +26,7 @@ test("malformed or unknown entries are dropped", () => {
     "#run=r&axis=sideways&zoom=9-3&t.exploding_norm=-1&t.vanishing_norm=abc&t.nope=3&t.sustain_steps=7",
     NAMES,
   );
-  assert.equal(state.axis, "step");
+  assert.equal(state.axis, null);
   assert.equal(state.zoom, null);
   assert.deepEqual(state.thresholds, { sustain_steps: 7 });
   assert.equal(parseHash("#zoom=1-99999999999999999999", NAMES).zoom, null);
@@ -37,4 +37,17 @@ test("threshold overrides become plugin query parameters", () => {
   assert.deepEqual(thresholdParams({ thresholds: { exploding_norm: 100, vanishing_norm: 1e-9 } }), {
     exploding_norm: "100", vanishing_norm: "1e-9",
   });
+});
+
+test("the axis: the user's choice, else epochs for runs with short epochs", () => {
+  const shortEpochs = { epochs: 10, steps: 2000 };
+  const longEpochs = { epochs: 2, steps: 20000 };
+  assert.equal(resolvedAxis({ axis: null }, shortEpochs), "epoch");
+  assert.equal(resolvedAxis({ axis: null }, longEpochs), "step");
+  assert.equal(resolvedAxis({ axis: null }, { epochs: 1, steps: 10 }), "step");
+  assert.equal(resolvedAxis({ axis: null }, { epochs: 0, steps: 10 }), "step");
+  assert.equal(resolvedAxis({ axis: "step" }, shortEpochs), "step");
+  assert.equal(resolvedAxis({ axis: "epoch" }, longEpochs), "epoch");
+  assert.equal(resolvedAxis({ axis: "epoch" }, { epochs: 0, steps: 10 }), "step");
+  assert.equal(formatHash({ ...DEFAULT_STATE, run: "r", axis: "step" }), "#run=r&axis=step");
 });
