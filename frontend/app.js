@@ -2,11 +2,11 @@
 
 import { getJson, routeUrl } from "./api.js";
 import { makeScale } from "./colormap.js";
-import { decodeHeatmap } from "./decode.js";
+import { decodeHeatmap, toNumber } from "./decode.js";
 import { el, replaceChildren } from "./dom.js";
-import { formatStep } from "./format.js";
+import { formatStep, formatValue } from "./format.js";
 import { formatHash, parseHash, resolvedAxis, thresholdParams } from "./hash_state.js";
-import { renderDetails } from "./details.js";
+import { nearestIndex, renderDetails } from "./details.js";
 import { HeatmapView } from "./heatmap_view.js";
 
 const STAT_LABELS = {
@@ -35,6 +35,7 @@ const EDITABLE_THRESHOLDS = [
 ];
 const SEVERITY_RANK = { critical: 0, warning: 1, info: 2 };
 const REFRESH_MS = 30000;
+const HOVER_STATS_DELAY_MS = 150;
 
 const KERAS_SNIPPET = `from tensorboard_gradients.keras import GradientMonitor
 model.fit(x, y, callbacks=[GradientMonitor(log_dir="logs")])`;
@@ -50,6 +51,7 @@ export class App {
     this.thresholdForm = el("form", { class: "thresholds", hidden: true });
     this.view = new HeatmapView({
       onSelect: (row, column) => this.selectCell(row, column),
+      onHover: (cell) => this.hoverCell(cell),
       onZoom: (zoom) => this.update({ zoom }),
       onResize: () => this.refetchIfWider(),
     });
@@ -214,6 +216,7 @@ export class App {
   async load() {
     const token = ++this.loadToken;
     this.drawn = false;
+    this.seriesCache = new Map();
     this.renderToolbar();
     if (!this.main.contains(this.view.root)) {
       replaceChildren(this.main, this.view.root, el("div", { class: "side" }, this.alertsPanel, this.detailsPanel));
@@ -305,6 +308,37 @@ export class App {
       el("ol", { class: "alert-list" }, items));
   }
 
+  /** Adds the hovered cell's key stats to the tooltip (after a short pause on the cell). */
+  hoverCell(cell) {
+    clearTimeout(this.hoverTimer);
+    if (!cell) return;
+    this.hoverTimer = setTimeout(async () => {
+      const [row, column] = cell;
+      const matrix = this.matrix;
+      const series = await this.seriesOf(matrix.variables[row]).catch(() => null);
+      if (!series || matrix !== this.matrix) return;
+      const index = nearestIndex(series.steps, matrix.steps[column]);
+      const at = (name) => (name in series.stats ? formatValue(toNumber(series.stats[name][index])) : null);
+      const lines = [
+        `at step ${formatStep(series.steps[index])}: norm ${at("l2_norm")}, max |g| ${at("abs_max")}`,
+        `zero fraction ${at("zero_fraction")}, NaN ${at("nan_count")}, Inf ${at("inf_count")}`,
+      ];
+      this.view.setTooltipExtra(cell, lines);
+    }, HOVER_STATS_DELAY_MS);
+  }
+
+  /** One variable's `series` answer, kept until the next load (hover and details share it). */
+  seriesOf(variable) {
+    if (!this.seriesCache.has(variable)) {
+      const request = getJson("series", {
+        run: this.state.run, tag: this.state.tag, variable, ...thresholdParams(this.state),
+      });
+      request.catch(() => this.seriesCache.delete(variable));
+      this.seriesCache.set(variable, request);
+    }
+    return this.seriesCache.get(variable);
+  }
+
   async selectCell(row, column, keepView = false) {
     const matrix = this.matrix;
     if (!matrix || row >= matrix.rows || column >= matrix.columns) return;
@@ -314,7 +348,7 @@ export class App {
     const step = matrix.steps[column];
     const common = { run: this.state.run, tag: this.state.tag };
     try {
-      const series = await getJson("series", { ...common, variable, ...thresholdParams(this.state) });
+      const series = await this.seriesOf(variable);
       let histogram = null;
       if (this.info().histograms) {
         histogram = await getJson("histogram", { ...common, variable, step }).catch(() => null);

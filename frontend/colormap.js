@@ -10,8 +10,7 @@ const VIRIDIS = [
 
 /** Colours that do not occur in viridis, for cells whose class matters more than their value. */
 export const CLASS_COLORS = Object.freeze({
-  nonfinite: [255, 45, 85], // NaN/Inf: saturated red, absent from viridis
-  missing: null, // drawn as an empty (background) cell
+  nonfinite: [255, 45, 85], // NaN/Inf: saturated red, absent from viridis (missing: empty)
   // Hatching over the value's colour, so the class reads without the colour bar and without
   // colour vision: vanishing "\\" in pale cyan, exploding "//" in orange.
   vanishingHatch: [200, 240, 255],

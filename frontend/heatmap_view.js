@@ -100,6 +100,12 @@ export class HeatmapView {
     this.#drawLoss();
   }
 
+  /** Extra tooltip lines for `cell` (key stats fetched by the app), if it is still hovered. */
+  setTooltipExtra(cell, lines) {
+    if (!this.hover || this.hover[0] !== cell[0] || this.hover[1] !== cell[1]) return;
+    replaceChildren(this.tooltipExtra, lines.map((line) => el("div", {}, line)));
+  }
+
   select(cell) {
     this.selected = cell;
     this.#drawOverlay();
@@ -178,6 +184,7 @@ export class HeatmapView {
         : formatStepRange(m.steps[column], m.lastSteps[column])),
       el("div", {}, `${m.stat}: ${formatValue(m.value(row, column))}`),
       el("div", { class: `tip-class class-${cls}` }, CLASS_TEXT[cls] || cls),
+      this.tooltipExtra = el("div", { class: "tip-extra" }),
     );
     this.tooltip.hidden = false;
     const box = this.overlay.getBoundingClientRect();

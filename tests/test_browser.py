@@ -198,6 +198,8 @@ def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, 
     tooltip.wait_for(state="visible")
     assert "sigmoid_deep/dense_00/kernel" in tooltip.inner_text()
     assert "vanishing" in tooltip.inner_text()
+    tab.page.wait_for_function("document.querySelector('.tip-extra').textContent.includes('zero fraction')")
+    assert "norm " in tooltip.inner_text() and "NaN 0" in tooltip.inner_text()
     tab.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 2)
     details = tab.page.locator(".details")
     details.wait_for(state="visible")

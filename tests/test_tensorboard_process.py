@@ -97,7 +97,8 @@ def test_every_step_reaches_the_plugin_through_both_loaders(logdir, load_fast):
             time.sleep(0.5)
         assert listing["gradients"]["enabled"] is True
         assert listing["gradients"]["tab_name"] == "Gradients"
-        assert listing["gradients"]["es_module_path"] == "/static/index.js"
+        assert listing["gradients"]["loading_mechanism"] == {
+            "type": "IFRAME", "module_path": "/data/plugin/gradients/static/index.js"}
         assert summary == expected, f"TensorBoard served {runs}"
         assert runs["tf_run"]["gradients"]["stats"][-2:] == ["weight_l2_norm", "grad_weight_ratio"]
 
