@@ -77,6 +77,7 @@ export class App {
     this.state = parseHash(window.location.hash, Object.keys(this.defaults));
     if (!this.pickRunAndTag()) {
       this.showEmpty();
+      setTimeout(() => this.start(), REFRESH_MS); // training may not have logged anything yet
       return;
     }
     window.addEventListener("hashchange", () => this.onHashChange());
