@@ -116,8 +116,11 @@ export class App {
 
   showEmpty() {
     this.setStatus("");
+    const unreadable = Object.entries(this.runs).flatMap(([run, tags]) =>
+      Object.entries(tags).filter(([, info]) => info.error).map(([tag, info]) => `${run}/${tag}: ${info.error}`));
     replaceChildren(this.main, el("div", { class: "empty", "data-testid": "empty-state" },
       el("h2", {}, "No gradient data yet"),
+      unreadable.map((text) => el("p", { class: "status-error" }, text)),
       el("p", {}, "Log per-layer gradient statistics and they appear here. From Keras model.fit:"),
       el("pre", {}, KERAS_SNIPPET),
       el("p", {}, "From a custom TensorFlow training loop:"),

@@ -302,12 +302,19 @@ def test_backend_errors_are_shown_not_blank(browser, server):
 
 
 def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from test_format import _write_future_format
+    finally:
+        sys.path.pop(0)
+    _write_future_format(str(tmp_path / "future"))  # unreadable data is named, not hidden
     process, base = _serve(str(tmp_path))
     try:
         tab = Tab(browser, base)
         empty = tab.page.locator("[data-testid=empty-state]")
         empty.wait_for(state="visible")
         assert "GradientMonitor" in empty.inner_text() and "summary.gradients" in empty.inner_text()
+        assert "future/gradients" in empty.inner_text() and "upgrade" in empty.inner_text()
         tab.close()
     finally:
         process.terminate()
