@@ -85,7 +85,9 @@ class Thresholds:
         variable, so a legitimately tiny variable (a final bias next to its kernel) is not flagged.
     depth_reference_fraction = 0.25
         The output-side reference: the median norm of the last quarter of the layers (at least
-        one layer), so one odd output layer does not set the scale.
+        one layer), so one odd output layer does not set the scale. Output-side layers above
+        ``exploding_norm`` do not count: an exploding output side would otherwise make every
+        healthy layer below it look vanishing.
     sustain_steps = 5
         Vanishing and dead gradients must hold for this many consecutive logged steps: one noisy
         step is not an alert (and not a highlighted cell).
@@ -315,7 +317,10 @@ def _depth_ratios(series, norms: np.ndarray, thresholds: Thresholds):
         return None
     layer_norms = _layer_norms(norms, rows, len(names))
     reference_count = max(1, int(math.ceil(len(names) * thresholds.depth_reference_fraction)))
-    reference = _nanmedian(layer_norms[:, -reference_count:])
+    output_side = layer_norms[:, -reference_count:]
+    with np.errstate(invalid="ignore"):
+        healthy = np.where(output_side >= thresholds.exploding_norm, np.nan, output_side)
+    reference = _nanmedian(healthy)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = layer_norms / reference[:, None]
     return names, rows, ratios

@@ -95,6 +95,15 @@ def test_input_side_layers_vanishing_by_depth_are_flagged_per_layer():
     assert (classes[:100] == analysis.OK).all() and (classes[140:] == analysis.OK).all()
 
 
+def test_an_exploding_output_side_does_not_make_healthy_layers_vanish():
+    norms, variables = deep_net()
+    norms[200:, -6:] *= 1e6  # the last three layers explode; the others are unchanged
+    alerts = analysis.diagnose(make_series(norms, variables))
+    assert {a.kind for a in alerts} == {"exploding"}
+    classes = analysis.classify(make_series(norms, variables))
+    assert (classes[200:, :-6] == analysis.OK).all()
+
+
 def test_absolute_floor_needs_sustained_steps():
     norms, variables = deep_net()
     norms[50:60, 5] = 1e-9
