@@ -12,9 +12,10 @@ const VIRIDIS = [
 export const CLASS_COLORS = Object.freeze({
   nonfinite: [255, 45, 85], // NaN/Inf: saturated red, absent from viridis (missing: empty)
   // Hatching over the value's colour, so the class reads without the colour bar and without
-  // colour vision: vanishing "\\" in pale cyan, exploding "//" in orange.
+  // colour vision: vanishing "\\" in pale cyan (vanishing values sit at the dark end of the
+  // map), exploding "//" in dark red (exploding values sit at the bright yellow end).
   vanishingHatch: [200, 240, 255],
-  explodingHatch: [255, 120, 0],
+  explodingHatch: [150, 0, 20],
 });
 
 /** viridis(t) for t in [0, 1] -> [r, g, b]. */

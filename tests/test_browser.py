@@ -35,7 +35,7 @@ XSS_NAME = "<img src=x onerror=window.__xss=1>/kernel"
 NAN_STEP = 3
 NONFINITE_RGB = (255, 45, 85)
 VANISHING_HATCH_RGB = (200, 240, 255)
-EXPLODING_HATCH_RGB = (255, 120, 0)
+EXPLODING_HATCH_RGB = (150, 0, 20)
 
 
 def _train_nan_keras_model(run_dir):
