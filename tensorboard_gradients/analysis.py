@@ -348,17 +348,21 @@ def _findings(series, thresholds: Thresholds) -> _Findings:
     with np.errstate(invalid="ignore"):
         nonfinite = ~missing & ((_stat(series, "nan_count") > 0) | (_stat(series, "inf_count") > 0))
         exploding_absolute = ~missing & (norms >= thresholds.exploding_norm)
-        vanishing_absolute = _sustained(~missing & (norms < thresholds.vanishing_norm),
+    # The norm of a gradient with NaN/Inf entries covers only its finite entries (0 when none is):
+    # it says nothing about vanishing or spiking, so those rules see no value there.
+    finite_norms = np.where(nonfinite, np.nan, norms)
+    with np.errstate(invalid="ignore"):
+        vanishing_absolute = _sustained(finite_norms < thresholds.vanishing_norm,
                                         thresholds.sustain_steps)
     vanishing = vanishing_absolute.copy()
-    depth = _depth_ratios(series, norms, thresholds)
+    depth = _depth_ratios(series, finite_norms, thresholds)
     if depth is not None:
         names, rows, ratios = depth
         with np.errstate(invalid="ignore"):
             flags = _sustained(ratios < thresholds.depth_ratio, thresholds.sustain_steps)
         depth = (names, rows, ratios, flags)
         vanishing |= flags[:, rows] & ~missing
-    spike_z, spike_excess = _spike_zscores(_log10(norms), thresholds, exclude=vanishing)
+    spike_z, spike_excess = _spike_zscores(_log10(finite_norms), thresholds, exclude=vanishing)
     spike = ~missing & _spikes(spike_z, thresholds)
     return _Findings(
         norms, missing, nonfinite, exploding_absolute, spike_z, spike_excess, spike,
@@ -510,7 +514,7 @@ def _alerts(series, findings: _Findings, limits: Thresholds) -> List[Alert]:
 
     with np.errstate(over="ignore", invalid="ignore"):
         global_norm = np.sqrt(np.nansum(norms**2, axis=1))
-    global_present = ~findings.missing.all(axis=1)
+    global_present = ~findings.missing.all(axis=1) & ~findings.nonfinite.any(axis=1)
     with np.errstate(invalid="ignore"):
         global_exploding = global_present & (global_norm >= limits.exploding_global_norm)
     builder.add(
@@ -544,7 +548,8 @@ def _alerts(series, findings: _Findings, limits: Thresholds) -> List[Alert]:
 
     zero_fraction = _stat(series, "zero_fraction")
     with np.errstate(invalid="ignore"):
-        dead = _sustained(zero_fraction >= limits.dead_fraction, limits.sustain_steps)
+        dead = _sustained((zero_fraction >= limits.dead_fraction) & ~findings.nonfinite,
+                          limits.sustain_steps)
     for row in _flagged(dead):
         builder.add(
             "dead", "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,
@@ -554,7 +559,7 @@ def _alerts(series, findings: _Findings, limits: Thresholds) -> List[Alert]:
             row=row,
         )
 
-    _update_ratio_alerts(series, limits, builder)
+    _update_ratio_alerts(series, limits, builder, findings.nonfinite)
 
     severity_rank = {s: i for i, s in enumerate(SEVERITIES)}
     order = {name: i for i, name in enumerate(series.variables)}
@@ -579,7 +584,7 @@ def _add_spike(builder, mask, z, excess, limits, what, rule="spike", row=None):
     )
 
 
-def _update_ratio_alerts(series, limits, builder):
+def _update_ratio_alerts(series, limits, builder, nonfinite):
     available = series.available_stats
     if "update_weight_ratio" in available:
         ratios, rule, scale = series.stat("update_weight_ratio"), "update/weight", 1.0
@@ -588,6 +593,7 @@ def _update_ratio_alerts(series, limits, builder):
         scale = 1.0 / limits.reference_learning_rate
     else:
         return
+    ratios = np.where(nonfinite, np.nan, ratios)  # a NaN/Inf step's ratio describes no update
     what = f"{rule} ratio"
     low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
     with warnings.catch_warnings():

@@ -136,6 +136,20 @@ def test_nonfinite_reports_first_step_and_every_variable_hit_there():
     assert classes[120, 7] == analysis.NONFINITE and classes[120, 0] == analysis.OK
 
 
+def test_an_all_nan_gradient_is_nonfinite_only_not_vanishing_dead_or_off_band():
+    # What a diverged run logs: every entry NaN, so the norm over finite entries is 0, the zero
+    # fraction 0, and the update/weight ratio meaningless. Only the nonfinite rule may speak.
+    norms, variables = deep_net()
+    counts = np.zeros_like(norms)
+    counts[150:, :] = 64
+    norms[150:, :] = 0.0
+    ratios = np.where(np.arange(STEPS)[:, None] >= 150, 0.0, 1e-3)
+    series = make_series(norms, variables, nonfinite=counts, zero_fraction=0.0,
+                         weights=np.ones_like(norms), updates=ratios * np.ones_like(norms))
+    assert kinds(analysis.diagnose(series)) == [("nonfinite", "count")]
+    assert (analysis.classify(series)[150:] == analysis.NONFINITE).all()
+
+
 def test_exploding_absolute_and_global_norm():
     norms, variables = deep_net()
     norms[250, 4] = 5e3
