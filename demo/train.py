@@ -1,72 +1,161 @@
-"""Demo: train two small networks with a custom TF loop and log their gradients.
+"""Demo: train six small networks on scikit-learn's digits and look at their gradients.
 
-  sigmoid_deep  12 sigmoid layers, Glorot init, SGD: the input-side layers' gradients vanish
-  relu_he       the same depth with ReLU and He init: gradient norms stay within a few x
+Every scenario is one run (``LOGDIR/<scenario>/train``) in one logdir, so the Gradients tab and
+``tensorboard-gradients diagnose`` show them side by side:
 
-Data is a fixed synthetic classification problem made with numpy (nothing is downloaded).
-Afterwards the per-layer gradient norms are read back with `tensorboard_gradients.read_logdir`
-and printed; `--serve` then starts TensorBoard on the logdir until Ctrl-C.
+  healthy            10-layer ReLU MLP, He init, Adam                      -> no alerts
+  vanishing          12-layer sigmoid MLP, Glorot init, SGD                -> input-side layers vanish
+  vanishing_fixed    the same with ReLU + He init                          -> no alerts
+  exploding          8-layer leaky-ReLU MLP, SGD + momentum at too high a  -> exploding, then NaN
+                     learning rate (stopped by TerminateOnNaN)
+  exploding_clipped  the same with clipnorm=1.0                            -> no alerts
+  custom_loop        the vanishing net with batch normalisation, trained   -> no alerts; histograms
+                     by a custom tf.function loop (`summary.gradients`)
 
-    python demo/train.py --logdir runs/demo [--steps 300] [--serve]
+The data is scikit-learn's bundled ``load_digits`` (1,797 8x8 images, shipped inside the
+package: nothing is downloaded). The Keras runs log with `GradientMonitor` plus Keras' own
+`TensorBoard` callback (whose ``batch_loss`` the tab draws above the heatmap). Afterwards the
+alerts of every run are printed, and ``--serve`` starts TensorBoard on the logdir until Ctrl-C.
+
+    python demo/train.py [--logdir runs/demo] [--epochs 20 | --quick] [--serve [--port 6006]]
 """
 
 import argparse
+import collections
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-DEPTH = 12
 WIDTH = 64
+BATCH_SIZE = 64
+CLASSES = 10
+QUICK_EPOCHS = 3  # 87 optimizer steps per run: enough for every scenario to show its problem
+HISTOGRAM_EVERY = 10
 
 
-def make_data(samples=2048, features=32, classes=4, seed=0):
-    """Gaussian blobs around random class centres, with label noise: learnable but not trivial."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(scale=1.5, size=(classes, features))
-    labels = rng.integers(0, classes, size=samples)
-    x = centres[labels] + rng.normal(size=(samples, features))
-    return x.astype(np.float32), labels.astype(np.int32)
-
-
-def build(name, activation, initializer, features, classes):
-    import keras
-
-    layers = [keras.Input((features,))]
-    for index in range(DEPTH):
-        layers.append(
-            keras.layers.Dense(
-                WIDTH, activation=activation, kernel_initializer=initializer, name=f"dense_{index:02d}"
-            )
-        )
-    layers.append(keras.layers.Dense(classes, name="logits"))
-    return keras.Sequential(layers, name=name)
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    description: str
+    expected: str  # what the Gradients tab shows for it
+    depth: int
+    activation: str
+    initializer: str
+    optimizer: str  # a `keras.optimizers` class name
+    optimizer_args: dict
+    normalization: bool = False
+    custom_loop: bool = False
 
 
 SCENARIOS = {
-    "sigmoid_deep": dict(activation="sigmoid", initializer="glorot_uniform", learning_rate=0.1),
-    "relu_he": dict(activation="relu", initializer="he_normal", learning_rate=0.01),
+    "healthy": Scenario(
+        "10-layer ReLU MLP, He init, Adam(1e-3)", "no alerts",
+        10, "relu", "he_normal", "Adam", dict(learning_rate=1e-3),
+    ),
+    "vanishing": Scenario(
+        "12-layer sigmoid MLP, Glorot init, SGD(0.02)",
+        "the input-side layers' gradients vanish (hatched rows, vanishing alerts)",
+        12, "sigmoid", "glorot_uniform", "SGD", dict(learning_rate=0.02),
+    ),
+    "vanishing_fixed": Scenario(
+        "the vanishing net with ReLU + He init", "no alerts",
+        12, "relu", "he_normal", "SGD", dict(learning_rate=0.02),
+    ),
+    "exploding": Scenario(
+        "8-layer leaky-ReLU MLP, SGD(0.1, momentum=0.9): too high a learning rate",
+        "gradient norms grow without bound (exploding alerts), then NaN (first non-finite step)",
+        8, "leaky_relu", "he_normal", "SGD", dict(learning_rate=0.1, momentum=0.9),
+    ),
+    "exploding_clipped": Scenario(
+        "the exploding net with clipnorm=1.0", "no alerts",
+        8, "leaky_relu", "he_normal", "SGD", dict(learning_rate=0.1, momentum=0.9, clipnorm=1.0),
+    ),
+    "custom_loop": Scenario(
+        "the vanishing net with batch normalisation, custom tf.function loop", "no alerts",
+        12, "sigmoid", "glorot_uniform", "SGD", dict(learning_rate=0.02),
+        normalization=True, custom_loop=True,
+    ),
 }
 
 
-def train(run_dir, activation, initializer, learning_rate, steps, batch_size=128, histogram_every=25):
+def load_data():
+    """Digits scaled to [0, 1]: ``float32[1797, 64]`` images and ``int32[1797]`` labels."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+
+
+def build_model(name, scenario: Scenario, features):
+    """An MLP of ``depth`` dense layers (``dense_00`` at the input side) and a ``logits`` layer."""
+    import keras
+
+    layers = [keras.Input((features,))]
+    for index in range(scenario.depth):
+        dense = f"dense_{index:02d}"
+        if scenario.normalization:  # the bias is redundant before batch normalisation
+            layers += [
+                keras.layers.Dense(WIDTH, use_bias=False, kernel_initializer=scenario.initializer,
+                                   name=dense),
+                keras.layers.BatchNormalization(name=f"batch_norm_{index:02d}"),
+                keras.layers.Activation(scenario.activation, name=f"{scenario.activation}_{index:02d}"),
+            ]
+        else:
+            layers.append(keras.layers.Dense(WIDTH, activation=scenario.activation,
+                                             kernel_initializer=scenario.initializer, name=dense))
+    layers.append(keras.layers.Dense(CLASSES, name="logits"))
+    return keras.Sequential(layers, name=name)
+
+
+def _progress_verbosity():
+    """Keras progress bars in a terminal, one line per epoch in a log file."""
+    return 1 if sys.stdout.isatty() else 2
+
+
+def _optimizer(scenario: Scenario):
+    import keras
+
+    return getattr(keras.optimizers, scenario.optimizer)(**scenario.optimizer_args)
+
+
+def train_with_fit(run_dir, model, scenario, x, y, epochs):
+    """``model.fit`` with the `GradientMonitor` callback: the usual Keras way."""
+    import keras
+
+    from tensorboard_gradients.keras import GradientMonitor
+
+    model.compile(_optimizer(scenario),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    model.fit(
+        x, y, batch_size=BATCH_SIZE, epochs=epochs, verbose=_progress_verbosity(),
+        callbacks=[
+            GradientMonitor(run_dir, histograms_every_n_steps=HISTOGRAM_EVERY),
+            keras.callbacks.TensorBoard(run_dir, update_freq="batch", write_graph=False),
+            keras.callbacks.TerminateOnNaN(),
+        ],
+    )
+
+
+def train_with_custom_loop(run_dir, model, scenario, x, y, epochs):
+    """A custom loop: `tensorboard_gradients.summary.gradients` inside a ``tf.function``."""
     import keras
     import tensorflow as tf
 
     from tensorboard_gradients import summary
 
-    keras.utils.set_random_seed(0)
-    x, y = make_data()
-    model = build(os.path.basename(run_dir), activation, initializer, x.shape[1], int(y.max()) + 1)
-    optimizer = keras.optimizers.SGD(learning_rate)
+    optimizer = _optimizer(scenario)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    writer = tf.summary.create_file_writer(run_dir)
-    dataset = (
-        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).repeat().batch(batch_size)
-    )
+    writer = tf.summary.create_file_writer(os.path.join(run_dir, "train"))
+    # drop_remainder: batch normalisation on the last 5-image batch would make a real spike
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0)
+               .batch(BATCH_SIZE, drop_remainder=True))
 
     @tf.function
     def train_step(features, labels, step):
@@ -74,57 +163,97 @@ def train(run_dir, activation, initializer, learning_rate, steps, batch_size=128
             loss = loss_fn(labels, model(features, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         with writer.as_default(step=step):
-            summary.gradients(
-                grads, model.trainable_variables, histograms=step % histogram_every == 0
-            )
+            summary.gradients(grads, model.trainable_variables,
+                              histograms=step % HISTOGRAM_EVERY == 0)
             tf.summary.scalar("loss", loss)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    progress = keras.utils.Progbar(steps, stateful_metrics=["loss"])
-    for step, (features, labels) in enumerate(dataset.take(steps)):
-        loss = train_step(features, labels, tf.constant(step, tf.int64))
-        progress.update(step + 1, [("loss", float(loss))])
+    step = 0
+    for epoch in range(epochs):
+        progress = keras.utils.Progbar(len(dataset), stateful_metrics=["loss"],
+                                       verbose=_progress_verbosity())
+        print(f"Epoch {epoch + 1}/{epochs}")
+        for features, labels in dataset:
+            step += 1  # 1-based optimizer steps, as GradientMonitor numbers them
+            loss = train_step(features, labels, tf.constant(step, tf.int64))
+            progress.add(1, [("loss", float(loss))])
     writer.close()
 
 
-def report(logdir):
-    """Per-layer kernel gradient norm (median over the run) from what was logged."""
+def train(logdir, name, epochs, data=None):
+    """Trains one scenario into ``logdir/name`` (replacing what an earlier demo left there)."""
+    import keras
+
+    scenario = SCENARIOS[name]
+    run_dir = os.path.join(logdir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    keras.utils.set_random_seed(0)
+    x, y = data if data is not None else load_data()
+    model = build_model(name, scenario, x.shape[1])
+    trainer = train_with_custom_loop if scenario.custom_loop else train_with_fit
+    trainer(run_dir, model, scenario, x, y, epochs)
+
+
+def summarize(logdir):
+    """One line per run: its alerts by kind (the first non-finite step called out)."""
     import tensorboard_gradients as tg
 
+    lines = []
     runs = tg.read_logdir(logdir)
     for run in sorted(runs):
-        series = runs[run]["gradients"]
-        norms = np.nanmedian(series.stat("l2_norm"), axis=0)
-        print(f"\n{run}: {len(series.steps)} steps, median gradient L2 norm per kernel")
-        for variable, norm in zip(series.variables, norms):
-            if variable.endswith("kernel"):
-                print(f"  {variable:30s} {norm:10.3e}  {'#' * max(1, int(12 + np.log10(norm)))}")
-    return runs
+        alerts = tg.diagnose(runs[run]["gradients"])
+        kinds = collections.Counter(alert.kind for alert in alerts)
+        text = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "no alerts"
+        nonfinite = [a.first_step for a in alerts if a.kind == "nonfinite"]
+        if nonfinite:
+            text += f"; first NaN/Inf gradient at step {min(nonfinite)}"
+        lines.append(f"  {run:26s} {text}")
+    return "\n".join(lines)
 
 
-def main():
+def serve(logdir, port, bind_all):
+    print(f"\nTensorBoard: http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port)]
+    try:
+        subprocess.run(command + (["--bind_all"] if bind_all else []), check=False)
+    except KeyboardInterrupt:
+        pass
+
+
+def main(argv: Optional[list] = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logdir", default="runs/demo")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of 29 steps (default 20)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_EPOCHS} epochs per run (what the tests use)")
+    parser.add_argument("--only", default=",".join(SCENARIOS),
+                        help="comma-separated scenarios (default: all)")
     parser.add_argument("--serve", action="store_true", help="then run TensorBoard until Ctrl-C")
     parser.add_argument("--port", type=int, default=6006)
-    args = parser.parse_args()
+    parser.add_argument("--bind_all", action="store_true",
+                        help="serve on every network interface (for a remote machine)")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    epochs = QUICK_EPOCHS if args.quick else args.epochs
+    logdir = os.path.abspath(args.logdir)
 
-    for name, scenario in SCENARIOS.items():
-        print(f"\n== {name} ==")
-        train(os.path.join(args.logdir, name), steps=args.steps, **scenario)
-    report(args.logdir)
-    print(f"\nLogs written to {os.path.abspath(args.logdir)}")
+    data = load_data()
+    print(f"Training {len(names)} runs on scikit-learn's digits ({len(data[0]):,} images), "
+          f"{epochs} epochs each, into {logdir}")
+    for name in names:
+        scenario = SCENARIOS[name]
+        print(f"\n== {name}: {scenario.description}\n   expected: {scenario.expected}", flush=True)
+        train(logdir, name, epochs, data)
+
+    print(f"\nGradient alerts (full list: tensorboard-gradients diagnose {logdir}):")
+    print(summarize(logdir))
+    print(f"\nLogs written to {logdir}")
     if args.serve:
-        print(f"TensorBoard at http://localhost:{args.port}/ (Ctrl-C to stop)")
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "tensorboard.main", "--logdir", args.logdir, "--port", str(args.port)],
-                check=False,
-            )
-        except KeyboardInterrupt:
-            pass
+        serve(logdir, args.port, args.bind_all)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,21 @@ export function routeUrl(route, params = {}) {
   const query = new URLSearchParams(params).toString();
   return query ? `${route}?${query}` : route;
 }
+
+/**
+ * The run's training-loss scalar tag to draw above the step axis, or null.
+ *
+ * Only tags logged per optimizer step line up with the heatmap: Keras' `TensorBoard` callback
+ * writes `epoch_loss` at the epoch index (0, 1, 2...), which would squeeze the whole curve into
+ * the first columns, so it is never picked; `batch_loss` (written with `update_freq="batch"`)
+ * and a custom loop's `loss` are.
+ */
+export function lossTag(tags) {
+  const perStep = tags.filter((tag) => !/(^|\/)epoch_/.test(tag));
+  const preferred = [/(^|\/)loss$/, /(^|\/)batch_loss$/, /loss/];
+  for (const pattern of preferred) {
+    const found = perStep.find((tag) => pattern.test(tag));
+    if (found) return found;
+  }
+  return null;
+}

@@ -1,6 +1,6 @@
 // The Gradients tab: pickers, the heatmap, alerts, details, thresholds and their URL hash.
 
-import { getJson, routeUrl } from "./api.js";
+import { getJson, lossTag, routeUrl } from "./api.js";
 import { makeScale } from "./colormap.js";
 import { decodeHeatmap, toNumber } from "./decode.js";
 import { el, replaceChildren } from "./dom.js";
@@ -255,7 +255,8 @@ export class App {
         if (current === undefined || SEVERITY_RANK[alert.severity] < SEVERITY_RANK[current]) rowSeverity.set(row, alert.severity);
       }
     }
-    this.view.setData(matrix, makeScale(matrix.values, matrix.stat), rowSeverity, matrix.epochs);
+    const ceiling = matrix.stat === "l2_norm" ? Number(this.thresholds().exploding_norm) : Infinity;
+    this.view.setData(matrix, makeScale(matrix.values, matrix.stat, ceiling), rowSeverity, matrix.epochs);
     this.loadLoss(token);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
     this.renderAlerts(rows);
@@ -282,12 +283,17 @@ export class App {
     try {
       const tags = await getJson("../scalars/tags");
       const runTags = Object.keys(tags[this.state.run] || {});
-      const tag = runTags.find((t) => /(^|\/)(batch_|epoch_)?loss$/.test(t)) || runTags.find((t) => /loss/.test(t));
+      const tag = lossTag(runTags);
       const points = tag ? await getJson("../scalars/scalars", { run: this.state.run, tag }) : null;
       if (token === this.loadToken) this.view.setLoss(points, tag);
     } catch {
       if (token === this.loadToken) this.view.setLoss(null); // no Scalars data: no curve
     }
+  }
+
+  /** The rule thresholds in force: the plugin's defaults with the URL's overrides. */
+  thresholds() {
+    return { ...this.defaults, ...this.state.thresholds };
   }
 
   alertRows(alert, rows) {
@@ -357,8 +363,7 @@ export class App {
       if (this.info().histograms) {
         histogram = await getJson("histogram", { ...common, variable, step }).catch(() => null);
       }
-      const thresholds = { ...this.defaults, ...this.state.thresholds };
-      renderDetails(this.detailsPanel, { series, stat: this.state.stat, step, thresholds, histogram });
+      renderDetails(this.detailsPanel, { series, stat: this.state.stat, step, thresholds: this.thresholds(), histogram });
       if (!keepView) this.detailsPanel.scrollIntoView({ block: "nearest" });
     } catch (error) {
       replaceChildren(this.detailsPanel, el("p", { class: "status-error" }, `Could not load details: ${error.message}`));

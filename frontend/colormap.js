@@ -63,10 +63,13 @@ function percentile(sorted, q) {
  *
  * Log scales span the 1st-99th percentile of log10 of the finite positive values (one exploding
  * cell would otherwise flatten every other row; the class colours and outlines still show it),
- * at least one decade wide. `position(v)` is in [0, 1] (clamped), or NaN for values the colour
- * map does not show (NaN, Inf, and zero or negative values on a log scale).
+ * at least one decade wide, and never above `ceiling` when one is given (the exploding
+ * threshold: cells above it are hatched anyway, and a run that blew up to 1e15 for its last
+ * steps would otherwise paint the whole build-up before it in one colour). `position(v)` is in
+ * [0, 1] (clamped), or NaN for values the colour map does not show (NaN, Inf, and zero or
+ * negative values on a log scale).
  */
-export function makeScale(values, stat) {
+export function makeScale(values, stat, ceiling = Infinity) {
   const kind = statKind(stat);
   const finite = [];
   let smallest = Infinity;
@@ -90,6 +93,10 @@ export function makeScale(values, stat) {
     const sample = stride === 1 ? finite : finite.filter((_, i) => i % stride === 0);
     const sorted = Float64Array.from(sample).sort();
     [low, high] = [percentile(sorted, 0.01), percentile(sorted, 0.99)];
+    if (ceiling > 0 && high > Math.log10(ceiling)) {
+      high = Math.log10(ceiling);
+      low = Math.min(low, high - 1);
+    }
   }
   if (!Number.isFinite(low) || !Number.isFinite(high)) [low, high] = kind === "log" ? [-1, 0] : [0, 1];
   const minimumWidth = kind === "log" ? 1 : Math.max(Math.abs(high) * 1e-6, 1e-12);

@@ -6,7 +6,7 @@ import { statKind } from "./colormap.js";
 import { toNumber } from "./decode.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatStep, formatValue } from "./format.js";
-import { niceTicks } from "./layout.js";
+import { chartRange, niceTicks } from "./layout.js";
 
 const CHART_WIDTH = 560;
 const CHART_HEIGHT = 180;
@@ -53,17 +53,17 @@ function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
   context.strokeStyle = style.color;
   const logScale = statKind(stat) === "log";
   const y = (v) => (logScale ? (v > 0 ? Math.log10(v) : NaN) : v);
-  const shown = values.map(y).filter(Number.isFinite);
-  const lines = logScale && stat === "l2_norm"
-    ? [["vanishing", thresholds.vanishing_norm], ["exploding", thresholds.exploding_norm]] : [];
-  for (const [, limit] of lines) if (limit > 0) shown.push(Math.log10(limit));
-  if (!shown.length || !steps.length) {
+  const limits = logScale && stat === "l2_norm"
+    ? [["vanishing", thresholds.vanishing_norm], ["exploding", thresholds.exploding_norm]]
+      .filter(([, limit]) => limit > 0) : [];
+  const range = steps.length ? chartRange(values.map(y).filter(Number.isFinite),
+    limits.map(([, limit]) => Math.log10(limit))) : null;
+  if (!range) {
     context.fillText("no finite values to plot", MARGIN.left, CHART_HEIGHT / 2);
     return;
   }
-  let low = Math.min(...shown);
-  let high = Math.max(...shown);
-  if (high - low < 1e-9) [low, high] = [low - 0.5, high + 0.5];
+  const [low, high, shownLines] = range;
+  const lines = limits.filter(([, limit]) => shownLines.includes(Math.log10(limit)));
   const plotWidth = CHART_WIDTH - MARGIN.left - MARGIN.right;
   const plotHeight = CHART_HEIGHT - MARGIN.top - MARGIN.bottom;
   const first = steps[0];
@@ -79,7 +79,6 @@ function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
   context.textBaseline = "top";
   for (const tick of niceTicks(first, last, 5)) context.fillText(formatStep(tick), px(tick), CHART_HEIGHT - 18);
   for (const [name, limit] of lines) {
-    if (!(limit > 0)) continue;
     context.strokeStyle = name === "exploding" ? "#f29900" : "#12b5cb";
     context.setLineDash([4, 3]);
     context.beginPath();

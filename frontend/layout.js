@@ -67,3 +67,20 @@ export function niceTicks(low, high, count = 6) {
   }
   return ticks;
 }
+
+/**
+ * The y range of a series chart: the data's, widened to show a threshold line only when the
+ * line lies within `reach` (decades on a log axis) of the data. A far threshold (a vanishing
+ * layer at 1e-9 against an exploding ceiling at 1e3) would flatten the data to a line; the
+ * cell's class already says which side of it the data is. `lines`: values on the same axis.
+ * Returns [low, high, the lines inside] or null when there is no data.
+ */
+export function chartRange(values, lines, reach = 2) {
+  if (!values.length) return null;
+  let low = Math.min(...values);
+  let high = Math.max(...values);
+  const shown = lines.filter((line) => line >= low - reach && line <= high + reach);
+  for (const line of shown) [low, high] = [Math.min(low, line), Math.max(high, line)];
+  if (high - low < 1e-9) [low, high] = [low - 0.5, high + 0.5];
+  return [low, high, shown];
+}

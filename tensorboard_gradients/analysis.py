@@ -102,6 +102,9 @@ class Thresholds:
         (CS231n notes, "Neural Networks Part 3"; Karpathy's makemore part 3 plots its log10 per
         layer). Two decades either side is "far outside": a variable whose median ratio over the
         run lies outside [1e-5, 1e-1] is barely learning or being rewritten every step.
+        Judged for kernels only (variables of 2+ dimensions), as Karpathy's plot does: biases
+        and normalisation scales start at 0 or 1, so their early ratios are large by
+        construction and say nothing about the learning rate.
         Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both). When only
         weights are known, the gradient/weight ratio is judged against this band divided by
         ``reference_learning_rate`` - the update an SGD step would make.
@@ -600,7 +603,8 @@ def _update_ratio_alerts(series, limits, builder, nonfinite):
         warnings.simplefilter("ignore", RuntimeWarning)
         medians = np.nanmedian(ratios, axis=0)
     for row, median in enumerate(medians):
-        if not np.isfinite(median) or low <= median <= high:
+        shape = series.shapes[row]
+        if shape is None or len(shape) < 2 or not np.isfinite(median) or low <= median <= high:
             continue
         too_low = median < low
         with np.errstate(invalid="ignore"):

@@ -11,6 +11,7 @@ arguments or an unreadable logdir. Rules and defaults: `tensorboard_gradients.an
 import argparse
 import json
 import math
+import os
 import sys
 from typing import List, Optional
 
@@ -133,7 +134,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "diagnose":
-        return diagnose_command(args, parser)
+        try:
+            return diagnose_command(args, parser)
+        except BrokenPipeError:  # piped into `head`: stop quietly, as Unix tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse catches it
 
 

@@ -96,3 +96,12 @@ def plugin_client():
         return client
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """``(logdir, stdout)`` of ``demo/train.py --quick``, run once per session as a user runs it."""
+    from support import run_demo
+
+    logdir = tmp_path_factory.mktemp("demo")
+    return logdir, run_demo(logdir)

@@ -12,11 +12,11 @@ STEPS = 300
 
 
 def make_series(norms, variables, zero_fraction=None, nonfinite=None, missing=None,
-                weights=None, updates=None):
+                weights=None, updates=None, shapes=None):
     """A series whose l2_norm is ``norms[step, variable]`` (other stats consistent enough)."""
     norms = np.asarray(norms, dtype=np.float64)
     layout = metadata.Layout.create(
-        variables, [(8, 8)] * len(variables), with_weights=weights is not None,
+        variables, shapes or [(8, 8)] * len(variables), with_weights=weights is not None,
         with_updates=updates is not None,
     )
     values = np.zeros(norms.shape + (len(layout.stats),))
@@ -217,6 +217,16 @@ def test_update_ratio_outside_the_band_around_1e3():
     assert "above" in found[(variables[0], "update/weight")].message
     assert "below" in found[(variables[5], "update/weight")].message
     assert all(a.severity == "info" for a in alerts)
+
+
+def test_update_ratio_judges_kernels_not_zero_initialised_biases():
+    norms, variables = deep_net(depth=3)
+    shapes = [(8, 8) if v.endswith("kernel") else (8,) for v in variables]
+    weights = np.ones_like(norms)
+    updates = np.full_like(norms, 0.5)  # every variable "rewritten every step"
+    alerts = analysis.diagnose(make_series(norms, variables, weights=weights, updates=updates,
+                                           shapes=shapes))
+    assert sorted(a.variable for a in alerts) == sorted(v for v in variables if v.endswith("kernel"))
 
 
 def test_gradient_weight_fallback_without_update_norms():

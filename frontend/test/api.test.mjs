@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ApiError, getJson, routeUrl } from "../api.js";
+import { ApiError, getJson, lossTag, routeUrl } from "../api.js";
 
 function fakeFetch(status, text) {
   const calls = [];
@@ -29,4 +29,13 @@ test("the plugin's error message reaches the user", async () => {
   await assert.rejects(getJson("runs", {}, fakeFetch(200, "not json")), /did not answer JSON/);
   await assert.rejects(getJson("runs", {}, async () => { throw new Error("offline"); }),
     (error) => error.status === 0 && /did not answer \(offline\)/.test(error.message));
+});
+
+test("picks a per-step loss tag, never Keras' per-epoch one", () => {
+  assert.equal(lossTag(["epoch_loss", "batch_loss", "epoch_accuracy"]), "batch_loss");
+  assert.equal(lossTag(["batch_loss", "loss"]), "loss");
+  assert.equal(lossTag(["train/loss", "accuracy"]), "train/loss");
+  assert.equal(lossTag(["val_loss_total"]), "val_loss_total");
+  assert.equal(lossTag(["epoch_loss", "epoch_accuracy"]), null);
+  assert.equal(lossTag([]), null);
 });

@@ -66,3 +66,15 @@ test("fractions and counts are linear", () => {
   assert.deepEqual(makeScale(many, "nan_count").domain, [0, 40]);
   assert.deepEqual(makeScale([-2, 3], "mean").domain, [-2, 3]);
 });
+
+test("a log scale stops at the exploding ceiling so the build-up below it keeps its colours", () => {
+  const values = [];
+  for (let i = 0; i < 90; i++) values.push(10 ** (-1 + (3 * i) / 89)); // 0.1 .. 100
+  for (let i = 0; i < 10; i++) values.push(1e15); // the last steps blew up
+  assert.ok(makeScale(values, "l2_norm").domain[1] > 1e14);
+  const capped = makeScale(values, "l2_norm", 1e3);
+  assert.ok(Math.abs(capped.domain[1] - 1e3) < 1e-6);
+  assert.equal(capped.position(1e15), 1);
+  assert.ok(capped.position(10) < 0.8);
+  assert.deepEqual(makeScale([1e6, 1e7], "l2_norm", 1e3).domain.map((v) => Math.round(Math.log10(v))), [2, 3]);
+});

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { columnOfStep, gridLayout, layerGroups, niceTicks } from "../layout.js";
+import { chartRange, columnOfStep, gridLayout, layerGroups, niceTicks } from "../layout.js";
 
 test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
   const grid = gridLayout(1000, 500, 1000, 600);
@@ -36,4 +36,13 @@ test("nice ticks", () => {
   assert.deepEqual(niceTicks(0, 10000, 5), [0, 2000, 4000, 6000, 8000, 10000]);
   assert.deepEqual(niceTicks(-7, -2, 5), [-7, -6, -5, -4, -3, -2]);
   assert.deepEqual(niceTicks(3, 3), [3]);
+});
+
+test("a series chart shows the thresholds near its data, not ones that would flatten it", () => {
+  // A vanishing layer (1e-9..1e-8) against thresholds at 1e-7 and 1e3 (log10 values).
+  assert.deepEqual(chartRange([-9, -8.5, -8], [-7, 3]), [-9, -7, [-7]]);
+  assert.deepEqual(chartRange([-1, 1.5], [-7, 3]), [-1, 3, [3]]);
+  assert.deepEqual(chartRange([-4, -3], [-7, 3]), [-4, -3, []]);
+  assert.deepEqual(chartRange([2, 2], []), [1.5, 2.5, []]);
+  assert.equal(chartRange([], [3]), null);
 });
