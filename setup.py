@@ -30,8 +30,11 @@ setup(
         "tensorflow": ["tensorflow>=2.16"],
         "tensorflow-cpu": ["tensorflow-cpu>=2.16"],
         "torch": ["torch>=2.1"],
+        # The demo's data: scikit-learn's bundled digits (nothing downloaded at run time).
+        "demo": ["tensorflow-cpu>=2.16", "scikit-learn>=1.3"],
         # Playwright drives the system's Chromium (Debian `chromium`); it downloads no browser.
-        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40"],
+        # The end-to-end test runs the demo.
+        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],
