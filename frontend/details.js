@@ -73,7 +73,7 @@ function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
   context.textAlign = "right";
   context.textBaseline = "middle";
   for (const tick of niceTicks(low, high, 4)) {
-    context.fillText(logScale ? `1e${tick}` : formatValue(tick), MARGIN.left - 4, py(tick));
+    context.fillText(formatValue(logScale ? 10 ** tick : tick), MARGIN.left - 4, py(tick));
   }
   context.textAlign = "center";
   context.textBaseline = "top";
