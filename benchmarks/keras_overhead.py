@@ -12,9 +12,13 @@ the ratios are robust to this machine's noise:
   written as one ``tf.summary.scalar`` per variable.
 
 Step time = median time between consecutive ``on_train_batch_end`` calls (each forces the step to
-finish by reading the loss), after the first steps of each ``fit`` (tracing) are dropped.
+finish by reading the loss), after the first steps of each ``fit`` (tracing) are dropped. Every
+variant first runs one short untimed ``fit``, so the process's own warm-up does not land on the
+variant that happens to be timed first.
 
-Usage: ``python benchmarks/keras_overhead.py [--steps 60] [--rounds 3] [--models mlp,cnn,lstm]``
+Usage::
+
+    python benchmarks/keras_overhead.py [--quick] [--steps 60] [--rounds 3] [--models mlp,cnn,lstm]
 """
 
 import argparse
@@ -30,8 +34,30 @@ import tensorflow as tf  # noqa: E402
 
 from tensorboard_gradients.keras import GradientMonitor  # noqa: E402
 
+import _common  # noqa: E402
+
 BATCH = 64
-WARMUP_STEPS = 5
+WARMUP_STEPS = 5  # dropped from each timed fit: the callbacks' first steps trace their functions
+WARMUP_FIT_STEPS = 10  # the untimed fit per variant before the rounds
+FULL = dict(models=("mlp", "cnn", "lstm"), steps=60, rounds=3)
+QUICK = dict(FULL, steps=20, rounds=1)
+
+ABOUT = """\
+Step time of `model.fit` with the `GradientMonitor` callback against plain `model.fit` and against
+the recipe users copy today (`recipe`: after every batch, a second forward/backward pass with
+`GradientTape` on a sample batch, `.numpy()` and numpy statistics per variable, one
+`tf.summary.scalar` per variable). Same model, data and seed for every variant; the variants are
+interleaved round by round after one untimed warm-up `fit` each."""
+
+HOW_TO_READ = """\
+How to read this: "none" is the plain step in ms; every other cell is that variant's step in ms
+and, in brackets, its ratio to none. "monitor vs recipe" divides the monitor's step time by the
+recipe's (below 1: cheaper), and the recipe logs a sample batch's gradients, not the real ones.
+"monitor / none per round" is the spread over the rounds: on a small shared CPU differences of
+several percent are noise (`every 10th step` skips the statistics on 9 of 10 steps, so it should
+sit near 1.0x: how far it strays is a rough noise gauge). The monitor's cost is roughly fixed per
+step, so short steps (the MLP) show the largest ratio. Targets and background:
+[NOTES.md](NOTES.md#keras-gradientmonitor)."""
 
 
 def mlp():
@@ -74,6 +100,11 @@ def lstm():
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "lstm": lstm}
+DESCRIPTIONS = {
+    "mlp": "14-layer tanh MLP, width 256",
+    "cnn": "small CNN, 4 conv + 2 dense, 32x32x3",
+    "lstm": "LSTM(128) on Embedding(1000, 64), 50 tokens",
+}
 
 
 class RecipeCallback(keras.callbacks.Callback):
@@ -145,42 +176,83 @@ def callbacks_for(variant, log_dir, sample):
 VARIANTS = ("none", "monitor", "monitor_every_10", "monitor_histograms", "recipe")
 
 
-def run(model_name, steps, rounds, log_root):
-    models = {v: build(model_name) for v in VARIANTS}
-    _, input_shape, vocabulary = models["none"]
-    x, y = data(input_shape, vocabulary, steps)
+def measure(model_name, steps, rounds, log_root):
+    """One row: the model's size; per variant the median step time, its ratio to none per round."""
+    built = {v: build(model_name) for v in VARIANTS}
+    models = {v: model for v, (model, _, _) in built.items()}
+    _, input_shape, vocabulary = built["none"]
+    x, y = data(input_shape, vocabulary, max(steps, WARMUP_FIT_STEPS))
     sample = (x[:BATCH], y[:BATCH])
-    medians = {v: [] for v in VARIANTS}
+    warmup = BATCH * WARMUP_FIT_STEPS
+    for variant, model in models.items():  # traces each train function and warms the process up
+        log_dir = os.path.join(log_root, f"{model_name}_{variant}_warmup")
+        model.fit(x[:warmup], y[:warmup], batch_size=BATCH, epochs=1, verbose=0,
+                  callbacks=callbacks_for(variant, log_dir, sample))
+    per_round = {v: [] for v in VARIANTS}
+    timed = BATCH * steps
     for round_index in range(rounds):
-        for variant in VARIANTS:
-            model = models[variant][0]
+        for variant, model in models.items():
             timer = StepTimer()
             log_dir = os.path.join(log_root, f"{model_name}_{variant}_{round_index}")
-            model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+            model.fit(x[:timed], y[:timed], batch_size=BATCH, epochs=1, verbose=0,
                       callbacks=callbacks_for(variant, log_dir, sample) + [timer])
-            medians[variant].append(np.median(timer.step_times()))
-    base = np.median(medians["none"])
-    params = models["none"][0].count_params()
-    variables = len(models["none"][0].trainable_variables)
-    print(f"\n{model_name}: {params:,} parameters, {variables} variables, batch {BATCH}, "
-          f"{steps} steps x {rounds} rounds; median step of 'none' {base * 1e3:.2f} ms")
-    for variant in VARIANTS:
-        ms = np.median(medians[variant]) * 1e3
-        ratios = ", ".join(f"{m / b:.3f}" for m, b in zip(medians[variant], medians["none"]))
-        print(f"  {variant:20s} {ms:8.2f} ms  {ms / (base * 1e3):6.3f}x   (per round: {ratios})")
+            per_round[variant].append(float(np.median(timer.step_times())))
+    return {
+        "model": model_name,
+        "description": DESCRIPTIONS[model_name],
+        "parameters": models["none"].count_params(),
+        "variables": len(models["none"].trainable_variables),
+        "seconds": {v: float(np.median(t)) for v, t in per_round.items()},
+        "per_round_ratios": {v: [t / n for t, n in zip(per_round[v], per_round["none"])]
+                             for v in VARIANTS},
+    }
+
+
+def collect(settings):
+    """{"config": settings and TF's devices, "rows": one per model}."""
+    config = dict(settings, batch=BATCH, warmup_steps=WARMUP_STEPS,
+                  tf_devices=sorted({d.device_type for d in tf.config.list_logical_devices()}))
+    rows = []
+    with tempfile.TemporaryDirectory() as log_root:
+        for name in settings["models"]:
+            rows.append(measure(name, settings["steps"], settings["rounds"], log_root))
+            print(f"{name}: " + ", ".join(f"{v} {_common.ms(s)} ms"
+                                          for v, s in rows[-1]["seconds"].items()), flush=True)
+    return {"config": config, "rows": rows}
+
+
+def render(result):
+    c = result["config"]
+    intro = (
+        f"Adam, batch {c['batch']}, default `jit_compile` (off on CPU), TF devices: "
+        f"{', '.join(c['tf_devices'])}; per variant {c['rounds']} round(s) of {c['steps']} steps, "
+        f"interleaved; step time = median time between consecutive `on_train_batch_end` calls "
+        f"after {c['warmup_steps']} warm-up steps, the median over the rounds. Step time in ms "
+        f"(ratio to none):"
+    )
+    headers = ["model", "none", "monitor (stats every step)", "monitor, every 10th step",
+               "monitor, stats + histograms every step", "recipe callback",
+               "monitor vs recipe", "monitor / none per round"]
+    rows = []
+    for r in result["rows"]:
+        s = r["seconds"]
+        rows.append(
+            [f"{r['description']} ({r['parameters'] / 1e3:,.0f}k params, {r['variables']} vars)",
+             _common.ms(s["none"])]
+            + [f"{_common.ms(s[v])} ({_common.ratio(s[v], s['none'])})" for v in VARIANTS[1:]]
+            + [_common.ratio(s["monitor"], s["recipe"]),
+               _common.ratio_range(r["per_round_ratios"]["monitor"])])
+    return intro + "\n\n" + _common.table(headers, rows)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", default="mlp,cnn,lstm")
-    args = parser.parse_args()
-    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, devices "
-          f"{[d.device_type for d in tf.config.list_logical_devices()]}")
-    with tempfile.TemporaryDirectory() as log_root:
-        for name in args.models.split(","):
-            run(name, args.steps, args.rounds, log_root)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--models", type=_common.parse_words, help="comma-separated: mlp,cnn,lstm")
+    args = _common.parse_args(parser, FULL, QUICK)
+    print(_common.render_environment(_common.environment()) + "\n", flush=True)
+    print(render(collect(_common.settings_from(args, FULL))))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ server; ``false``: the Python multiplexer) this starts ``python -m tensorboard.m
 generated logdir, waits until the run is loaded, then times over HTTP (a new connection per
 request, ``Accept-Encoding: gzip`` as a browser sends it, until the last byte of the body):
 
-* ``heatmap?stat=l2_norm&max_steps=1000``: the first call ("cold": it pays the read through the
-  data provider, the classification, the build and the encoding) and the median of
-  ``--repeats`` later calls ("warm": the series and its classes are cached, and the plugin keeps
+* ``heatmap?stat=l2_norm&max_steps=1000&encoding=base64`` (what the tab asks for; ``--encoding
+  json`` for the JSON lists): the first call ("cold": it pays the read through the data
+  provider, the classification, the build and the encoding) and the median of ``--repeats``
+  later calls ("warm": the series and its classes are cached, and the plugin keeps
   the gzipped answer of a repeated query); "new stat": a heatmap of another stat each round
   (series and classes cached, the matrix built and encoded: what switching the stat costs);
 * ``runs`` (after the heatmap, so its series is cached), ``alerts`` (cold = first call, it pays
@@ -37,12 +38,13 @@ from 1e-2..3, the other columns consistent with it, ``size`` finite, a few explo
 Generated once under ``--workdir`` (kept, reused by later runs) or a temporary folder.
 
 The plugin is imported as Python finds it (TensorBoard does the same): to benchmark a fixed
-version while the checkout changes, put an exported copy first on ``PYTHONPATH``; the header
-line says which one was used.
+version while the checkout changes, put an exported copy first on ``PYTHONPATH``; the report
+says which one was used.
 
-Run by hand (about 10 minutes for everything on a 2-core VM)::
+Run by hand (about 10 minutes for everything on a 2-core VM), or through `run.py`::
 
     python benchmarks/route_latency.py                                  # everything
+    python benchmarks/route_latency.py --quick                          # what run.py --quick runs
     python benchmarks/route_latency.py --sizes 100x1000 --loaders false  # smoke run
 """
 
@@ -50,7 +52,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -68,6 +69,8 @@ import numpy as np
 from tensorboard_gradients import metadata
 from tensorboard_gradients.writer import GradientWriter
 
+import _common
+
 GRADIENT_RUN = "gradients_run"
 SCALAR_RUN = "scalars_run"
 TAG = metadata.DEFAULT_NAME
@@ -75,6 +78,42 @@ MARKER_KEY = "benchmark_loaded"  # written by write_scalars as "<name>/benchmark
 SCALAR_NAME = "scalars"
 STAT = "l2_norm"
 MAX_STEPS = 1000
+FULL = dict(
+    sizes=((100, 1000), (100, 10000), (1000, 1000), (1000, 10000)),
+    loaders=("true", "false"),
+    workdir=None,
+    repeats=5,
+    scalar_tags=100,
+    reload_interval=0,
+    load_timeout=3600.0,
+    request_timeout=600.0,
+    accept_gzip=True,
+    encoding="base64",  # what the tab asks for
+)
+QUICK = dict(FULL, sizes=((100, 1000),), repeats=2)
+
+ABOUT = """\
+Latency of the plugin's HTTP routes in a real `tensorboard` process, on both loaders
+(`--load_fast=true`: the Rust data server; `false`: the Python multiplexer), for generated runs of
+V variables x S logged steps, against TensorBoard's own scalars route serving the same number of
+points (V tags x S steps, one request per tag, as the Scalars dashboard asks). One TensorBoard
+serves both runs; requests go as a browser sends them (a new connection, `Accept-Encoding: gzip`)
+and are timed to the last byte. Cold = the first call after the run is loaded (it reads the run
+through the data provider and analyses it); warm = median of the interleaved rounds (a repeated
+query is served from the plugin's memoised body); new stat = a heatmap of a stat not asked before
+(series cached, matrix built and encoded: what switching the stat costs)."""
+
+HOW_TO_READ = """\
+How to read this: the first table is how long TensorBoard takes to have each run in memory and
+what the TensorBoard process tree holds (peak = sum of each process's peak, an upper bound); "steps
+served" below S means the loader sampled the run. The second table is ms per request; the last
+three columns divide our heatmap's time by the time TensorBoard's scalars route takes for the same
+V x S points (0.05x = 20 times less). That is a points-for-points yardstick, not what the Scalars
+dashboard does by default (it samples 1,000 points per tag and fetches charts as they scroll into
+view); with more variables than timed scalar tags the sum is scaled (marked). The Rust loader adds
+a ~45 ms floor to every route that lists or reads tags, TensorBoard's own included. Target: a
+1,000 x 10,000 heatmap under 1 s once the run is loaded; the first request on such a run is a
+known miss, see [NOTES.md](NOTES.md#route-latency) for why and for the history."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -209,14 +248,6 @@ def tree_memory_gib(pid):
     return rss / 2**20, hwm / 2**20
 
 
-def available_gib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    return float("inf")
-
-
 class TensorBoard:
     """A `tensorboard` subprocess in its own process group, killed as a group on exit."""
 
@@ -273,14 +304,10 @@ class TensorBoard:
             return ""
 
 
-ACCEPT_GZIP = True  # what a browser sends; --no_gzip turns it off
-ENCODING = "json"  # the heatmap route's encoding parameter; --encoding base64 packs it
-
-
-def get(base, route, timeout, **params):
+def get(base, route, timeout, accept_gzip=True, **params):
     """(seconds to the last byte, HTTP status, body as sent, decoded body)."""
     url = base + route + ("?" + urllib.parse.urlencode(params) if params else "")
-    headers = {"Accept-Encoding": "gzip"} if ACCEPT_GZIP else {}
+    headers = {"Accept-Encoding": "gzip"} if accept_gzip else {}
     request = urllib.request.Request(url, headers=headers)
     start = time.perf_counter()
     try:
@@ -328,8 +355,9 @@ def wait_loaded(tb, steps, timeout):
     while time.perf_counter() < deadline:
         if tb.process.poll() is not None:
             raise RouteError(f"tensorboard exited with {tb.process.returncode}:\n{tb.log_tail()}")
-        if available_gib() < 1.5:
-            raise RouteError(f"machine memory nearly exhausted ({available_gib():.1f} GiB left)")
+        available = _common.meminfo_gib("MemAvailable")
+        if available < 1.5:
+            raise RouteError(f"machine memory nearly exhausted ({available:.1f} GiB left)")
         if "up" not in times:
             try:
                 get(tb.base, "/data/environment", 5)
@@ -349,17 +377,18 @@ def wait_loaded(tb, steps, timeout):
 # ----------------------------------------------------------------------------- measurement
 
 
-def measure(tb, variables, steps, scalar_tags, repeats, timeout):
+def measure(tb, variables, steps, scalar_tags, settings):
     base = tb.base
     heatmap_params = dict(run=GRADIENT_RUN, tag=TAG, stat=STAT, max_steps=MAX_STEPS)
-    if ENCODING != "json":
-        heatmap_params["encoding"] = ENCODING
+    if settings["encoding"] != "json":
+        heatmap_params["encoding"] = settings["encoding"]
     alerts_params = dict(run=GRADIENT_RUN, tag=TAG)
     series_params = dict(run=GRADIENT_RUN, tag=TAG, variable="block_0/dense/kernel")
     r = {}
 
     def call(route, what, **params):
-        return _checked(get(base, route, timeout, **params), what)
+        return _checked(get(base, route, settings["request_timeout"], settings["accept_gzip"],
+                            **params), what)
 
     seconds, sent, body = call("/data/plugin/gradients/heatmap", "heatmap (cold)", **heatmap_params)
     r["heatmap_cold"], r["heatmap_sent_bytes"], r["heatmap_json_bytes"] = seconds, sent, len(body)
@@ -393,7 +422,8 @@ def measure(tb, variables, steps, scalar_tags, repeats, timeout):
     warm = {k: [] for k in ("heatmap", "heatmap_new_stat", "runs", "alerts", "series",
                             "scalars_sum", "scalar_tag")}
     other_stats = [s for s in metadata.GRADIENT_STATS if s != STAT]
-    for round_ in range(repeats):  # interleaved rounds: machine noise hits every route alike
+    # Interleaved rounds: machine noise hits every route alike.
+    for round_ in range(settings["repeats"]):
         warm["heatmap"].append(
             call("/data/plugin/gradients/heatmap", "heatmap", **heatmap_params)[0])
         # A stat not asked before: the series and classes are cached, the matrix is not.
@@ -416,8 +446,8 @@ def measure(tb, variables, steps, scalar_tags, repeats, timeout):
     return r
 
 
-def run_one(args, workdir, variables, steps, load_fast):
-    scalar_tags = min(variables, args.scalar_tags)
+def run_one(settings, workdir, variables, steps, load_fast):
+    scalar_tags = min(variables, settings["scalar_tags"])
     logdir, generate_s = logdir_for(workdir, variables, steps, scalar_tags)
     row = {
         "variables": variables, "steps": steps, "load_fast": load_fast,
@@ -427,15 +457,14 @@ def run_one(args, workdir, variables, steps, load_fast):
     }
     samples = f"scalars={steps + 1}"
     log_path = os.path.join(workdir, f"tensorboard_{variables}x{steps}_fast-{load_fast}.log")
-    with TensorBoard(logdir, load_fast, samples, args.reload_interval, log_path) as tb:
+    with TensorBoard(logdir, load_fast, samples, settings["reload_interval"], log_path) as tb:
         try:
-            loaded = wait_loaded(tb, steps, args.load_timeout)
+            loaded = wait_loaded(tb, steps, settings["load_timeout"])
             row["up_s"] = loaded["up"]
             row["load_s"] = loaded[GRADIENT_RUN]
             row["scalar_load_s"] = loaded[SCALAR_RUN]
             row["rss_loaded_gib"], _ = tree_memory_gib(tb.process.pid)
-            row.update(
-                measure(tb, variables, steps, scalar_tags, args.repeats, args.request_timeout))
+            row.update(measure(tb, variables, steps, scalar_tags, settings))
         except (RouteError, OSError) as error:
             row["error"] = f"{type(error).__name__}: {error}"
             row["log_tail"] = tb.log_tail()
@@ -444,64 +473,118 @@ def run_one(args, workdir, variables, steps, load_fast):
     return row
 
 
+
+def collect(settings, json_path=None):
+    """{"config": settings and the plugin's source, "rows": one per size and loader}.
+
+    Logdirs are generated under ``settings["workdir"]`` (kept, reused) or a temporary folder
+    (removed). With `json_path` the raw rows are rewritten there after each row, so a long run
+    that dies keeps what it measured.
+    """
+    config = dict(settings, plugin=_common.plugin_source(),
+                  available_gib=_common.meminfo_gib("MemAvailable"))
+    workdir = settings["workdir"] or tempfile.mkdtemp(prefix="route_latency_")
+    os.makedirs(workdir, exist_ok=True)
+    print(f"route latency: workdir {workdir}; plugin from {config['plugin']}", flush=True)
+    rows = []
+    try:
+        for variables, steps in settings["sizes"]:
+            for load_fast in settings["loaders"]:
+                print(f"-- {variables} x {steps}, load_fast={load_fast} ...", flush=True)
+                rows.append(run_one(settings, workdir, variables, steps, load_fast))
+                brief = {k: (round(v, 4) if isinstance(v, float) else v)
+                         for k, v in rows[-1].items() if k != "log_tail"}
+                print(json.dumps(brief), flush=True)
+                if json_path:
+                    with open(json_path, "w") as f:
+                        json.dump(rows, f, indent=1)
+    finally:
+        if not settings["workdir"]:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"config": config, "rows": rows}
+
+
 # ----------------------------------------------------------------------------- report
 
 
-def _ms(seconds):
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:.1f}"
+def render(result):
+    c = result["config"]
+    heatmap_query = f"stat={STAT}&max_steps={MAX_STEPS}" + (
+        "" if c["encoding"] == "json" else f"&encoding={c['encoding']}")
+    rows = result["rows"]
+    return "\n".join([
+        f"{c['repeats']} warm rounds; heatmap `{heatmap_query}`; Accept-Encoding gzip: "
+        f"{c['accept_gzip']}; `--reload_interval {c['reload_interval']}`; up to "
+        f"{c['scalar_tags']} scalar tags timed per size; {c['available_gib']:.1f} GiB memory "
+        f"available at the start; plugin from {c['plugin']}.",
+        "",
+        "Load and memory (seconds from process start; GiB = TensorBoard + data server):",
+        "",
+        _load_table(rows),
+        "",
+        "Route latency, ms (cold = first call after load; warm = median of the interleaved "
+        "rounds; the last three columns: our time / the scalars route's time for the same "
+        "points):",
+        "",
+        _latency_table(rows),
+    ] + _row_notes(rows))
 
 
-def print_tables(rows, max_steps=MAX_STEPS):
-    print("\nLoad and memory (s from process start; GiB = TensorBoard + data server):\n")
-    print("| size (vars x steps) | loader | run on disk MB | up s | gradients run loaded s "
-          "| scalars run loaded s | RSS loaded GiB | RSS end GiB | peak GiB | steps served |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+def _load_table(rows):
+    headers = ["size (vars x steps)", "loader", "run on disk MB", "HTTP up s",
+               "gradients run loaded s", "scalars run loaded s", "RSS loaded GiB", "RSS end GiB",
+               "peak GiB", "steps served"]
+    cells = []
     for r in rows:
         served = r.get("steps_served")
         served = "-" if served is None else (
             f"{served:,}" + (" (sampled)" if r.get("sampled") else ""))
-        print(f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {r['gradient_run_mb']:.0f} "
-              f"| {_s(r.get('up_s'))} | {_s(r.get('load_s'))} | {_s(r.get('scalar_load_s'))} "
-              f"| {_g(r.get('rss_loaded_gib'))} | {_g(r.get('rss_end_gib'))} "
-              f"| {_g(r.get('peak_gib'))} | {served} |")
-    print(f"\nRoute latency, ms (cold = first call after load; warm = median of the interleaved "
-          f"rounds; heatmap: stat={STAT}, max_steps={max_steps}):\n")
-    print("| size | loader | heatmap cold | heatmap warm | heatmap, new stat "
-          "| heatmap MB JSON / sent | runs "
-          "| alerts cold | alerts warm | series first | series warm | scalars: 1 tag "
-          "| scalars: vars x steps | heatmap cold / scalars | new stat / scalars "
-          "| heatmap warm / scalars |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        cells.append([
+            _size(r), _loader(r), f"{r['gradient_run_mb']:.0f}", _s(r.get("up_s")),
+            _s(r.get("load_s")), _s(r.get("scalar_load_s")), _g(r.get("rss_loaded_gib")),
+            _g(r.get("rss_end_gib")), _g(r.get("peak_gib")), served])
+    return _common.table(headers, cells, text_columns=2)
+
+
+def _latency_table(rows):
+    headers = ["size", "loader", "heatmap cold", "heatmap warm", "heatmap, new stat",
+               "heatmap MB JSON / sent", "runs", "alerts cold", "alerts warm", "series first",
+               "series warm", "scalars: 1 tag", "scalars: vars x steps", "heatmap cold / scalars",
+               "new stat / scalars", "heatmap warm / scalars"]
+    cells = []
     for r in rows:
-        if "error" in r and "heatmap_warm" not in r:
-            print(f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | ERROR: "
-                  f"{r['error'].splitlines()[0][:200]} |")
+        if "heatmap_warm" not in r:
+            cells.append([_size(r), _loader(r), _common.error_cell(r["error"])])
             continue
-        scaled = "" if r["scalar_tags"] == r["variables"] else f" (scaled from {r['scalar_tags']})"
-        print(
-            f"| {r['variables']:,} x {r['steps']:,} | {_loader(r)} | {_ms(r['heatmap_cold'])} "
-            f"| {_ms(r['heatmap_warm'])} | {_ms(r['heatmap_new_stat_warm'])} "
-            f"| {r['heatmap_json_bytes'] / 1e6:.1f} "
-            f"/ {r['heatmap_sent_bytes'] / 1e6:.1f} | {_ms(r['runs_warm'])} "
-            f"| {_ms(r['alerts_cold'])} | {_ms(r['alerts_warm'])} | {_ms(r['series_first'])} "
-            f"| {_ms(r['series_warm'])} | {_ms(r['scalar_tag_warm'])} "
-            f"| {_ms(r['scalars_equiv'])}{scaled} "
-            f"| {_ratio(r['heatmap_cold'], r['scalars_equiv'])} "
-            f"| {_ratio(r['heatmap_new_stat_warm'], r['scalars_equiv'])} "
-            f"| {_ratio(r['heatmap_warm'], r['scalars_equiv'])} |"
-        )
+        scaled = ("" if r["scalar_tags"] == r["variables"]
+                  else f" (scaled from {r['scalar_tags']} tags)")
+        ms = _common.ms
+        cells.append([
+            _size(r), _loader(r), ms(r["heatmap_cold"]), ms(r["heatmap_warm"]),
+            ms(r["heatmap_new_stat_warm"]),
+            f"{r['heatmap_json_bytes'] / 1e6:.1f} / {r['heatmap_sent_bytes'] / 1e6:.1f}",
+            ms(r["runs_warm"]), ms(r["alerts_cold"]), ms(r["alerts_warm"]), ms(r["series_first"]),
+            ms(r["series_warm"]), ms(r["scalar_tag_warm"]), ms(r["scalars_equiv"]) + scaled,
+            _common.ratio(r["heatmap_cold"], r["scalars_equiv"]),
+            _common.ratio(r["heatmap_new_stat_warm"], r["scalars_equiv"]),
+            _common.ratio(r["heatmap_warm"], r["scalars_equiv"])])
+    return _common.table(headers, cells, text_columns=2)
+
+
+def _row_notes(rows):
+    """The sampling message and any error with the end of TensorBoard's log, per row."""
+    notes = []
     for r in rows:
         if r.get("sampled"):
-            print(f"\n{r['variables']:,} x {r['steps']:,}, {_loader(r)}: sampled: {r['sampled']}")
+            notes.append(f"\n{_size(r)}, {_loader(r)}: sampled: {r['sampled']}")
         if "error" in r:
-            print(f"\n{r['variables']:,} x {r['steps']:,}, {_loader(r)}: {r['error']}\n"
-                  f"--- tensorboard log tail ---\n{r.get('log_tail', '')}")
+            notes.append(_common.error_details(f"{_size(r)}, {_loader(r)}", r["error"],
+                                               r.get("log_tail", "")))
+    return notes
 
 
-def _ratio(a, b):
-    return f"{a / b:.2g}x"
+def _size(r):
+    return f"{r['variables']:,} x {r['steps']:,}"
 
 
 def _loader(r):
@@ -516,90 +599,30 @@ def _g(x):
     return "-" if x is None else f"{x:.2f}"
 
 
-def source_description():
-    """Where `tensorboard_gradients` is imported from (TensorBoard imports it the same way), with
-    its git commit and whether the package differs from it, when it is a git checkout."""
-    import tensorboard_gradients
-
-    package = os.path.dirname(os.path.abspath(tensorboard_gradients.__file__))
-    try:
-        commit = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", package, "status", "--porcelain", "."],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return f"{package} (git {commit}{', with uncommitted changes' if dirty else ''})"
-    except (OSError, subprocess.CalledProcessError):
-        return package
-
-
-def parse_sizes(text):
-    sizes = []
-    for item in text.split(","):
-        variables, steps = item.lower().split("x")
-        sizes.append((int(variables), int(steps)))
-    return sizes
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100x1000,100x10000,1000x1000,1000x10000",
-                        help="comma-separated VARIABLESxSTEPS")
-    parser.add_argument("--loaders", default="true,false",
+    parser.add_argument("--sizes", type=_common.parse_sizes, help="comma-separated VARIABLESxSTEPS")
+    parser.add_argument("--loaders", type=_common.parse_words,
                         help="--load_fast values: true (Rust data server), false (Python)")
-    parser.add_argument("--workdir", default=None,
+    parser.add_argument("--workdir",
                         help="where logdirs are generated and kept (default: a temp dir, removed)")
-    parser.add_argument("--repeats", type=int, default=5, help="warm rounds per route")
-    parser.add_argument("--scalar_tags", type=int, default=100,
+    parser.add_argument("--repeats", type=int, help="warm rounds per route")
+    parser.add_argument("--scalar_tags", type=int,
                         help="scalar tags actually logged and timed (capped at the variables)")
-    parser.add_argument("--reload_interval", type=int, default=0,
+    parser.add_argument("--reload_interval", type=int,
                         help="TensorBoard --reload_interval (0: load once)")
-    parser.add_argument("--load_timeout", type=float, default=3600.0, help="s to wait for loading")
-    parser.add_argument("--request_timeout", type=float, default=600.0, help="s per request")
-    parser.add_argument("--no_gzip", action="store_true",
+    parser.add_argument("--load_timeout", type=float, help="s to wait for loading")
+    parser.add_argument("--request_timeout", type=float, help="s per request")
+    parser.add_argument("--no_gzip", dest="accept_gzip", action="store_false",
                         help="do not send Accept-Encoding: gzip (browsers do)")
-    parser.add_argument("--encoding", default="json", choices=("json", "base64"),
-                        help="the heatmap route's encoding parameter")
+    parser.add_argument("--encoding", choices=("json", "base64"),
+                        help="the heatmap route's encoding parameter (the tab asks for base64)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
-    args = parser.parse_args()
-    global ACCEPT_GZIP, ENCODING
-    ACCEPT_GZIP = not args.no_gzip
-    ENCODING = args.encoding
+    args = _common.parse_args(parser, FULL, QUICK)
     # `kill` of this script unwinds through the `with TensorBoard` blocks (which kill the group).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-    sizes = parse_sizes(args.sizes)
-    loaders = [x.strip() for x in args.loaders.split(",")]
-    temporary = args.workdir is None
-    workdir = tempfile.mkdtemp(prefix="route_latency_") if temporary else args.workdir
-    os.makedirs(workdir, exist_ok=True)
-    import tensorboard
-
-    print(
-        f"TensorBoard {tensorboard.__version__}, Python {platform.python_version()}, "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"{available_gib():.1f} GiB available; workdir {workdir}; {args.repeats} warm rounds; "
-        f"reload_interval {args.reload_interval}; Accept-Encoding gzip: {ACCEPT_GZIP}; "
-        f"heatmap encoding {ENCODING}\n"
-        f"plugin from {source_description()}",
-        flush=True,
-    )
-    rows = []
-    try:
-        for variables, steps in sizes:
-            for load_fast in loaders:
-                print(f"-- {variables} x {steps}, load_fast={load_fast} ...", flush=True)
-                row = run_one(args, workdir, variables, steps, load_fast)
-                rows.append(row)
-                brief = {k: (round(v, 4) if isinstance(v, float) else v)
-                         for k, v in row.items() if k != "log_tail"}
-                print(json.dumps(brief), flush=True)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump(rows, f, indent=1)
-    finally:
-        print_tables(rows)
-        if temporary:
-            shutil.rmtree(workdir, ignore_errors=True)
+    print(_common.render_environment(_common.environment()) + "\n", flush=True)
+    print(render(collect(_common.settings_from(args, FULL), args.json)))
 
 
 if __name__ == "__main__":

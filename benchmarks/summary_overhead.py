@@ -1,6 +1,6 @@
 """Cost of logging gradient statistics every step from a TF custom training loop.
 
-A 14-layer ReLU MLP (28 variables) trains with Adam in `tf.function`; four variants of the same
+A 14-layer ReLU MLP (28 variables) trains with Adam in `tf.function`; five variants of the same
 step run interleaved in one process, so machine noise hits them alike:
 
   none          no gradient logging
@@ -9,14 +9,14 @@ step run interleaved in one process, so machine noise hits them alike:
   histograms    tf.summary.histogram per variable (TensorBoard's Histograms tab)
   scalar_norms  tf.summary.scalar(tf.norm(g)) per variable (the hand-written callback recipe)
 
-Prints a markdown table of median step times and the ratio to `none`. Run by hand:
+Prints a markdown table of median step times, their ratio to `none` and ours against the two
+stock alternatives. Run by hand, or through `run.py`:
 
-    python benchmarks/summary_overhead.py [--quick] [--width 256] [--batch 256]
+    python benchmarks/summary_overhead.py [--quick] [--width 256] [--batch 256,1024]
 """
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -29,7 +29,26 @@ import keras  # noqa: E402
 
 from tensorboard_gradients import summary  # noqa: E402
 
+import _common  # noqa: E402
+
 LAYERS = 14
+FULL = dict(batch=(256, 1024), width=256, features=64, rounds=15, steps_per_round=20)
+QUICK = dict(FULL, batch=(256,), rounds=5, steps_per_round=10)
+
+ABOUT = """\
+Cost of `tensorboard_gradients.summary.gradients` (every statistic of every variable, one
+summary) per training step of a TF custom loop, against no logging and the two stock ways of
+logging gradients: `tf.summary.histogram` per variable (TensorBoard's Histograms tab) and
+`tf.summary.scalar(tf.norm(g))` per variable (the hand-written recipe). The variants run
+interleaved, round by round, in one process."""
+
+HOW_TO_READ = """\
+How to read this: each cell is the median time of one training step and, in brackets, its ratio
+to `none` (1.05x = 5% slower than not logging). "ours vs ..." divides our step time by the peer's:
+below 1 we are cheaper. The statistics cost a roughly fixed time per step (dispatch of ~12 small
+ops per variable), so the ratio to `none` shrinks as the step grows (compare the batches); logging
+every 10th step removes most of it. "per round" is the spread of ours/none over the rounds:
+differences inside it are noise. Targets, history and why: [NOTES.md](NOTES.md#summary-op)."""
 
 
 def build(width, features):
@@ -75,7 +94,8 @@ VARIANTS = {
 }
 
 
-def run(width, batch, features, rounds, steps_per_round):
+def measure(width, batch, features, rounds, steps_per_round):
+    """Per variant: seconds per step of each round, all variants interleaved round by round."""
     x = tf.random.normal((batch, features))
     y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)
     tmp = tempfile.mkdtemp()
@@ -97,29 +117,69 @@ def run(width, batch, features, rounds, steps_per_round):
                 counter.assign_add(1)
             loss.numpy()
             times[name].append((time.perf_counter() - start) / steps_per_round)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def collect(settings):
+    """{"config": settings and the model's size, "rows": one per batch size}."""
+    model = build(settings["width"], settings["features"])
+    config = dict(
+        settings,
+        parameters=sum(int(np.prod(v.shape)) for v in model.trainable_variables),
+        variables=len(model.trainable_variables),
+        tf_devices=sorted({d.device_type for d in tf.config.list_logical_devices()}),
+    )
+    rows = []
+    for batch in settings["batch"]:
+        times = measure(settings["width"], batch, settings["features"], settings["rounds"],
+                        settings["steps_per_round"])
+        rows.append({
+            "batch": batch,
+            "seconds": {name: statistics.median(t) for name, t in times.items()},
+            "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
+        })
+        print(f"batch {batch}: " + ", ".join(
+            f"{name} {_common.ms(s)} ms" for name, s in rows[-1]["seconds"].items()), flush=True)
+    return {"config": config, "rows": rows}
+
+
+def render(result):
+    c = result["config"]
+    lines = [
+        f"{LAYERS}-layer ReLU MLP (width {c['width']}, {c['features']} inputs, 10 classes; "
+        f"{c['parameters']:,} parameters in {c['variables']} variables), Adam, custom "
+        f"`tf.function` loop, TF devices: {', '.join(c['tf_devices'])}; median over "
+        f"{c['rounds']} rounds x {c['steps_per_round']} steps. Step time in ms (ratio to none):",
+        "",
+    ]
+    headers = ["batch", "none", "ours (all stats, every step)", "ours, every 10th step",
+               "`tf.summary.histogram` per variable",
+               "`tf.summary.scalar(tf.norm(g))` per variable",
+               "ours vs histogram", "ours vs scalar norm", "ours / none per round"]
+    rows = []
+    for r in result["rows"]:
+        s = r["seconds"]
+        rows.append(
+            [f"{r['batch']:,}", _common.ms(s["none"])]
+            + [f"{_common.ms(s[v])} ({_common.ratio(s[v], s['none'])})"
+               for v in ("ours", "ours_every_10", "histograms", "scalar_norms")]
+            + [_common.ratio(s["ours"], s["histograms"]),
+               _common.ratio(s["ours"], s["scalar_norms"]),
+               _common.ratio_range(r["ours_per_round"])])
+    lines.append(_common.table(headers, rows))
+    return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few rounds, for a smoke run")
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--features", type=int, default=64)
-    args = parser.parse_args()
-    rounds, per_round = (3, 5) if args.quick else (15, 20)
-    medians = run(args.width, args.batch, args.features, rounds, per_round)
-    base = medians["none"]
-    params = sum(int(np.prod(v.shape)) for v in build(args.width, args.features).trainable_variables)
-    print(
-        f"14-layer MLP, width {args.width}, batch {args.batch}, {params:,} parameters, "
-        f"{2 * LAYERS} variables; TF {tf.__version__}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs; median of {rounds} rounds x {per_round} steps\n"
-    )
-    print("| variant | ms / step | vs none |")
-    print("|---|---:|---:|")
-    for name, seconds in medians.items():
-        print(f"| {name} | {seconds * 1e3:.2f} | {seconds / base:.3f}x |")
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--batch", type=_common.parse_ints, help="comma-separated batch sizes")
+    parser.add_argument("--features", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--steps_per_round", type=int)
+    args = _common.parse_args(parser, FULL, QUICK)
+    print(_common.render_environment(_common.environment()) + "\n", flush=True)
+    print(render(collect(_common.settings_from(args, FULL))))
 
 
 if __name__ == "__main__":

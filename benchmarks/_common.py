@@ -1,0 +1,220 @@
+"""What the benchmarks share: the machine and versions header, settings, markdown tables, formats.
+
+Imports neither TensorFlow nor the plugin, so `run.py` can describe the machine without loading
+either (each benchmark runs in its own process).
+"""
+
+import datetime
+import importlib.metadata
+import importlib.util
+import math
+import os
+import platform
+import shutil
+import subprocess
+
+# ----------------------------------------------------------------------------- settings
+
+
+def parse_args(parser, full, quick):
+    """Parse with `full` as the defaults, or `quick` under --quick; flags given explicitly win.
+
+    `full` and `quick` are the benchmark's settings dicts (keys = argparse destinations), the same
+    ones `run.py` uses, so a script run alone and the report agree on what "quick" means.
+    """
+    parser.add_argument("--quick", action="store_true", help="the settings of `run.py --quick`")
+    parser.set_defaults(**full)
+    if parser.parse_known_args()[0].quick:
+        parser.set_defaults(**quick)
+    return parser.parse_args()
+
+
+def settings_from(args, full):
+    return {key: getattr(args, key) for key in full}
+
+
+def parse_sizes(text):
+    """``"100x1000,1000x10000"`` -> ``((100, 1000), (1000, 10000))`` (variables x steps)."""
+    return tuple(tuple(int(n) for n in item.lower().split("x")) for item in text.split(","))
+
+
+def parse_ints(text):
+    return tuple(int(n) for n in text.split(","))
+
+
+def parse_words(text):
+    return tuple(word.strip() for word in text.split(","))
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def _proc_field(path, prefix):
+    """The rest of the first line of `path` starting with `prefix`, or None (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip(" \t:\n")
+    except OSError:
+        pass
+    return None
+
+
+def meminfo_gib(field):
+    """A /proc/meminfo field (MemTotal, MemAvailable) in GiB; inf where there is no /proc."""
+    value = _proc_field("/proc/meminfo", field)
+    return int(value.split()[0]) / 2**20 if value else float("inf")
+
+
+def cpu_model():
+    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
+
+
+def operating_system():
+    try:
+        name = platform.freedesktop_os_release()["PRETTY_NAME"]
+    except (OSError, KeyError):
+        name = platform.system()
+    return f"{name}, kernel {platform.release()}, {platform.machine()}"
+
+
+def gpus():
+    """GPU names from nvidia-smi, or "none" (the TensorFlow benchmarks also list TF's devices)."""
+    if not shutil.which("nvidia-smi"):
+        return "none"
+    names = _command_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    return ", ".join(names.splitlines()) if names else "none (nvidia-smi lists no GPU)"
+
+
+def chromium_executable():
+    """Debian's Chromium, which the frontend benchmark drives (Playwright downloads no browser)."""
+    return shutil.which("chromium")
+
+
+def chromium_version():
+    executable = chromium_executable()
+    if not executable:
+        return "not installed"
+    # Debian's wrapper script prints shell noise on stderr; the version is the stdout line.
+    return _command_output([executable, "--version"]) or "unknown"
+
+
+def _command_output(command):
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def package_version(*distributions):
+    """Version of the first installed distribution of `distributions`, with its name if not the
+    first (``tensorflow`` may be installed as ``tensorflow-cpu``)."""
+    for name in distributions:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if name == distributions[0] else f"{version} ({name})"
+    return "not installed"
+
+
+def plugin_source():
+    """Where `tensorboard_gradients` is imported from (TensorBoard imports it the same way), with
+    its git commit and whether the package differs from it, when it is a git checkout."""
+    spec = importlib.util.find_spec("tensorboard_gradients")
+    if spec is None:
+        return "not installed"
+    package = os.path.dirname(os.path.abspath(spec.origin))
+    try:
+        commit = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", package, "status", "--porcelain", "."],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return f"{package} (git {commit}{', with uncommitted changes' if dirty else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        return package
+
+
+def environment():
+    """Date, machine and versions, as `render_environment` prints them."""
+    load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": meminfo_gib("MemTotal"),
+        "gpu": gpus(),
+        "os": operating_system(),
+        "load_1min": load_1min,
+        "python": platform.python_version(),
+        "tensorflow": package_version("tensorflow", "tensorflow-cpu", "tensorflow-macos"),
+        "keras": package_version("keras"),
+        "tensorboard": package_version("tensorboard"),
+        "data_server": package_version("tensorboard-data-server"),
+        "numpy": package_version("numpy"),
+        "playwright": package_version("playwright"),
+        "chromium": chromium_version(),
+        "plugin": plugin_source(),
+    }
+
+
+def render_environment(env):
+    load = "" if env["load_1min"] is None else f"; load average {env['load_1min']:.2f} at the start"
+    return "\n".join([
+        f"- Date: {env['date']}",
+        f"- Machine: {env['cpu']}, {env['cores']} cores, {env['memory_gib']:.1f} GiB memory, "
+        f"GPU: {env['gpu']}{load}",
+        f"- OS: {env['os']}",
+        f"- Versions: Python {env['python']}, TensorFlow {env['tensorflow']}, "
+        f"Keras {env['keras']}, "
+        f"TensorBoard {env['tensorboard']} (data server {env['data_server']}), "
+        f"numpy {env['numpy']}, Playwright {env['playwright']}, {env['chromium']}",
+        f"- Plugin: {env['plugin']}",
+    ])
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def table(headers, rows, text_columns=1):
+    """A markdown table; the first `text_columns` columns left-aligned, numbers right-aligned."""
+    rule = ["---" if i < text_columns else "---:" for i in range(len(headers))]
+    lines = [headers, rule] + [[str(cell) for cell in row] for row in rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def ms(seconds):
+    """Seconds as milliseconds with about three significant digits: 1,927 / 45.5 / 2.61."""
+    if seconds is None:
+        return "-"
+    value = seconds * 1e3
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def ratio(value, baseline):
+    """`value / baseline` with three significant digits and no exponent: 1.18x, 0.0361x, 215x."""
+    if value is None or not baseline:
+        return "-"
+    x = value / baseline
+    if x <= 0:
+        return f"{x:.3g}x"
+    decimals = max(0, 2 - math.floor(math.log10(x)))
+    return f"{x:,.{decimals}f}x"
+
+
+def ratio_range(ratios):
+    """Per-round ratios as "min-max" (the spread says how much of a difference is noise)."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else f"{ratios[0]:.2f}"
+
+
+def error_cell(error):
+    """An error's first line, fit for a table cell."""
+    return "ERROR: " + error.splitlines()[0][:200].replace("|", "\\|")
+
+
+def error_details(label, error, log_tail):
+    """A failed row's full error and the end of its TensorBoard log, under the tables."""
+    return f"\n{label}: {error}\n\n```\n--- tensorboard log tail ---\n{log_tail}\n```"
