@@ -349,9 +349,17 @@ class StepRecorder:
         def hooked(variable, value):
             index = self._watched_by_tf_variable.get(id(_tf_variable(variable)))
             if index is not None:
-                self._update_squares[index].assign(
-                    self._update_square(self.watched[index], variable, value, sign)
-                )
+
+                def store_square():
+                    self._update_squares[index].assign(
+                        self._update_square(self.watched[index], variable, value, sign)
+                    )
+                    return tf.constant(True)
+
+                # Only a logged step's update norm is kept: skip the reduction on the others.
+                # `_record` already counted this step, hence the - 1.
+                logged = tf.equal((self._completed.read_value() - 1) % self._every, 0)
+                tf.cond(logged, store_square, lambda: tf.constant(False))
             return original(variable, value)
 
         return hooked

@@ -190,6 +190,13 @@ def test_update_norm_is_the_real_weight_change_including_decoupled_weight_decay(
     mlp().fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[GradientMonitor(sgd_dir)])
     sgd = train_series(sgd_dir)
     np.testing.assert_allclose(sgd.stat("update_l2_norm"), 0.05 * sgd.stat("l2_norm"), rtol=1e-5)
+    # Logging every 3rd step, the update norm is computed only then, and is still that step's.
+    sparse_dir = os.path.join(logdir, "sgd_every_3")
+    mlp().fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[GradientMonitor(sparse_dir, every_n_steps=3)])
+    sparse = train_series(sparse_dir)
+    assert sparse.steps.tolist()[:2] == [1, 4]
+    np.testing.assert_allclose(sparse.stat("update_l2_norm"), 0.05 * sparse.stat("l2_norm"), rtol=1e-5)
 
 
 def test_clipping_logs_pre_clip_statistics_and_both_global_norms(logdir):
