@@ -213,10 +213,11 @@ def summarize(logdir):
 
 
 def serve(logdir, port, bind_all):
-    print(f"\nTensorBoard: http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port)]
+    options = ["--logdir", logdir, "--port", str(port)] + (["--bind_all"] if bind_all else [])
+    print(f"\n$ tensorboard {' '.join(options)}\n"
+          f"Open http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
     try:
-        subprocess.run(command + (["--bind_all"] if bind_all else []), check=False)
+        subprocess.run([sys.executable, "-m", "tensorboard.main"] + options, check=False)
     except KeyboardInterrupt:
         pass
 
