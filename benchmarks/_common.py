@@ -218,3 +218,9 @@ def error_cell(error):
 def error_details(label, error, log_tail):
     """A failed row's full error and the end of its TensorBoard log, under the tables."""
     return f"\n{label}: {error}\n\n```\n--- tensorboard log tail ---\n{log_tail}\n```"
+
+
+def run_alone(args, full, collect, render, **collect_options):
+    """A benchmark script run by itself: the machine header, then its tables."""
+    print(render_environment(environment()) + "\n", flush=True)
+    print(render(collect(settings_from(args, full), **collect_options)))

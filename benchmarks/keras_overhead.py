@@ -251,8 +251,7 @@ def main():
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--models", type=_common.parse_words, help="comma-separated: mlp,cnn,lstm")
     args = _common.parse_args(parser, FULL, QUICK)
-    print(_common.render_environment(_common.environment()) + "\n", flush=True)
-    print(render(collect(_common.settings_from(args, FULL))))
+    _common.run_alone(args, FULL, collect, render)
 
 
 if __name__ == "__main__":

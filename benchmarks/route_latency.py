@@ -621,8 +621,7 @@ def main():
     args = _common.parse_args(parser, FULL, QUICK)
     # `kill` of this script unwinds through the `with TensorBoard` blocks (which kill the group).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    print(_common.render_environment(_common.environment()) + "\n", flush=True)
-    print(render(collect(_common.settings_from(args, FULL), args.json)))
+    _common.run_alone(args, FULL, collect, render, json_path=args.json)
 
 
 if __name__ == "__main__":

@@ -178,8 +178,7 @@ def main():
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--steps_per_round", type=int)
     args = _common.parse_args(parser, FULL, QUICK)
-    print(_common.render_environment(_common.environment()) + "\n", flush=True)
-    print(render(collect(_common.settings_from(args, FULL))))
+    _common.run_alone(args, FULL, collect, render)
 
 
 if __name__ == "__main__":

@@ -105,3 +105,16 @@ def demo(tmp_path_factory):
 
     logdir = tmp_path_factory.mktemp("demo")
     return logdir, run_demo(logdir)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium driven by Playwright, shared by the browser tests of the session."""
+    from playwright.sync_api import sync_playwright
+
+    from support import launch_chromium
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        yield browser
+        browser.close()

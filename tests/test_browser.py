@@ -17,10 +17,10 @@ import pytest
 import tensorboard_gradients as tg
 from support import (
     CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard, has_color,
-    launch_chromium, row_band,
+    row_band,
 )
 
-playwright = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 # .ci/run installs Debian's chromium and sets GRADIENTS_REQUIRE_BROWSER=1, so CI cannot skip these.
 if CHROMIUM is None and not os.environ.get("GRADIENTS_REQUIRE_BROWSER"):
     pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
@@ -69,14 +69,6 @@ def server(logdir, steps):
     with TensorBoard(logdir) as tensorboard:
         tensorboard.wait_for_steps(steps)
         yield tensorboard.base
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

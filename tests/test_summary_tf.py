@@ -7,7 +7,7 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 
 import tensorboard_gradients as tg  # noqa: E402
-from tensorboard_gradients import metadata, summary  # noqa: E402
+from tensorboard_gradients import summary  # noqa: E402
 
 from conftest import assert_row_matches, reference_histogram, reference_stats  # noqa: E402
 
