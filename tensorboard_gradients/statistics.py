@@ -1,8 +1,8 @@
 """The gradient statistics, written once for every array library.
 
 The formulas below run on numpy (TF-free writer), TensorFlow (summary op, on device, inside
-`tf.function`) and later PyTorch/JAX, each through a tiny adapter (`ArrayOps`) that names the
-library's reductions. Keeping one formula is what makes the writers agree to float tolerance.
+`tf.function`), PyTorch and JAX (their monitors, on device), each through a tiny adapter
+(`ArrayOps`) that names the library's reductions. Keeping one formula is what makes the writers agree to float tolerance.
 
 Robustness rules (a monitor must not break exactly when gradients blow up):
 
@@ -21,7 +21,24 @@ import numpy as np
 from tensorboard_gradients import metadata
 
 
-class NumpyOps:
+class ArrayOps:
+    """Base of the array-library adapters: the elementwise ops and reductions are each library's
+    own (see `NumpyOps`); the two stacked reductions below are written once over them, and an
+    adapter whose library has multi-tensor kernels (PyTorch's ``torch._foreach_*``) overrides them
+    to reduce every variable in a few fused calls instead of ~10 small ops per variable."""
+
+    @classmethod
+    def fast_reduction_rows(cls, values):
+        """``[len(values), 10]``: the `_fast_reductions` row of each array (none missing)."""
+        return cls.stack([_fast_reductions(cls, v) for v in values])
+
+    @classmethod
+    def square_sums(cls, arrays):
+        """``[len(arrays)]``: the plain sum of squares of each array (NaN/Inf propagate)."""
+        return cls.stack([cls.sum(w * w) for w in arrays])
+
+
+class NumpyOps(ArrayOps):
     """`ArrayOps` for numpy (and anything `np.asarray` accepts)."""
 
     @staticmethod
@@ -194,7 +211,12 @@ def statistics_matrix(ops, gradients, weights, dtype):
     def stacked(reduce):
         return ops.stack([missing_row if g is None else reduce(ops, g[0]) for g in gradients])
 
-    fast = _scale_sums(ops, stacked(_fast_reductions))
+    present = [g[0] for g in gradients if g is not None]
+    rows = ops.fast_reduction_rows(present) if present else None
+    if len(present) < len(gradients):
+        present_rows = iter(range(len(present)))
+        rows = ops.stack([missing_row if g is None else rows[next(present_rows)] for g in gradients])
+    fast = _scale_sums(ops, rows)
     checked = ops.stack([fast[:, c] for c in (_ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS)], axis=1)
     trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
     # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
@@ -203,7 +225,7 @@ def statistics_matrix(ops, gradients, weights, dtype):
     if not weights:
         return stats
     # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
-    weight_norms = ops.sqrt(ops.stack([ops.sum(w * w) for w in weights]))
+    weight_norms = ops.sqrt(ops.square_sums(weights))
     weight_norms = ops.where(sizes == sizes, weight_norms, nan)  # a missing row is NaN throughout
     return ops.stack([stats[:, i] for i in range(len(metadata.GRADIENT_STATS))] + [weight_norms], axis=1)
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["gradients", "gradient_statistics", "write_statistics"]
 
 
-class TensorFlowOps:
+class TensorFlowOps(statistics.ArrayOps):
     """`statistics` adapter for TensorFlow (runs on the tensors' device, traceable)."""
 
     @staticmethod
