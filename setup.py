@@ -34,7 +34,10 @@ setup(
         "demo": ["tensorflow-cpu>=2.16", "scikit-learn>=1.3"],
         # Playwright drives the system's Chromium (Debian `chromium`); it downloads no browser.
         # The end-to-end test runs the demo.
-        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3"],
+        # torch pinned: on this project's machines 2.13.0 resolves to a CPU wheel on disk, where
+        # an unpinned torch would pull the multi-GB CUDA build from PyPI.
+        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
+                 "torch==2.13.0", "jax>=0.4.20"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],

@@ -32,12 +32,11 @@ Each ``fit`` call traces the train step once more (the hooks are installed at th
 
 import logging
 import os
-import re
 
 import keras
 import numpy as np
 
-from tensorboard_gradients import metadata
+from tensorboard_gradients import metadata, options
 from tensorboard_gradients.writer import GradientWriter
 
 logger = logging.getLogger(__name__)
@@ -45,23 +44,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["GradientMonitor"]
 
 PROBE_SUFFIX = "_probe"
-
-
-def _positive_int(argument, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _patterns(argument, patterns):
-    if patterns is None:
-        return None
-    if isinstance(patterns, (str, re.Pattern)):
-        patterns = [patterns]
-    try:
-        return [re.compile(p) for p in patterns]
-    except (re.error, TypeError) as error:
-        raise ValueError(f"{argument} must be regular expressions: {error}") from error
 
 
 def _probe_batch(probe_data):
@@ -134,18 +116,13 @@ class GradientMonitor(keras.callbacks.Callback):
         probe_data=None,
     ):
         super().__init__()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        self.name = options.non_empty_name(name)
         self.log_dir = os.fspath(log_dir)
-        self.every_n_steps = _positive_int("every_n_steps", every_n_steps)
-        self.histograms_every_n_steps = (
-            None
-            if histograms_every_n_steps is None
-            else _positive_int("histograms_every_n_steps", histograms_every_n_steps)
-        )
-        self.name = name
-        self._include = _patterns("include", include)
-        self._exclude = _patterns("exclude", exclude)
+        self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+        self.histograms_every_n_steps = options.optional_positive_int(
+            "histograms_every_n_steps", histograms_every_n_steps)
+        self._include = options.patterns("include", include)
+        self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)
         train_dir = os.path.join(self.log_dir, "train")
         self._writer = GradientWriter(train_dir, name)
@@ -255,14 +232,7 @@ class GradientMonitor(keras.callbacks.Callback):
     def _watched_variables(self, model):
         watched, names = [], []
         for variable, name in zip(model.trainable_variables, variable_paths(model)):
-            candidates = (name, variable.path)
-            if self._include is not None and not any(
-                p.search(c) for p in self._include for c in candidates
-            ):
-                continue
-            if self._exclude is not None and any(
-                p.search(c) for p in self._exclude for c in candidates
-            ):
+            if not options.selected((name, variable.path), self._include, self._exclude):
                 continue
             watched.append(variable)
             names.append(name)

@@ -181,7 +181,7 @@ def _finalize(ops, reductions, sizes):
             undefined_without_finite(minimum),
             undefined_without_finite(maximum),
             undefined_without_finite(abs_max),
-            undefined_without_finite(scale * column(_SUM_ABS) / divisor),
+            undefined_without_finite(scale * (column(_SUM_ABS) / divisor)),  # no overflow first
             ops.where(sizes > zero, (column(_ZEROS) + implicit_zeros) / ops.maximum(sizes, one), nan),
             nan_count,
             inf_count,

@@ -1,0 +1,284 @@
+"""`tensorboard_gradients.torch.GradientMonitor` in real PyTorch training loops on CPU."""
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tensorboard_gradients as tg  # noqa: E402
+from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
+
+from conftest import assert_row_matches, reference_histogram, reference_stats  # noqa: E402
+
+
+def sigmoid_mlp(depth=10, width=32, features=16, classes=4):
+    layers = [torch.nn.Linear(features, width), torch.nn.Sigmoid()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.Sigmoid()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+
+
+def batches(count, size=64, features=16, classes=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, features, generator=generator),
+             torch.randint(0, classes, (size,), generator=generator)) for _ in range(count)]
+
+
+def series_of(logdir, run="."):
+    return tg.read_logdir(str(logdir))[run]["gradients"]
+
+
+def test_statistics_match_an_independent_reference_at_every_logged_step(tmp_path):
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    seen = []
+    with GradientMonitor(model, tmp_path, histograms_every_n_steps=2) as monitor:
+        for x, y in batches(4):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            assert monitor.step()
+            seen.append({n: (p.grad.numpy().copy(), p.detach().numpy().copy())
+                         for n, p in model.named_parameters()})
+            optimizer.step()
+    series = series_of(tmp_path)
+    assert series.variables == tuple(n for n, _ in model.named_parameters())
+    assert series.layers[:2] == ("0", "0") and series.layers[-1] == "6"
+    assert series.shapes[0] == (32, 16)
+    assert series.steps.tolist() == [1, 2, 3, 4]
+    for index, step in enumerate(seen):
+        for name, (gradient, weight) in step.items():
+            assert_row_matches(series, index, name, reference_stats(gradient, weight))
+    assert series.histograms.steps.tolist() == [1, 3]
+    counts = series.histograms.counts[1, series.variables.index("2.weight")]
+    np.testing.assert_array_equal(counts, reference_histogram(seen[2]["2.weight"][0]))
+
+
+def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):
+    model = torch.nn.Linear(4, 3)
+    with GradientMonitor(model, tmp_path) as monitor:
+        model.weight.grad = torch.tensor([[1.0, float("nan"), 2.0, 0.0]] * 3)
+        model.bias.grad = torch.tensor([3e38, -1e38, float("inf")])  # squares overflow float32
+        monitor.step()
+    series = series_of(tmp_path)
+    assert_row_matches(series, 0, "weight", reference_stats(model.weight.grad.numpy(), model.weight.detach().numpy()))
+    assert_row_matches(series, 0, "bias", reference_stats(model.bias.grad.numpy(), model.bias.detach().numpy()))
+    assert np.isfinite(series.stat("l2_norm")[0, 1])
+
+
+def test_a_vanishing_sigmoid_net_is_diagnosed_by_the_plugin_and_the_cli(tmp_path, plugin_client):
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=12)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientMonitor(model, tmp_path / "sigmoid") as monitor:
+        for x, y in batches(30):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            monitor.step()
+            optimizer.step()
+    alerts = tg.diagnose(series_of(tmp_path, "sigmoid"))
+    vanishing = {a.layer for a in alerts if a.kind == "vanishing"}
+    assert {"0", "2", "4"} <= vanishing and "24" not in vanishing
+    client = plugin_client(str(tmp_path))
+    served = json.loads(client.get("/data/plugin/gradients/alerts?run=sigmoid&tag=gradients").get_data())
+    assert [(a["kind"], a["layer"], a["first_step"]) for a in served["alerts"]] == [
+        (a.kind, a.layer, a.first_step) for a in alerts]
+    done = subprocess.run([sys.executable, "-m", "tensorboard_gradients", "diagnose", str(tmp_path),
+                           "--json", "--fail-on", "vanishing"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert len(json.loads(done.stdout)["alerts"]) == len(alerts)
+
+
+def test_frozen_skipped_missing_warned_once_include_exclude_and_schedules(tmp_path, caplog):
+    class WithSpare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = sigmoid_mlp(depth=3)
+            self.unused = torch.nn.Linear(2, 2)  # never gets a gradient: a missing row
+
+        def forward(self, x):
+            return self.net(x)
+
+    torch.manual_seed(0)
+    model = WithSpare()
+    model.net[0].requires_grad_(False)  # frozen: not a row
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="tensorboard_gradients"):
+        with GradientMonitor(model, tmp_path / "all", every_n_steps=3,
+                             histograms_every_n_steps=2) as monitor, \
+             GradientMonitor(model, tmp_path / "weights_only", exclude=r"bias$",
+                             include=[r"^net\.\d", "unused"]) as filtered:
+            for step, (x, y) in enumerate(batches(7)):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                monitor.step()
+                filtered.step(step=100 + step)
+                optimizer.step()
+    series = series_of(tmp_path, "all")
+    assert "net.0.weight" not in series.variables and "unused.weight" in series.variables
+    assert series.steps.tolist() == [1, 4, 7]
+    assert series.histograms.steps.tolist() == [1, 3, 5, 7]
+    assert series.missing[:, series.variables.index("unused.weight")].all()
+    assert np.isnan(series.stat("size")[:, series.variables.index("unused.bias")]).all()
+    # Each monitor warns once (not every step); only the first one watches unused.bias.
+    assert len([r for r in caplog.records if "unused.weight" in r.getMessage()]) == 2
+    assert len([r for r in caplog.records if "unused.bias" in r.getMessage()]) == 1
+    filtered_series = series_of(tmp_path, "weights_only")
+    assert filtered_series.variables == ("net.2.weight", "net.4.weight", "net.6.weight",
+                                         "unused.weight")
+    assert filtered_series.steps.tolist() == list(range(100, 107))
+    with pytest.raises(ValueError, match="no trainable parameter"):
+        GradientMonitor(model, tmp_path, include="nothing-matches")
+    with pytest.raises(ValueError, match="every_n_steps must be a positive integer"):
+        GradientMonitor(model, tmp_path, every_n_steps=0)
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        GradientMonitor([p for p in model.parameters()], tmp_path)
+
+
+def test_sparse_embedding_gradients_are_coalesced_not_densified(tmp_path):
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(50, 4, sparse=True)
+    model = torch.nn.Sequential(embedding, torch.nn.Flatten(), torch.nn.Linear(12, 1))
+    tokens = torch.tensor([[3, 3, 7], [7, 9, 3]])  # repeated rows: their gradients add up
+    with GradientMonitor(model, tmp_path) as monitor:
+        model(tokens).sum().backward()
+        assert embedding.weight.grad.is_sparse
+        monitor.step()
+    dense = embedding.weight.grad.to_dense().numpy()
+    series = series_of(tmp_path)
+    assert_row_matches(series, 0, "0.weight", reference_stats(dense, embedding.weight.detach().numpy()))
+    assert series.stat("zero_fraction")[0, 0] == pytest.approx(1 - 3 / 50)
+
+
+def test_summary_writer_run_clipping_amp_accumulation_and_compile(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    compiled = torch.compile(model, backend="aot_eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    writer = SummaryWriter(str(tmp_path / "run"))
+    steps_done = 0
+    with GradientMonitor(compiled, writer) as monitor:
+        for micro_batches in [batches(2, seed=s) for s in range(3)]:  # 2 micro-batches per step
+            optimizer.zero_grad()
+            for x, y in micro_batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(compiled(x), y) / 2
+                scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            monitor.step(total_norm=total_norm, scaler=scaler)
+            scaler.step(optimizer)
+            scaler.update()
+            writer.add_scalar("loss", loss.item(), steps_done)
+            steps_done += 1
+            clipped_norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+    writer.close()
+    series = series_of(tmp_path, "run")
+    assert series.variables[0] == "0.weight", "no _orig_mod. prefix from torch.compile"
+    assert series.steps.tolist() == [1, 2, 3], "one row per optimizer step, not per backward"
+    logged_norm = np.sqrt(np.nansum(series.stat("l2_norm")[-1] ** 2))
+    assert logged_norm == pytest.approx(clipped_norm, rel=1e-4)
+    from tensorboard.backend.event_processing import event_accumulator
+
+    scalars = event_accumulator.EventAccumulator(str(tmp_path / "run")).Reload()
+    tags = scalars.Tags()["tensors"] + scalars.Tags()["scalars"]
+    assert {"loss", "gradients/global_norm", "gradients/global_norm_before_clipping",
+            "gradients/loss_scale"} <= set(tags)
+    before = [e for e in scalars.Tensors("gradients/global_norm_before_clipping")]
+    assert before[-1].step == 3
+    from tensorboard.util import tensor_util
+
+    assert float(tensor_util.make_ndarray(before[-1].tensor_proto)) > 1e-3 * 10  # it was clipped
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    from tensorboard_gradients.torch import GradientMonitor
+
+    def main(rank, logdir):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(rank)  # different data per rank
+        monitor = GradientMonitor(model, os.path.join(logdir, f"rank{rank}"))
+        for step in range(5):
+            optimizer.zero_grad()
+            x = torch.randn(16, 4, generator=generator)
+            model(x).pow(2).mean().backward()
+            wrote = monitor.step()
+            assert wrote == (rank == 0), (rank, wrote)
+            optimizer.step()
+        monitor.close()
+        grads = [p.grad for p in model.parameters()]
+        torch.save(grads, os.path.join(logdir, f"grads{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        torch.multiprocessing.spawn(main, args=(sys.argv[1],), nprocs=2)
+    """
+)
+
+
+def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), port],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = tg.read_logdir(str(tmp_path))
+    assert list(runs) == ["rank0"] and not (tmp_path / "rank1").exists()
+    series = runs["rank0"]["gradients"]
+    assert series.variables == ("0.weight", "0.bias", "2.weight", "2.bias"), "no module. prefix"
+    assert series.steps.tolist() == [1, 2, 3, 4, 5]
+    rank0, rank1 = torch.load(tmp_path / "grads0.pt"), torch.load(tmp_path / "grads1.pt")
+    assert all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "all-reduced: one gradient"
+    last = {name: g.numpy() for name, g in zip(series.variables, rank0)}
+    for name, gradient in last.items():
+        expected = reference_stats(gradient)
+        assert series.stat("l2_norm")[-1, series.variables.index(name)] == pytest.approx(
+            expected["l2_norm"], rel=1e-5)
+
+
+def test_the_torch_monitor_never_imports_tensorflow(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        class NoTensorFlow(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("tensorflow", "keras"):
+                    raise ImportError("blocked for this test: " + name)
+
+        sys.meta_path.insert(0, NoTensorFlow())
+        import torch
+        from tensorboard_gradients.torch import GradientMonitor
+        model = torch.nn.Linear(3, 2)
+        with GradientMonitor(model, {str(tmp_path)!r}) as monitor:
+            model(torch.ones(4, 3)).sum().backward()
+            monitor.step()
+        assert "tensorflow" not in sys.modules
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert series_of(tmp_path).steps.tolist() == [1]
