@@ -135,7 +135,12 @@ def _masked_reductions(ops, values):
     finite = ops.isfinite(values)
     x = ops.where(finite, values, like)
     abs_max = ops.max(ops.abs(x), initial=like)
-    scaled = x / ops.where(abs_max > like, abs_max, ops.constant(1, like))
+    # Multiplied twice by 1/sqrt(abs_max), not divided by abs_max: XLA (JAX, TF's jit) divides
+    # by multiplying with the reciprocal, and 1/3e38 is subnormal, which XLA flushes to zero
+    # (it would also fold two divisions into one); 1/sqrt(3e38) = 6e-20 is a normal float.
+    inverse_root = ops.constant(1, like) / ops.sqrt(
+        ops.where(abs_max > like, abs_max, ops.constant(1, like)))
+    scaled = x * inverse_root * inverse_root
     infinity = ops.constant(np.inf, like)
     return ops.stack(
         [
