@@ -150,6 +150,8 @@ def environment():
         "python": platform.python_version(),
         "tensorflow": package_version("tensorflow", "tensorflow-cpu", "tensorflow-macos"),
         "keras": package_version("keras"),
+        "torch": package_version("torch"),
+        "jax": package_version("jax"),
         "tensorboard": package_version("tensorboard"),
         "data_server": package_version("tensorboard-data-server"),
         "numpy": package_version("numpy"),
@@ -167,7 +169,7 @@ def render_environment(env):
         f"GPU: {env['gpu']}{load}",
         f"- OS: {env['os']}",
         f"- Versions: Python {env['python']}, TensorFlow {env['tensorflow']}, "
-        f"Keras {env['keras']}, "
+        f"Keras {env['keras']}, PyTorch {env['torch']}, JAX {env['jax']}, "
         f"TensorBoard {env['tensorboard']} (data server {env['data_server']}), "
         f"numpy {env['numpy']}, Playwright {env['playwright']}, {env['chromium']}",
         f"- Plugin: {env['plugin']}",

@@ -31,6 +31,7 @@ NOTES = os.path.join(HERE, "NOTES.md")
 BENCHMARKS = {
     "summary_overhead": "Summary op overhead per training step (TF custom loop)",
     "keras_overhead": "Keras `GradientMonitor` in `model.fit`",
+    "torch_overhead": "PyTorch `GradientMonitor` in an eager training loop",
     "route_latency": "Route latency in a real TensorBoard",
     "frontend_paint": "Gradients tab in Chromium",
 }

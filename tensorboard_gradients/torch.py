@@ -18,8 +18,9 @@ Rows are ``model.named_parameters()`` in registration order (input side first fo
 the monitor is created (frozen) are not logged; a watched parameter without a gradient at a step
 is logged as missing and warned about once.
 
-The statistics of all parameters are computed on their device with multi-tensor kernels
-(``torch._foreach_norm``/``_foreach_max``, a few calls for the whole model), and the small
+The statistics of all parameters are computed on their device (multi-tensor
+``torch._foreach_norm`` kernels for the norms, one fused pass per tensor for min/max, sum and
+zeros; the rare step with NaN/Inf or overflow takes a masked pass), and the small
 ``[parameters, stats]`` matrix is copied to the host once per logged step: no per-parameter
 ``.item()`` or ``.cpu()``. TensorFlow is never imported.
 
@@ -105,24 +106,27 @@ class TorchOps(statistics.ArrayOps):
 
     @classmethod
     def fast_reduction_rows(cls, values):
-        if any(v.numel() == 0 for v in values):  # the multi-tensor max has no empty case
+        # Multi-tensor kernels where PyTorch's are fast (2- and 1-norms), one pass per tensor
+        # for the rest: on CPU `_foreach_norm(inf)` and `(0)` cost 4-8x `aminmax` and
+        # `count_nonzero` (1.3 ms vs 0.2 ms for 800k entries in 28 tensors).
+        if any(v.numel() == 0 for v in values):  # aminmax has no empty case
             return super().fast_reduction_rows(values)
         stacked = lambda tensors: torch.stack(list(tensors))  # noqa: E731
         count = torch.tensor([float(v.numel()) for v in values], dtype=values[0].dtype,
                              device=values[0].device)
-        nonzero = stacked(torch._foreach_norm(values, 0))
+        minimum, maximum = torch.stack([torch.stack(torch.aminmax(v)) for v in values]).unbind(1)
         return torch.stack(
             [
                 count,
                 torch.zeros_like(count),  # NaN entries: counted by the masked pass only
                 count,
-                stacked(torch._foreach_norm(values, float("inf"))),  # abs_max
+                torch.maximum(-minimum, maximum),  # abs_max
                 stacked(v.sum() for v in values),
                 stacked(torch._foreach_norm(values, 2)) ** 2,
                 stacked(torch._foreach_norm(values, 1)),
-                -stacked(torch._foreach_max(torch._foreach_neg(values))),  # min
-                stacked(torch._foreach_max(values)),
-                count - nonzero,  # exact zeros
+                minimum,
+                maximum,
+                count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
             ],
             dim=1,
         )
@@ -199,6 +203,10 @@ class GradientMonitor:
         if not self._parameters:
             raise ValueError("no trainable parameter left to watch (check include/exclude and "
                              "requires_grad)")
+        self._layout = metadata.Layout.create(
+            [n for n, _ in self._parameters], [tuple(p.shape) for _, p in self._parameters],
+            with_weights=True,
+        )
         self.log_dir = _log_dir(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._calls = 0
@@ -258,20 +266,16 @@ class GradientMonitor:
         device = next(e[0].device for e in entries if e is not None)
         ops = ops_for(device)
         weights = [p.detach().to(device=device, dtype=dtype) for _, p in self._parameters]
-        layout = metadata.Layout.create(
-            [n for n, _ in self._parameters], [tuple(p.shape) for _, p in self._parameters],
-            with_weights=True,
-        )
         writer = self._writer or GradientWriter(self.log_dir, self.name)
         self._writer = writer
         counts = None
         if histograms_due:
             counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
         if not stats_due:
-            writer.write_histograms(step, layout, counts)
+            writer.write_histograms(step, self._layout, counts)
             return
         stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
-        writer.write_statistics(step, layout, stats, counts)
+        writer.write_statistics(step, self._layout, stats, counts)
         writer.write_scalars(step, self._scalars(stats, total_norm, scaler))
 
     @staticmethod
