@@ -264,6 +264,8 @@ class GradientMonitor:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
             return
         device = next(e[0].device for e in entries if e is not None)
+        # A model split over devices is reduced on the first one (a no-op copy otherwise).
+        entries = [None if e is None else (e[0].to(device), e[1]) for e in entries]
         ops = ops_for(device)
         weights = [p.detach().to(device=device, dtype=dtype) for _, p in self._parameters]
         writer = self._writer or GradientWriter(self.log_dir, self.name)
