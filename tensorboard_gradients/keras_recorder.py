@@ -356,10 +356,12 @@ class StepRecorder:
                     )
                     return tf.constant(True)
 
-                # Only a logged step's update norm is kept: skip the reduction on the others.
-                # `_record` already counted this step, hence the - 1.
-                logged = tf.equal((self._completed.read_value() - 1) % self._every, 0)
-                tf.cond(logged, store_square, lambda: tf.constant(False))
+                if self._every == 1:
+                    store_square()
+                else:  # only a logged step's update norm is kept: skip the others' reduction
+                    # `_record` already counted this step, hence the - 1.
+                    logged = tf.equal((self._completed.read_value() - 1) % self._every, 0)
+                    tf.cond(logged, store_square, lambda: tf.constant(False))
             return original(variable, value)
 
         return hooked
