@@ -4,6 +4,7 @@ Imports neither TensorFlow nor the plugin, so `run.py` can describe the machine 
 either (each benchmark runs in its own process).
 """
 
+import argparse
 import datetime
 import importlib.metadata
 import importlib.util
@@ -11,6 +12,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 
 # ----------------------------------------------------------------------------- settings
@@ -226,3 +228,54 @@ def run_alone(args, full, collect, render, **collect_options):
     """A benchmark script run by itself: the machine header, then its tables."""
     print(render_environment(environment()) + "\n", flush=True)
     print(render(collect(settings_from(args, full), **collect_options)))
+
+
+# ----------------------------------------------------------------------------- step-time benchmarks
+# summary_overhead.py and torch_overhead.py: variants of one training step, timed per batch size.
+
+
+def rows_per_batch(settings, measure):
+    """Per batch size: the median seconds per step of each variant and ours/none per round.
+
+    `measure(width, batch, features, rounds, steps_per_round)` -> {variant: [seconds per round]},
+    with at least the variants "none" and "ours".
+    """
+    rows = []
+    for batch in settings["batch"]:
+        times = measure(settings["width"], batch, settings["features"], settings["rounds"],
+                        settings["steps_per_round"])
+        rows.append({
+            "batch": batch,
+            "seconds": {name: statistics.median(t) for name, t in times.items()},
+            "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
+        })
+        print(f"batch {batch}: " + ", ".join(
+            f"{name} {ms(s)} ms" for name, s in rows[-1]["seconds"].items()), flush=True)
+    return rows
+
+
+def step_time_table(rows, variants, peers):
+    """Batch, none, each of `variants` {name: header} with its ratio to none, ours against each
+    of `peers` {name: header}, and the per-round spread of ours/none."""
+    headers = (["batch", "none"] + list(variants.values())
+               + [f"ours vs {header}" for header in peers.values()] + ["ours / none per round"])
+    cells = []
+    for r in rows:
+        s = r["seconds"]
+        cells.append(
+            [f"{r['batch']:,}", ms(s["none"])]
+            + [f"{ms(s[v])} ({ratio(s[v], s['none'])})" for v in variants]
+            + [ratio(s["ours"], s[p]) for p in peers]
+            + [ratio_range(r["ours_per_round"])])
+    return table(headers, cells)
+
+
+def step_time_parser(description):
+    """The options both step-time benchmarks take (None: keep the FULL / QUICK setting)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--batch", type=parse_ints, help="comma-separated batch sizes")
+    parser.add_argument("--features", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--steps_per_round", type=int)
+    return parser

@@ -15,9 +15,7 @@ stock alternatives. Run by hand, or through `run.py`:
     python benchmarks/summary_overhead.py [--quick] [--width 256] [--batch 256,1024]
 """
 
-import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -129,17 +127,7 @@ def collect(settings):
         variables=len(model.trainable_variables),
         tf_devices=sorted({d.device_type for d in tf.config.list_logical_devices()}),
     )
-    rows = []
-    for batch in settings["batch"]:
-        times = measure(settings["width"], batch, settings["features"], settings["rounds"],
-                        settings["steps_per_round"])
-        rows.append({
-            "batch": batch,
-            "seconds": {name: statistics.median(t) for name, t in times.items()},
-            "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
-        })
-        print(f"batch {batch}: " + ", ".join(
-            f"{name} {_common.ms(s)} ms" for name, s in rows[-1]["seconds"].items()), flush=True)
+    rows = _common.rows_per_batch(settings, measure)
     return {"config": config, "rows": rows}
 
 
@@ -152,31 +140,16 @@ def render(result):
         f"{c['rounds']} rounds x {c['steps_per_round']} steps. Step time in ms (ratio to none):",
         "",
     ]
-    headers = ["batch", "none", "ours (all stats, every step)", "ours, every 10th step",
-               "`tf.summary.histogram` per variable",
-               "`tf.summary.scalar(tf.norm(g))` per variable",
-               "ours vs histogram", "ours vs scalar norm", "ours / none per round"]
-    rows = []
-    for r in result["rows"]:
-        s = r["seconds"]
-        rows.append(
-            [f"{r['batch']:,}", _common.ms(s["none"])]
-            + [f"{_common.ms(s[v])} ({_common.ratio(s[v], s['none'])})"
-               for v in ("ours", "ours_every_10", "histograms", "scalar_norms")]
-            + [_common.ratio(s["ours"], s["histograms"]),
-               _common.ratio(s["ours"], s["scalar_norms"]),
-               _common.ratio_range(r["ours_per_round"])])
-    lines.append(_common.table(headers, rows))
+    lines.append(_common.step_time_table(result["rows"], {
+        "ours": "ours (all stats, every step)", "ours_every_10": "ours, every 10th step",
+        "histograms": "`tf.summary.histogram` per variable",
+        "scalar_norms": "`tf.summary.scalar(tf.norm(g))` per variable",
+    }, {"histograms": "histogram", "scalar_norms": "scalar norm"}))
     return "\n".join(lines)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--batch", type=_common.parse_ints, help="comma-separated batch sizes")
-    parser.add_argument("--features", type=int)
-    parser.add_argument("--rounds", type=int)
-    parser.add_argument("--steps_per_round", type=int)
+    parser = _common.step_time_parser(__doc__.splitlines()[0])
     args = _common.parse_args(parser, FULL, QUICK)
     _common.run_alone(args, FULL, collect, render)
 

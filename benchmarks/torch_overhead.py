@@ -15,8 +15,6 @@ interleaved round by round in one process, so machine noise hits them alike:
     python benchmarks/torch_overhead.py [--quick] [--batch 256,1024] [--rounds N]
 """
 
-import argparse
-import statistics
 import tempfile
 import time
 
@@ -137,17 +135,7 @@ def collect(settings):
         torch=torch.__version__,
         threads=torch.get_num_threads(),
     )
-    rows = []
-    for batch in settings["batch"]:
-        times = measure(settings["width"], batch, settings["features"], settings["rounds"],
-                        settings["steps_per_round"])
-        rows.append({
-            "batch": batch,
-            "seconds": {name: statistics.median(t) for name, t in times.items()},
-            "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
-        })
-        print(f"batch {batch}: " + ", ".join(
-            f"{name} {_common.ms(s)} ms" for name, s in rows[-1]["seconds"].items()), flush=True)
+    rows = _common.rows_per_batch(settings, measure)
     return {"config": config, "rows": rows}
 
 
@@ -160,30 +148,16 @@ def render(result):
         f"{c['steps_per_round']} steps. Step time in ms (ratio to none):",
         "",
     ]
-    headers = ["batch", "none", "ours (all stats, every step)", "ours, every 10th step",
-               "hook + 64-bin `histc` per parameter", "`.item()` norm per parameter",
-               "ours vs hook histograms", "ours vs item norms", "ours / none per round"]
-    rows = []
-    for r in result["rows"]:
-        s = r["seconds"]
-        rows.append(
-            [f"{r['batch']:,}", _common.ms(s["none"])]
-            + [f"{_common.ms(s[v])} ({_common.ratio(s[v], s['none'])})"
-               for v in ("ours", "ours_every_10", "hook_histograms", "item_norms")]
-            + [_common.ratio(s["ours"], s["hook_histograms"]),
-               _common.ratio(s["ours"], s["item_norms"]),
-               _common.ratio_range(r["ours_per_round"])])
-    lines.append(_common.table(headers, rows))
+    lines.append(_common.step_time_table(result["rows"], {
+        "ours": "ours (all stats, every step)", "ours_every_10": "ours, every 10th step",
+        "hook_histograms": "hook + 64-bin `histc` per parameter",
+        "item_norms": "`.item()` norm per parameter",
+    }, {"hook_histograms": "hook histograms", "item_norms": "item norms"}))
     return "\n".join(lines)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--batch", type=_common.parse_ints, help="comma-separated batch sizes")
-    parser.add_argument("--features", type=int)
-    parser.add_argument("--rounds", type=int)
-    parser.add_argument("--steps_per_round", type=int)
+    parser = _common.step_time_parser(__doc__.splitlines()[0])
     args = _common.parse_args(parser, FULL, QUICK)
     _common.run_alone(args, FULL, collect, render)
 
