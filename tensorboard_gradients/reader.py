@@ -60,6 +60,8 @@ class GradientSeries:
     # its 0-based epoch index (None when the writer recorded no epochs).
     epoch_starts: Optional[np.ndarray] = None
     epoch_indices: Optional[np.ndarray] = None
+    # Logged points refused as damaged (see `decode_tensor`): shown to the user, never plotted.
+    damaged_points: int = 0
 
     def stat(self, name: str) -> np.ndarray:
         """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``.
@@ -100,27 +102,73 @@ def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
     return (len(parsed.layout.variables), columns)
 
 
-def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
-    """(steps, wall_times, stacked matrices) of ``(step, wall_time, matrix)`` points.
+class DamagedPointError(ValueError):
+    """A logged point whose tensor does not match its tag's metadata (crafted, damaged or written
+    by a process with another layout under the same tag); it is refused, never decoded."""
 
-    Sorted by step; a rewritten step keeps its last value; matrices whose shape differs from the
-    tag's metadata are skipped with a warning (another process wrote a different variable set
-    under the same tag).
+
+# dtype enum of `TensorProto` (types.proto) -> (numpy dtype, the repeated field holding values).
+_FLOAT_DTYPES = {
+    1: (np.float32, "float_val"),  # DT_FLOAT
+    2: (np.float64, "double_val"),  # DT_DOUBLE
+    19: (np.float16, "half_val"),  # DT_HALF
+}
+
+
+def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
+    """The float array of a logged `TensorProto`, checked against its tag's metadata FIRST.
+
+    TensorBoard's `make_ndarray` expands a tensor to its declared shape before anything checks
+    it: a 537-byte record declaring 4.4 TB would exhaust memory. Here the declared shape, dtype
+    and byte count are compared with what the metadata says (``expected``) before one element is
+    decoded, so the memory spent is bounded by the metadata, which the reader holds anyway.
+
+    Raises:
+      DamagedPointError: the tensor is not a float matrix of exactly ``expected`` shape.
+    """
+    shape = tuple(d.size for d in tensor.tensor_shape.dim)
+    if shape != tuple(expected):
+        raise DamagedPointError(f"a tensor of shape {list(shape)[:8]} where the metadata says "
+                                f"{list(expected)}")
+    if tensor.dtype not in _FLOAT_DTYPES:
+        raise DamagedPointError(f"a tensor of dtype {tensor.dtype} where floats are expected")
+    dtype, field = _FLOAT_DTYPES[tensor.dtype]
+    count = int(np.prod(expected, dtype=np.int64))
+    if tensor.tensor_content:
+        if len(tensor.tensor_content) != count * np.dtype(dtype).itemsize:
+            raise DamagedPointError(f"{len(tensor.tensor_content)} content bytes for {count} "
+                                    f"{np.dtype(dtype).name} values")
+        return np.frombuffer(tensor.tensor_content, dtype=dtype).reshape(expected).copy()
+    values = getattr(tensor, field)
+    if len(values) not in (1, count):
+        raise DamagedPointError(f"{len(values)} values for {count} entries")
+    if dtype == np.float16:  # half_val holds the IEEE bits in ints
+        array = np.asarray(values, dtype=np.uint16).view(np.float16)
+    else:
+        array = np.asarray(values, dtype=dtype)
+    # One value stands for every entry (TensorFlow's splat encoding): bounded by `expected`.
+    return np.full(expected, array[0], dtype=dtype) if len(values) == 1 else array.reshape(expected)
+
+
+def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
+    """(steps, wall_times, stacked matrices, damaged count) of ``(step, wall_time, matrix)`` points.
+
+    Sorted by step; a rewritten step keeps its last value. A point whose matrix is None (refused
+    by `decode_tensor` before decoding) or is not a float array of the tag's metadata shape is
+    skipped and counted as damaged, with a warning: it was crafted, corrupted, or written by a
+    process with another layout under the same tag, and showing it would misname its rows.
     """
     by_step = {}
-    rejected = 0
+    damaged = 0
     for step, wall_time, matrix in points:
-        if matrix.shape != expected:
-            rejected += 1
+        if matrix is None or matrix.shape != expected or matrix.dtype.kind != "f":
+            damaged += 1
             continue
         by_step[int(step)] = (wall_time, matrix)
-    if rejected:
+    if damaged:
         logger.warning(
-            "%s: skipped %d step(s) of tag %r whose matrix shape differs from the tag's metadata "
-            "(another process wrote a different variable set under the same name)",
-            where,
-            rejected,
-            tag,
+            "%s: skipped %d damaged step(s) of tag %r (not a float matrix of the shape its "
+            "metadata gives)", where, damaged, tag,
         )
     steps = sorted(by_step)
     wall_times = np.array([by_step[s][0] for s in steps], dtype=np.float64)
@@ -128,12 +176,12 @@ def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
         matrices = np.stack([by_step[s][1] for s in steps])
     else:
         matrices = np.zeros((0,) + expected, dtype=np.float32)
-    return np.array(steps, dtype=np.int64), wall_times, matrices
+    return np.array(steps, dtype=np.int64), wall_times, matrices, damaged
 
 
 def histograms_from_points(where, tag, parsed, points) -> Optional[GradientHistograms]:
     """The `GradientHistograms` of a histograms tag's points (None when there are none)."""
-    steps, wall_times, counts = _stacked(where, tag, expected_shape(parsed), points)
+    steps, wall_times, counts, _ = _stacked(where, tag, expected_shape(parsed), points)
     if not len(steps):
         return None
     return GradientHistograms(
@@ -158,11 +206,11 @@ def series_from_points(
     The one place that turns logged points into a series: `read_logdir` feeds it event-file
     records, the plugin feeds it TensorBoard's data provider.
     """
-    steps, wall_times, values = _stacked(run, tag, expected_shape(parsed), points)
+    steps, wall_times, values, damaged = _stacked(run, tag, expected_shape(parsed), points)
     epoch_points = list(epoch_points)
     epoch_starts = epoch_indices = None
     if epoch_points:
-        epoch_starts, _, epoch_values = _stacked(
+        epoch_starts, _, epoch_values, _ = _stacked(
             run, metadata.epochs_tag(parsed.name), (), epoch_points
         )
         epoch_indices = epoch_values.astype(np.int64)
@@ -181,6 +229,7 @@ def series_from_points(
         histograms=histograms,
         epoch_starts=epoch_starts,
         epoch_indices=epoch_indices,
+        damaged_points=damaged,
     )
 
 
