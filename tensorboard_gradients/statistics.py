@@ -10,6 +10,14 @@ Robustness rules (a monitor must not break exactly when gradients blow up):
   statistic, which is computed over the finite entries.
 * Sums are taken of values divided by the variable's finite ``abs_max`` and scaled back, so
   ``l2_norm`` of a finite gradient with entries near the float32 maximum is finite, not Inf.
+* ``std`` comes from the sum of squared deviations from the mean (two passes: the mean, then
+  ``sum((x - mean)^2)``), never from ``mean(x^2) - mean^2``, which cancels catastrophically when
+  ``|mean| >> std`` (a bias whose entries all sit near one value: float32 keeps ~7 digits, so
+  with ``|mean| / std = 1e4`` the difference keeps none, and the summation order the compiler
+  picks decides whether it comes out 0). The two-pass error is second order in the mean's
+  rounding error (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance").
+  The same (count, mean, M2) triple combines partial results by the parallel-variance formula
+  (`combine_moments`), which is how the absent entries of a sparse gradient join in.
 * Statistics with no finite entry to describe (mean, std, min, max, abs_max, mean_abs) are NaN;
   ``l2_norm`` is 0 then (an empty sum), and the counts say why.
 * Sparse gradients (rows of an embedding) pass only their present entries plus the dense
@@ -29,7 +37,7 @@ class ArrayOps:
 
     @classmethod
     def fast_reduction_rows(cls, values):
-        """``[len(values), 10]``: the `_fast_reductions` row of each array (none missing)."""
+        """``[len(values), 11]``: the `_fast_reductions` row of each array (none missing)."""
         return cls.stack([_fast_reductions(cls, v) for v in values])
 
     @classmethod
@@ -88,8 +96,8 @@ class NumpyOps(ArrayOps):
 
 # Per-variable reductions (one small vector each) that `_finalize` turns into the stats of all
 # variables at once: a few big reductions per variable, the arithmetic on [variables] vectors.
-_PRESENT, _NAN, _FINITE, _ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _MIN, _MAX, _ZEROS = range(10)
-_NUM_REDUCTIONS = 10
+_PRESENT, _NAN, _FINITE, _ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _MIN, _MAX, _ZEROS, _M2 = range(11)
+_NUM_REDUCTIONS = 11
 
 
 def _fast_reductions(ops, values):
@@ -102,18 +110,21 @@ def _fast_reductions(ops, values):
     magnitude = ops.abs(values)
     count = ops.numel(values)
     infinity = ops.constant(np.inf, like)
+    total = ops.sum(values)
+    deviations = values - total / ops.maximum(count, ops.constant(1, like))
     return ops.stack(
         [
             count,
             like,
             count,
             ops.max(magnitude, initial=like),
-            ops.sum(values),
+            total,
             ops.sum(values * values),
             ops.sum(magnitude),
             ops.min(values, initial=infinity),
             ops.max(values, initial=-infinity),
             ops.count(values == like, like=like),
+            ops.sum(deviations * deviations),
         ]
     )
 
@@ -126,6 +137,7 @@ def _scale_sums(ops, reductions):
     columns[_SUM] = columns[_SUM] / scale
     columns[_SUM_SQUARES] = columns[_SUM_SQUARES] / scale / scale
     columns[_SUM_ABS] = columns[_SUM_ABS] / scale
+    columns[_M2] = columns[_M2] / scale / scale
     return ops.stack(columns, axis=1)
 
 
@@ -142,24 +154,28 @@ def _masked_reductions(ops, values):
         ops.where(abs_max > like, abs_max, ops.constant(1, like)))
     scaled = x * inverse_root * inverse_root
     infinity = ops.constant(np.inf, like)
+    finite_count = ops.count(finite, like=like)
+    total = ops.sum(scaled)
+    deviations = ops.where(finite, scaled - total / ops.maximum(finite_count, ops.constant(1, like)), like)
     return ops.stack(
         [
             ops.numel(values),
             ops.count(ops.isnan(values), like=like),
-            ops.count(finite, like=like),
+            finite_count,
             abs_max,
-            ops.sum(scaled),
+            total,
             ops.sum(scaled * scaled),
             ops.sum(ops.abs(scaled)),
             ops.min(ops.where(finite, values, infinity), initial=infinity),
             ops.max(ops.where(finite, values, -infinity), initial=-infinity),
             ops.count(values == like, like=like),
+            ops.sum(deviations * deviations),
         ]
     )
 
 
 def _finalize(ops, reductions, sizes):
-    """`metadata.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 10]) and sizes."""
+    """`metadata.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 11]) and sizes."""
     column = lambda index: reductions[:, index]  # noqa: E731
     zero = ops.constant(0, sizes)
     one = ops.constant(1, sizes)
@@ -172,7 +188,13 @@ def _finalize(ops, reductions, sizes):
     finite_count = column(_FINITE) + implicit_zeros
     divisor = ops.maximum(finite_count, one)
     mean_scaled = column(_SUM) / divisor
-    variance_scaled = ops.maximum(column(_SUM_SQUARES) / divisor - mean_scaled * mean_scaled, zero)
+    # The absent entries of a sparse gradient are a second group: count Z, mean 0, M2 0.
+    _, _, m2_scaled = combine_moments(
+        ops,
+        (column(_FINITE), column(_SUM) / ops.maximum(column(_FINITE), one), column(_M2)),
+        (implicit_zeros, zero, zero),
+    )
+    variance_scaled = m2_scaled / divisor
     has_implicit_zeros = implicit_zeros > zero
     minimum = ops.where(has_implicit_zeros, ops.minimum(column(_MIN), zero), column(_MIN))
     maximum = ops.where(has_implicit_zeros, ops.maximum(column(_MAX), zero), column(_MAX))
@@ -194,6 +216,23 @@ def _finalize(ops, reductions, sizes):
         ],
         axis=1,
     )
+
+
+def combine_moments(ops, first, second):
+    """``(count, mean, M2)`` of the union of two groups, each given as ``(count, mean, M2)``.
+
+    M2 is the sum of squared deviations from the group's mean. The parallel-variance formula
+    (Chan, Golub & LeVeque 1979): ``M2 = M2_a + M2_b + (mean_b - mean_a)^2 * n_a * n_b / n``;
+    no difference of large sums, so it stays exact to rounding when ``|mean| >> std``. Empty
+    groups (count 0) contribute nothing. Works elementwise on arrays of groups.
+    """
+    count_a, mean_a, m2_a = first
+    count_b, mean_b, m2_b = second
+    count = count_a + count_b
+    divisor = ops.maximum(count, ops.constant(1, count))
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (count_b / divisor)
+    return count, mean, m2_a + m2_b + delta * delta * (count_a / divisor) * count_b
 
 
 def statistics_matrix(ops, gradients, weights, dtype):
@@ -222,7 +261,7 @@ def statistics_matrix(ops, gradients, weights, dtype):
         present_rows = iter(range(len(present)))
         rows = ops.stack([missing_row if g is None else rows[next(present_rows)] for g in gradients])
     fast = _scale_sums(ops, rows)
-    checked = ops.stack([fast[:, c] for c in (_ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS)], axis=1)
+    checked = ops.stack([fast[:, c] for c in (_ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _M2)], axis=1)
     trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
     # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
     reductions = ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions))

@@ -115,6 +115,8 @@ class TorchOps(statistics.ArrayOps):
         count = torch.tensor([float(v.numel()) for v in values], dtype=values[0].dtype,
                              device=values[0].device)
         minimum, maximum = torch.stack([torch.stack(torch.aminmax(v)) for v in values]).unbind(1)
+        # One fused pass per tensor; the sum of squared deviations is variance * count.
+        variance = stacked(torch.var_mean(v, correction=0)[0] for v in values)
         return torch.stack(
             [
                 count,
@@ -127,6 +129,7 @@ class TorchOps(statistics.ArrayOps):
                 minimum,
                 maximum,
                 count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
+                variance * count,
             ],
             dim=1,
         )

@@ -50,17 +50,73 @@ def reference_histogram(gradient):
     return counts
 
 
-def assert_row_matches(series, step_index, variable, expected, rtol=2e-5):
-    """Compares one logged row with `reference_stats` output, NaN where NaN is expected."""
+def stat_tolerances(expected, dtype, input_rtol=0.0):
+    """``{stat: absolute tolerance}`` for comparing logged stats with `reference_stats`.
+
+    Derived from worst-case rounding bounds, not tuned to pass: with unit roundoff ``u`` of the
+    computation dtype and ``n`` entries, a float sum of ``n`` terms in ANY order (XLA, pairwise,
+    cascade, GPU trees) is off by at most ``(n - 1) u sum|terms|`` (Higham, "Accuracy and
+    Stability of Numerical Algorithms", 2nd ed., eq. 4.4); ``gamma = (n + 8) u`` adds the few
+    roundings around the sum (squaring, the 1/abs_max scaling, division, sqrt, storage).
+
+    * l2_norm, mean_abs, weight_l2_norm: sums of non-negative terms, relative error <= gamma.
+    * mean: a signed sum, error <= gamma * mean_abs (it need not be small RELATIVE to the mean).
+    * std: two-pass, so the mean's error delta <= gamma * mean_abs enters only at second order:
+      sqrt(M2 / n) with M2 = n (var + delta^2)(1 +- gamma) is within
+      min(delta, delta^2 / (2 std)) + gamma * sqrt(std^2 + delta^2) of the std. The naive
+      sqrt(E[x^2] - E[x]^2) is off by up to gamma E[x^2] / (2 std): for 64 entries with
+      |mean| / std = 1e4 that is ~100x this bound, which is the bug it catches.
+    * min, max, abs_max: exact up to two roundings (the cast, the stored float).
+    * zero_fraction and the counts: exact up to one division.
+
+    ``input_rtol``: how far the gradient entries themselves may differ from the reference's,
+    when the reference gradient was recomputed by another graph (an eager tape vs the compiled
+    train step round a K-term matmul differently, up to K u relative per entry). Each entry moving
+    by input_rtol * |entry| moves a norm or mean_abs by input_rtol of itself, the mean by
+    input_rtol * mean_abs, the std by at most input_rtol * (rms + mean_abs).
+    """
+    u = np.finfo(dtype).eps / 2
+    n = max(float(expected["size"]), 1.0)
+    gamma = (n + 8) * u
+    mean_abs = expected["mean_abs"] if np.isfinite(expected["mean_abs"]) else 0.0
+    rms = expected["l2_norm"] / np.sqrt(n)
+    magnitude = lambda stat: abs(expected[stat]) if np.isfinite(expected[stat]) else 0.0  # noqa: E731
+    tolerances = {
+        "l2_norm": (gamma + input_rtol) * magnitude("l2_norm"),
+        "mean": (gamma + input_rtol) * mean_abs,
+        "std": std_bound(gamma * mean_abs, magnitude("std"), gamma) + input_rtol * (rms + mean_abs),
+        "mean_abs": (gamma + input_rtol) * mean_abs,
+        "zero_fraction": 2 * u,
+        "nan_count": 0.0,
+        "inf_count": 0.0,
+        "size": 0.0,
+    }
+    for stat in ("min", "max", "abs_max"):
+        tolerances[stat] = (2 * u + input_rtol) * magnitude(stat)
+    if "weight_l2_norm" in expected:
+        tolerances["weight_l2_norm"] = gamma * magnitude("weight_l2_norm")
+    return tolerances
+
+
+def std_bound(mean_error, std, gamma):
+    """The two-pass std's error bound (see `stat_tolerances`)."""
+    second_order = mean_error**2 / (2 * std) if std > 0 else np.inf
+    return min(mean_error, second_order) + gamma * np.hypot(std, mean_error)
+
+
+def assert_row_matches(series, step_index, variable, expected, input_rtol=0.0):
+    """Compares one logged row with `reference_stats` output, NaN where NaN is expected, within
+    the rounding bounds of `stat_tolerances` (plus the smallest float32 step, for values of 0)."""
     index = series.variables.index(variable)
-    scale = expected["abs_max"] if np.isfinite(expected["abs_max"]) else 1.0
+    tolerances = stat_tolerances(expected, series.values.dtype, input_rtol)
     for stat, want in expected.items():
         got = series.stat(stat)[step_index, index]
         if np.isnan(want):
             assert np.isnan(got), f"{variable} {stat}: expected NaN, got {got}"
         else:
-            np.testing.assert_allclose(
-                got, want, rtol=rtol, atol=1e-6 * max(1.0, scale), err_msg=f"{variable} {stat}"
+            tolerance = tolerances[stat] + np.finfo(series.values.dtype).tiny
+            assert abs(float(got) - want) <= tolerance, (
+                f"{variable} {stat}: got {got!r}, expected {want!r} +- {tolerance:.3g}"
             )
 
 
