@@ -99,6 +99,9 @@ class GradientMonitor(keras.callbacks.Callback):
         log the gradients of the compiled loss on it (``training=True``, ``model.compute_loss``)
         under ``<name>_probe``, at the epoch's last step. Layer states (BatchNorm statistics,
         dropout seeds) are restored afterwards, so the probe does not change training.
+      strict: raise when the event files cannot be written (a full disk, no permission). By
+        default training goes on: the step is dropped, counted (``dropped_steps``) and
+        reported, and later steps try again (see `tensorboard_gradients.writer`).
 
     Raises:
       ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow or a
@@ -114,6 +117,7 @@ class GradientMonitor(keras.callbacks.Callback):
         include=None,
         exclude=None,
         probe_data=None,
+        strict=False,
     ):
         super().__init__()
         self.name = options.non_empty_name(name)
@@ -125,8 +129,8 @@ class GradientMonitor(keras.callbacks.Callback):
         self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)
         train_dir = os.path.join(self.log_dir, "train")
-        self._writer = GradientWriter(train_dir, name)
-        self._probe_writer = GradientWriter(train_dir, name + PROBE_SUFFIX)
+        self._writer = GradientWriter(train_dir, name, strict=strict)
+        self._probe_writer = GradientWriter(train_dir, name + PROBE_SUFFIX, strict=strict)
         self._missing = metadata.MissingGradientWarnings(logger)
         self._recorder = None
         self._recorder_key = None
@@ -137,6 +141,11 @@ class GradientMonitor(keras.callbacks.Callback):
         self._batch_begin = 0
         self._last_stats_step = 0
         self._last_histogram_step = 0
+
+    @property
+    def dropped_steps(self):
+        """Logged steps that could not be written (see ``strict``)."""
+        return self._writer.dropped_steps
 
     def set_model(self, model):
         backend = keras.backend.backend()

@@ -19,12 +19,20 @@ All statistics of all variables are computed on the gradients' device and writte
 XLA: summary ops cannot run inside a ``jit_compile=True`` function. There, compute the matrix
 inside the compiled function with `gradient_statistics` (XLA-compatible for dense gradients),
 return it, and write it outside with `write_statistics`.
+
+A full log disk: `gradients` writes through TensorFlow's own summary writer, like
+``tf.summary.scalar``, and TensorFlow raises that writer's write errors from its flush (when
+``as_default()`` ends or its queue fills), inside the graph, where no code can catch them: the
+training step fails. Training that must outlive a full disk returns `gradient_statistics` from
+the step and writes it eagerly with ``write_statistics(..., writer=GradientWriter(log_dir))``,
+which drops and counts what cannot be written and goes on (`tensorboard_gradients.writer`).
 """
 
 import contextlib
 import logging
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tensorboard_gradients import metadata, statistics
@@ -215,6 +223,7 @@ def write_statistics(
     name=metadata.DEFAULT_NAME,
     histogram_counts=None,
     description=None,
+    writer=None,
 ):
     """Writes a matrix from `gradient_statistics` (e.g. returned from an XLA-compiled step).
 
@@ -225,12 +234,26 @@ def write_statistics(
       name: summary name = tag.
       histogram_counts: optional histogram matrix, written under ``<tag>_histograms``.
       description: optional summary description.
+      writer: optional `tensorboard_gradients.GradientWriter` to write with (eagerly) instead
+        of TensorFlow's default summary writer: its disk errors never raise (see the module);
+        its own ``name`` is the tag then.
 
     Returns:
-      True if the statistics were written (a default writer exists and is recording).
+      True if the statistics were written (a default writer exists and is recording; with
+      `writer`, unless the step was dropped).
     """
     variables = list(variables)
     layout = _layout([None] * len(variables), variables)
+    if writer is not None:
+        step = tf.summary.experimental.get_step() if step is None else step
+        if step is None:
+            raise ValueError("no step: pass step= or set tf.summary.experimental.set_step")
+        dropped = writer.dropped_steps
+        writer.write_statistics(
+            int(step), layout, np.asarray(stats),
+            None if histogram_counts is None else np.asarray(histogram_counts), description,
+        )
+        return writer.dropped_steps == dropped
     return _write(
         layout,
         name,

@@ -184,13 +184,16 @@ class GradientMonitor:
       name: the summary name = the tag in the Gradients tab.
       include / exclude: regular expressions (or lists of them) searched in parameter names,
         to watch part of a model (``exclude=r"\\.bias$"``).
+      strict: raise when the event files cannot be written (a full disk, no permission). By
+        default training goes on: the step is dropped, counted (`dropped_steps`) and reported,
+        and later steps try again (see `tensorboard_gradients.writer`).
 
     Raises:
       ValueError: a bad argument, or no parameter left to watch.
     """
 
     def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=None,
-                 name=metadata.DEFAULT_NAME, include=None, exclude=None):
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.name = options.non_empty_name(name)
@@ -212,6 +215,8 @@ class GradientMonitor:
         )
         self.log_dir = _log_dir(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
+        self._strict = bool(strict)
+        self._dropped_before = 0  # by writers closed since
         self._calls = 0
         self._missing = metadata.MissingGradientWarnings(logger)
 
@@ -271,7 +276,7 @@ class GradientMonitor:
         entries = [None if e is None else (e[0].to(device), e[1]) for e in entries]
         ops = ops_for(device)
         weights = [p.detach().to(device=device, dtype=dtype) for _, p in self._parameters]
-        writer = self._writer or GradientWriter(self.log_dir, self.name)
+        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
         self._writer = writer
         counts = None
         if histograms_due:
@@ -293,10 +298,16 @@ class GradientMonitor:
             scalars["loss_scale"] = float(scaler.get_scale())
         return scalars
 
+    @property
+    def dropped_steps(self):
+        """Logged steps that could not be written (see ``strict``)."""
+        return self._dropped_before + (self._writer.dropped_steps if self._writer else 0)
+
     def close(self):
         """Flushes and closes the event file (the monitor can log again afterwards)."""
         if self._writer is not None:
             self._writer.close()
+            self._dropped_before += self._writer.dropped_steps
             self._writer = None
 
     def __enter__(self):

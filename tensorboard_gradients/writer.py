@@ -1,10 +1,20 @@
 """`GradientWriter`: the TF-free writer (numpy arrays in, TensorBoard event files out).
 
 Writes exactly what the TensorFlow summary op writes for the same inputs (same tags, metadata,
-matrix layout and statistics), without importing TensorFlow: for PyTorch, JAX and numpy users.
+matrix layout and statistics), without importing TensorFlow: for PyTorch, JAX and numpy users,
+and under the training monitors and the TensorFlow op, which all write through it.
+
+Write failures never stop training by default: a multi-day run must not die because its log
+disk filled. A step whose events cannot be written (full disk, quota, read-only or vanished
+directory, permissions) is dropped whole (never a torn record, see
+`event_files.EventFileWriter`), an error naming the path is logged at the first failure of each
+outage, every later step tries again, and when writing works again the writer logs how many
+steps were lost and records the running total as the scalar ``<name>/dropped_steps``.
+``strict=True`` raises the `OSError` instead.
 """
 
 import logging
+import os
 import threading
 import time
 from typing import Mapping, Optional
@@ -34,19 +44,31 @@ class GradientWriter:
         file is created on the first `write`, so constructing a writer touches no disk.
       name: the summary name = the tag (see `metadata` for the ``_varset<k>`` rule when the
         variable set changes).
+      strict: raise the `OSError` when events cannot be written. By default (False) the step is
+        dropped, counted (`dropped_steps`) and reported, and training goes on (see the module).
     """
 
-    def __init__(self, logdir: str, name: str = metadata.DEFAULT_NAME):
+    def __init__(self, logdir: str, name: str = metadata.DEFAULT_NAME, strict: bool = False):
         self._events = event_files.EventFileWriter(logdir)
         self._name = name
+        self._strict = bool(strict)
         self._tags = metadata.LayoutTags()
         self._described = set()
         self._lock = threading.Lock()
         self._missing = metadata.MissingGradientWarnings(logger)
+        self._dropped_steps = 0
+        # While writes fail: the steps dropped since the first failure (a step's several writes,
+        # its statistics and its histograms, count once).
+        self._outage = None
 
     @property
     def logdir(self):
         return self._events.logdir
+
+    @property
+    def dropped_steps(self) -> int:
+        """Steps whose events could not be written (a full disk, ...) since the writer was made."""
+        return self._dropped_steps
 
     def write(
         self,
@@ -109,6 +131,7 @@ class GradientWriter:
         layout: metadata.Layout,
         stats: np.ndarray,
         histogram_counts: Optional[np.ndarray] = None,
+        description: Optional[str] = None,
     ) -> str:
         """Writes matrices computed elsewhere (e.g. on the accelerator, inside a train step).
 
@@ -117,84 +140,109 @@ class GradientWriter:
           layout: what the rows and columns mean (`metadata.Layout`).
           stats: ``[len(layout.variables), len(layout.stats)]``.
           histogram_counts: optional ``[len(layout.variables), metadata.HISTOGRAM_BINS]``.
+          description: optional, stored with the tag's metadata.
 
         Returns:
-          The tag written to.
+          The tag written to (also when the step was dropped: see `dropped_steps`).
         """
         expected = (len(layout.variables), len(layout.stats))
         if np.shape(stats) != expected:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
+        if histogram_counts is not None:
+            _check_histogram_shape(layout, histogram_counts)
         with self._lock:
             tag = self._tags.tag_for(self._name, layout)
-            self._write_tensor(
-                step, tag, stats, metadata.stats_metadata_content(self._name, layout)
-            )
+            values = [self._tensor_value(
+                tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
             if histogram_counts is not None:
-                self._write_histograms(step, tag, layout, histogram_counts)
-            self._events.flush()
+                values.append(self._histogram_value(tag, layout, histogram_counts, description))
+            self._emit(step, values)
         return tag
 
-    def write_histograms(self, step: int, layout: metadata.Layout, counts: np.ndarray) -> str:
+    def write_histograms(self, step: int, layout: metadata.Layout, counts: np.ndarray,
+                         description: Optional[str] = None) -> str:
         """Writes a histogram matrix computed elsewhere, for a step without statistics."""
+        _check_histogram_shape(layout, counts)
         with self._lock:
             tag = self._tags.tag_for(self._name, layout)
-            self._write_histograms(step, tag, layout, counts)
-            self._events.flush()
+            self._emit(step, [self._histogram_value(tag, layout, counts, description)])
         return metadata.histogram_tag(tag)
 
-    def _write_histograms(self, step, tag, layout, counts):
-        expected = (len(layout.variables), metadata.HISTOGRAM_BINS)
-        if np.shape(counts) != expected:
-            raise ValueError(f"histogram matrix has shape {np.shape(counts)}, layout needs {expected}")
-        self._write_tensor(
-            step,
+    def _histogram_value(self, tag, layout, counts, description):
+        return self._tensor_value(
             metadata.histogram_tag(tag),
             counts,
-            metadata.histogram_metadata_content(self._name, layout),
+            lambda: metadata.histogram_metadata_content(self._name, layout),
+            description,
         )
 
     def write_epoch(self, step: int, epoch: int):
         """Marks that epoch `epoch` (0-based) starts at `step` (tag ``<name>_epochs``)."""
         with self._lock:
-            self._write_tensor(
-                step,
-                metadata.epochs_tag(self._name),
-                np.array(epoch, dtype=np.float64),
-                metadata.epochs_metadata_content(self._name),
-            )
-            self._events.flush()
+            tag = metadata.epochs_tag(self._name)
+            self._emit(step, [self._tensor_value(
+                tag, np.array(epoch, dtype=np.float64),
+                lambda: metadata.epochs_metadata_content(self._name), None)])
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]):
         """Writes ordinary TensorBoard scalars (Scalars dashboard) under ``<name>/<key>``."""
-        events = []
-        for key, value in scalars.items():
-            tag = f"{self._name}/{key}"
-            summary_value = summary_pb2.Summary.Value(
-                tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value))
-            )
-            if tag not in self._described:
-                summary_value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(tag, ""))
-                self._described.add(tag)
-            events.append(summary_value)
         with self._lock:
-            self._events.write(
-                event_pb2.Event(
-                    wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=events)
-                )
-            )
-            self._events.flush()
+            self._emit(step, [self._scalar_value(key, value) for key, value in scalars.items()])
 
-    def _write_tensor(self, step, tag, array, content):
+    def _scalar_value(self, key, value):
+        tag = f"{self._name}/{key}"
+        summary_value = summary_pb2.Summary.Value(
+            tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value))
+        )
+        if tag not in self._described:
+            summary_value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(tag, ""))
+        return summary_value
+
+    def _tensor_value(self, tag, array, content, description):
         value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(array))
         if tag not in self._described:
-            # Loaders read metadata once per tag; writing it once keeps events small.
-            value.metadata.CopyFrom(metadata.create_summary_metadata(content))
-            self._described.add(tag)
-        self._events.write(
-            event_pb2.Event(
-                wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=[value])
-            )
+            # Loaders read metadata once per tag; writing it once per file keeps events small.
+            value.metadata.CopyFrom(metadata.create_summary_metadata(content(), description))
+        return value
+
+    def _emit(self, step, values):
+        """Writes one step's values as one event, or drops the step (see the module)."""
+        if self._outage is not None:  # the first write after an outage says how much was lost
+            values = values + [self._scalar_value("dropped_steps", self._dropped_steps)]
+        event = event_pb2.Event(
+            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
         )
+        path = self._events.path
+        try:
+            self._events.write(event)
+        except OSError as error:
+            if self._strict:
+                raise
+            self._dropped(int(step), error)
+            return
+        if self._events.path != path:  # a new file: it must describe its tags again
+            self._described.clear()
+        self._described.update(v.tag for v in values)
+        if self._outage is not None:
+            logger.warning(
+                "tensorboard-gradients writes to %s again from step %d: %d step(s) between "
+                "steps %d and %d were dropped (%d in all)", os.path.abspath(self.logdir), step,
+                len(self._outage), min(self._outage), max(self._outage), self._dropped_steps,
+            )
+            self._outage = None
+
+    def _dropped(self, step, error):
+        if self._outage is None:
+            self._outage = set()
+            logger.error(
+                "tensorboard-gradients cannot write to %s (%s): gradient statistics are NOT "
+                "being logged from step %d on; training continues and every later step tries "
+                "again (pass strict=True to raise instead)",
+                os.path.abspath(self.logdir), error.strerror or error, step,
+            )
+        if step not in self._outage:
+            self._outage.add(step)
+            self._dropped_steps += 1
 
     def flush(self):
         self._events.flush()
@@ -204,12 +252,21 @@ class GradientWriter:
         with self._lock:
             self._events.close()
             self._described.clear()
+            if self._outage is not None:
+                logger.error("tensorboard-gradients: %d step(s) could not be written to %s",
+                             self._dropped_steps, os.path.abspath(self.logdir))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _check_histogram_shape(layout, counts):
+    expected = (len(layout.variables), metadata.HISTOGRAM_BINS)
+    if np.shape(counts) != expected:
+        raise ValueError(f"histogram matrix has shape {np.shape(counts)}, layout needs {expected}")
 
 
 def _as_float_array(value, name):
