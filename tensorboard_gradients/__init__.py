@@ -9,7 +9,14 @@ import importlib
 
 from tensorboard_gradients.analysis import Alert, Thresholds, classify, diagnose
 from tensorboard_gradients.metadata import UnsupportedFormatError
-from tensorboard_gradients.reader import GradientHistograms, GradientSeries, read_logdir
+from tensorboard_gradients.reader import (
+    GradientHistograms,
+    GradientSeries,
+    LogdirReport,
+    Problem,
+    read_logdir,
+    read_logdir_report,
+)
 from tensorboard_gradients.writer import GradientWriter
 
 __version__ = "0.1.0"
@@ -19,12 +26,15 @@ __all__ = [
     "GradientHistograms",
     "GradientSeries",
     "GradientWriter",
+    "LogdirReport",
+    "Problem",
     "Thresholds",
     "UnsupportedFormatError",
     "classify",
     "diagnose",
     "keras",
     "read_logdir",
+    "read_logdir_report",
     "summary",
 ]
 

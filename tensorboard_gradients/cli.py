@@ -3,9 +3,24 @@
     tensorboard-gradients diagnose runs/ [--run R] [--tag T] [--json]
         [--fail-on nonfinite,exploding] [--threshold exploding_norm=100 ...]
 
-Prints one line per alert (or a JSON document with ``--json``) and exits with status 1 when an
-alert of a ``--fail-on`` kind was found, so a training pipeline can gate on it. Status 2: bad
-arguments or an unreadable logdir. Rules and defaults: `tensorboard_gradients.analysis`.
+Prints one line per alert (or a JSON document with ``--json``: ``alerts`` and ``problems``), so
+a training pipeline can gate on the exit status. Rules and defaults:
+`tensorboard_gradients.analysis`.
+
+One broken run never hides the others: what cannot be read is skipped and reported on stderr, one
+line per problem of the selected runs and tags (run, tag, file, what is wrong; see
+`reader.read_logdir_report`). A "damaged" problem (some records or points were skipped, the rest
+was read) is a warning; an "unreadable" one (nothing of a file or tag could be read) means the
+answer may be incomplete, and the exit status says so. Names read from the logdir are printed
+with control characters escaped (ESC as \\x1b), so a crafted name cannot drive the terminal.
+
+Exit status:
+  0  no alert of a --fail-on kind; everything selected was read (damaged records aside)
+  1  an alert of a --fail-on kind was found
+  2  bad arguments, no such LOGDIR, or --run / --tag names a run or tag that is missing or
+     could not be read at all
+  3  no alert of a --fail-on kind was found, but a selected run, file or tag could not be read,
+     so there may be one in what was not read
 """
 
 import argparse
@@ -17,6 +32,11 @@ from typing import List, Optional
 
 from tensorboard_gradients import analysis, metadata, reader
 
+EXIT_OK = 0
+EXIT_ALERT = 1
+EXIT_USAGE = 2  # also argparse's status for bad arguments
+EXIT_UNREADABLE = 3
+
 
 def _parser():
     parser = argparse.ArgumentParser(
@@ -27,7 +47,10 @@ def _parser():
     diagnose = commands.add_parser(
         "diagnose",
         help="print the gradient alerts of every run in LOGDIR",
-        description="Print the gradient alerts of every run in LOGDIR (most severe first).",
+        description="Print the gradient alerts of every run in LOGDIR (most severe first). "
+        "Runs, files and tags that cannot be read are reported on stderr and skipped.",
+        epilog=__doc__[__doc__.index("Exit status:"):],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     diagnose.add_argument("logdir", metavar="LOGDIR")
     diagnose.add_argument("--run", help="only this run (as TensorBoard names it, e.g. 'train')")
@@ -74,6 +97,19 @@ def _thresholds(pairs: List[str], parser) -> analysis.Thresholds:
         parser.error(f"--threshold: {error}")
 
 
+def _printable(text: str) -> str:
+    """``text`` with every unprintable character (terminal escapes, line breaks, bidi overrides,
+    lone surrogates of undecodable file names) written as its Python escape, e.g. ``\\x1b``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
+def _complain(message: str):
+    print(f"tensorboard-gradients: {_printable(message)}", file=sys.stderr)
+
+
 def _json_number(value):
     return value if math.isfinite(value) else str(value)
 
@@ -87,34 +123,56 @@ def _table(findings) -> str:
         span = str(alert.first_step) if alert.first_step == alert.last_step else (
             f"{alert.first_step}-{alert.last_step}"
         )
-        rows.append((alert.severity, alert.kind, run, tag, where, span, alert.message))
+        rows.append(tuple(_printable(cell) for cell in (
+            alert.severity, alert.kind, run, tag, where, span, alert.message
+        )))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
              for row in rows]
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _is_selected(problem: reader.Problem, args) -> bool:
+    """Whether a problem concerns what the command reads: a whole file of a selected run counts
+    for every tag (it may hold any of them), a tag's histograms for the tag."""
+    if args.run is not None and problem.run != args.run:
+        return False
+    return args.tag is None or problem.tag in (None, args.tag, metadata.histogram_tag(args.tag))
+
+
+def _absent(what: str, name: str, available, problems, logdir) -> int:
+    """Reports a --run / --tag that names nothing readable."""
+    if any(p.kind == reader.UNREADABLE for p in problems):
+        _complain(f"{what} {name!r} could not be read (see above)")
+    else:
+        _complain(f"no gradients for {what} {name!r} in {logdir} "
+                  f"({what}s: {', '.join(sorted(available)) or 'none'})")
+    return EXIT_USAGE
+
+
 def diagnose_command(args, parser) -> int:
     fail_on = _fail_kinds(args.fail_on, parser)
     thresholds = _thresholds(args.threshold, parser)
     try:
-        runs = reader.read_logdir(args.logdir)
-    except (FileNotFoundError, metadata.UnsupportedFormatError) as error:
-        print(f"tensorboard-gradients: {error}", file=sys.stderr)
-        return 2
+        report = reader.read_logdir_report(args.logdir)
+    except FileNotFoundError as error:
+        _complain(str(error))
+        return EXIT_USAGE
+    problems = [p for p in report.problems if _is_selected(p, args)]
+    for problem in problems:
+        _complain(f"{problem.kind}: {problem}")
+    runs = report.runs
     if args.run is not None:
         if args.run not in runs:
-            print(f"tensorboard-gradients: no gradients for run {args.run!r} in {args.logdir} "
-                  f"(runs: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
-            return 2
+            return _absent("run", args.run, runs, problems, args.logdir)
         runs = {args.run: runs[args.run]}
-    findings = []
-    for run in sorted(runs):
-        for tag in sorted(runs[run]):
-            if args.tag is not None and tag != args.tag:
-                continue
-            for alert in analysis.diagnose(runs[run][tag], thresholds):
-                findings.append((run, tag, alert))
+    selected = [(run, tag, runs[run][tag]) for run in sorted(runs) for tag in sorted(runs[run])
+                if args.tag is None or tag == args.tag]
+    if args.tag is not None and not selected:
+        tags = {tag for run_tags in runs.values() for tag in run_tags}
+        return _absent("tag", args.tag, tags, problems, args.logdir)
+    findings = [(run, tag, alert) for run, tag, series in selected
+                for alert in analysis.diagnose(series, thresholds)]
     severity = {s: i for i, s in enumerate(analysis.SEVERITIES)}
     findings.sort(key=lambda f: (severity[f[2].severity], f[2].first_step))
     if args.json:
@@ -122,15 +180,25 @@ def diagnose_command(args, parser) -> int:
             dict(a.to_json(), run=run, tag=tag, value=_json_number(a.value))
             for run, tag, a in findings
         ]
-        print(json.dumps({"logdir": args.logdir, "alerts": alerts}, indent=1))
+        problem_list = [p.to_json() for p in problems]
+        print(json.dumps({"logdir": args.logdir, "alerts": alerts, "problems": problem_list},
+                         indent=1))
     else:
         print(_table(findings))
     if not runs:
-        print(f"tensorboard-gradients: no gradient summaries under {args.logdir}", file=sys.stderr)
-    return 1 if any(alert.kind in fail_on for _, _, alert in findings) else 0
+        _complain(f"no gradient summaries under {args.logdir}")
+    if any(alert.kind in fail_on for _, _, alert in findings):
+        return EXIT_ALERT
+    if any(p.kind == reader.UNREADABLE for p in problems):
+        return EXIT_UNREADABLE
+    return EXIT_OK
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # Printable names outside the terminal's encoding are escaped rather than fatal.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "diagnose":

@@ -2,6 +2,12 @@
 
 Only TensorBoard's own protobufs are used, never TensorFlow: this module works in a process where
 `import tensorflow` fails (PyTorch/JAX users), and reading a logdir does not pay TF's start-up.
+
+Reading trusts nothing in a file: only regular files are opened (never a FIFO or a device named
+like an event file), records are streamed one at a time with their lengths checked against the
+file and `MAX_RECORD_BYTES`, and what had to be skipped is counted (`ReadDamage`) so the reader
+can report it. TensorBoard's loaders differ: the Python loader stops reading a file at the first
+record failing its checksum, the Rust loader serves that record as it is.
 """
 
 import dataclasses

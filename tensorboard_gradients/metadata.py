@@ -43,11 +43,17 @@ already used, it writes to ``<name>_varset<k>`` (k = 2, 3, ...) instead; see `La
 """
 
 import dataclasses
+import functools
+import hashlib
 import json
+import logging
+import math
 import re
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 FORMAT_VERSION = (1, 1)
@@ -158,7 +164,7 @@ class Layout:
     def create(
         cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False
     ) -> "Layout":
-        names = unique_names([clean_variable_name(v) for v in variables])
+        names = unique_names([_capped(_valid_unicode(clean_variable_name(v))) for v in variables])
         return cls(
             variables=tuple(names),
             layers=tuple(layer_of(v) for v in names),
@@ -167,6 +173,31 @@ class Layout:
             + (WEIGHT_STATS if with_weights else ())
             + (UPDATE_STATS if with_updates else ()),
         )
+
+
+# Longer variable names are cut (with a warning): a name is shown in a table row and travels in
+# URLs, and a 64 KB one made the details request exceed the HTTP server's request-line limit.
+MAX_VARIABLE_NAME_LENGTH = 1000
+_CAPPED_WARNED = set()
+
+
+def _valid_unicode(name: str) -> str:
+    """`name` with lone surrogates (undecodable bytes of a file name, say) written as ``\\udcxx``:
+    readers refuse metadata that is not valid Unicode."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _capped(name: str) -> str:
+    """`name`, or its first characters + a hash of the whole (distinct long names stay distinct)."""
+    if len(name) <= MAX_VARIABLE_NAME_LENGTH:
+        return name
+    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:12]
+    capped = f"{name[:MAX_VARIABLE_NAME_LENGTH - 16]}...{digest}"
+    if name not in _CAPPED_WARNED:
+        _CAPPED_WARNED.add(name)
+        logger.warning("variable name of %d characters logged as %r (at most %d are kept)",
+                       len(name), capped[:60] + "...", MAX_VARIABLE_NAME_LENGTH)
+    return capped
 
 
 def unique_names(names: Sequence[str]):
@@ -200,18 +231,34 @@ class LayoutTags:
     """Chooses the tag for each layout under a summary name, per writer.
 
     The first layout seen under ``name`` gets tag ``name``; each different later layout gets
-    ``name_varset2``, ``name_varset3``, ... so no tag ever mixes two layouts.
+    ``name_varset2``, ``name_varset3``, ... so no tag ever mixes two layouts. A layout is told
+    apart by its variable NAMES and stats, never by counts or shapes: a renamed or reordered
+    variable set of the same size gets its own tag, while a step whose missing gradient leaves
+    a shape unknown stays in its tag. `known` registers the tags a run directory already holds
+    (written by earlier processes), so a new writer reuses or avoids them.
     """
 
     def __init__(self):
         self._tags = {}
 
+    @staticmethod
+    def _key(layout: Layout):
+        return layout.variables, layout.stats
+
+    def known(self, name: str, tag: str, layout: Layout):
+        """Records that ``tag`` (``name`` or ``name_varset<k>``) already holds ``layout``."""
+        self._tags.setdefault(name, {}).setdefault(self._key(layout), tag)
+
     def tag_for(self, name: str, layout: Layout) -> str:
         layouts = self._tags.setdefault(name, {})
-        if layout not in layouts:
-            index = len(layouts) + 1
-            layouts[layout] = name if index == 1 else f"{name}{VARSET_TAG_INFIX}{index}"
-        return layouts[layout]
+        key = self._key(layout)
+        if key not in layouts:
+            used = set(layouts.values())
+            index = 1
+            while (name if index == 1 else f"{name}{VARSET_TAG_INFIX}{index}") in used:
+                index += 1
+            layouts[key] = name if index == 1 else f"{name}{VARSET_TAG_INFIX}{index}"
+        return layouts[key]
 
 
 class MissingGradientWarnings:
@@ -283,45 +330,207 @@ def create_summary_metadata(content: bytes, description: Optional[str] = None):
     )
 
 
+# Bounds on what a tag's metadata content may declare. A real content is small (2,000 variables:
+# about 150 KB); the cap keeps a crafted one from costing more than parsing a few MB.
+MAX_CONTENT_BYTES = 16 * 1024 * 1024
+# Format versions are small counters: a huge number is damage, not a future format.
+_MAX_VERSION_NUMBER = 1000
+_MAX_DIMENSION = 2**63 - 1
+# Parsed contents kept: the plugin parses every tag's content on every request.
+_PARSE_CACHE_SIZE = 512
+
+
 def parse_plugin_data(content: bytes) -> PluginData:
-    """Parses a tag's metadata content; refuses newer major versions and malformed content."""
+    """Parses and validates a tag's metadata content (fields: see the module docstring).
+
+    Every fact a reader relies on is checked here: the version is ``[major, minor]`` (integers,
+    ``1 <= major``), ``kind`` and ``name`` are strings, ``variables`` are unique strings with as
+    many ``layers`` (strings) and ``shapes`` (null or lists of sizes); a stats tag's ``stats`` are
+    unique strings including every name of `GRADIENT_STATS`; a histograms tag has
+    `HISTOGRAM_BINS` string ``bins`` and increasing finite ``log10_edges`` around them. Names
+    must be valid Unicode (no lone surrogates), so they can be printed and served.
+
+    Memoised on the content bytes (errors too): the plugin re-lists every tag on each request.
+
+    Raises:
+      UnsupportedFormatError: the only exception for ANY content: a newer major version (the
+        message says to upgrade), or content that is not such JSON (the message says what is
+        wrong). Fields a newer minor version added are ignored.
+    """
+    outcome = _parse_content(bytes(content))
+    if isinstance(outcome, str):
+        raise UnsupportedFormatError(outcome)
+    return outcome
+
+
+@functools.lru_cache(maxsize=_PARSE_CACHE_SIZE)
+def _parse_content(content: bytes) -> Union[PluginData, str]:
+    """`parse_plugin_data`'s work: the `PluginData`, or why the content is refused."""
     try:
-        data = json.loads(bytes(content).decode("utf-8"))
-        version = tuple(int(v) for v in data["format_version"])
-    except (ValueError, KeyError, TypeError) as error:
+        return _validated_plugin_data(content)
+    except UnsupportedFormatError as error:
+        return str(error)
+
+
+def _validated_plugin_data(content: bytes) -> PluginData:
+    if len(content) > MAX_CONTENT_BYTES:
+        raise _malformed(f"{len(content)} bytes, more than the {MAX_CONTENT_BYTES} accepted")
+    try:
+        data = json.loads(content.decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         raise UnsupportedFormatError(
             f"gradients metadata is not valid tensorboard-gradients JSON: {error}"
-        ) from error
+        ) from None
+    _require(isinstance(data, dict), f"the content is {_shown(data)}, not a JSON object")
+    version = _format_version(data.get("format_version"))
     if version[0] > FORMAT_VERSION[0]:
         raise UnsupportedFormatError(
             f"these gradients were written in format {version[0]}.{version[1]}, newer than "
             f"format {FORMAT_VERSION[0]}.x that this tensorboard-gradients reads; upgrade it "
             "with `pip install -U tensorboard-gradients`"
         )
-    try:
-        kind = data["kind"]
-        if kind == KIND_EPOCHS:
-            return PluginData(kind=kind, name=data["name"], layout=None, format_version=version)
-        if kind not in (KIND_STATS, KIND_HISTOGRAMS):
-            raise ValueError(f"unknown kind {kind!r}")
-        variables = tuple(data["variables"])
-        layout = Layout(
-            variables=variables,
-            layers=tuple(data["layers"]),
-            shapes=tuple(None if s is None else tuple(s) for s in data["shapes"]),
-            stats=tuple(data.get("stats", ())),
-        )
-        if not len(layout.shapes) == len(layout.layers) == len(variables):
-            raise ValueError("variables, layers and shapes differ in length")
+    kind = data.get("kind")
+    _require(
+        kind in (KIND_STATS, KIND_HISTOGRAMS, KIND_EPOCHS),
+        f"'kind' is {_shown(kind)}, not {KIND_STATS!r}, {KIND_HISTOGRAMS!r} or {KIND_EPOCHS!r}",
+    )
+    name = data.get("name")
+    _require(_is_text(name), f"'name' is {_shown(name)}, not a string")
+    if kind == KIND_EPOCHS:
+        return PluginData(kind=kind, name=name, layout=None, format_version=version)
+    variables = _unique(_strings(data, "variables"), "variables")
+    layers = _strings(data, "layers")
+    _require(
+        len(layers) == len(variables),
+        f"{len(layers)} 'layers' for {len(variables)} 'variables'",
+    )
+    shapes = _shapes(data.get("shapes"), len(variables))
+    if kind == KIND_STATS:
+        stats = _unique(_strings(data, "stats"), "stats")
+        absent = [s for s in GRADIENT_STATS if s not in stats]
+        _require(not absent, f"'stats' lacks {', '.join(absent)}")
         return PluginData(
             kind=kind,
-            name=data["name"],
-            layout=layout,
+            name=name,
+            layout=Layout(variables=variables, layers=layers, shapes=shapes, stats=stats),
             format_version=version,
-            log10_edges=tuple(data["log10_edges"]) if kind == KIND_HISTOGRAMS else None,
-            bins=tuple(data["bins"]) if kind == KIND_HISTOGRAMS else None,
         )
-    except (ValueError, KeyError, TypeError) as error:
-        raise UnsupportedFormatError(
-            f"gradients metadata is malformed: {error}"
-        ) from error
+    bins = _strings(data, "bins")
+    _require(
+        len(bins) == HISTOGRAM_BINS, f"{len(bins)} 'bins', not {HISTOGRAM_BINS}"
+    )
+    return PluginData(
+        kind=kind,
+        name=name,
+        layout=Layout(variables=variables, layers=layers, shapes=shapes, stats=()),
+        format_version=version,
+        log10_edges=_log10_edges(data.get("log10_edges")),
+        bins=bins,
+    )
+
+
+def _malformed(what: str) -> UnsupportedFormatError:
+    return UnsupportedFormatError(f"gradients metadata is malformed: {what}")
+
+
+def _require(condition: bool, what: str):
+    if not condition:
+        raise _malformed(what)
+
+
+def _shown(value) -> str:
+    """A short description of a JSON value for an error message (never the whole of it)."""
+    if value is None:
+        return "missing (or null)"
+    flat_list = isinstance(value, list) and len(value) <= 8 and not any(
+        isinstance(v, (list, dict)) for v in value
+    )
+    if isinstance(value, (list, dict)) and not flat_list:  # repr could recurse as deep as JSON
+        return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value) -> bool:
+    return type(value) is int  # JSON integers are exact ints; bool (a subclass) is not one
+
+
+def _is_text(value) -> bool:
+    """A str that is valid Unicode: JSON's ``\\ud800`` escapes decode to lone surrogates, which
+    neither a terminal, a file nor an HTTP answer can carry."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_shape(value) -> bool:
+    return value is None or (
+        isinstance(value, list) and all(_is_int(d) and 0 <= d <= _MAX_DIMENSION for d in value)
+    )
+
+
+def _first_failing(values, check) -> Optional[int]:
+    return next((index for index, value in enumerate(values) if not check(value)), None)
+
+
+def _format_version(value) -> Tuple[int, int]:
+    _require(
+        isinstance(value, list)
+        and len(value) == 2
+        and all(_is_int(v) and 0 <= v <= _MAX_VERSION_NUMBER for v in value)
+        and value[0] >= 1,
+        f"'format_version' is {_shown(value)}, not [major, minor] (integers up to "
+        f"{_MAX_VERSION_NUMBER}, major at least 1)",
+    )
+    return (value[0], value[1])
+
+
+def _strings(data: dict, key: str) -> Tuple[str, ...]:
+    values = data.get(key)
+    _require(isinstance(values, list), f"{key!r} is {_shown(values)}, not a list of strings")
+    # One encode of all of them: a per-string check costs more than parsing the JSON.
+    if not (all(isinstance(v, str) for v in values) and _is_text("".join(values))):
+        index = _first_failing(values, _is_text)
+        value = values[index]
+        problem = "not valid Unicode" if isinstance(value, str) else "not a string"
+        raise _malformed(f"{key}[{index}] is {_shown(value)}, {problem}")
+    return tuple(values)
+
+
+def _unique(names: Tuple[str, ...], key: str) -> Tuple[str, ...]:
+    if len(set(names)) != len(names):
+        seen = set()
+        for name in names:
+            _require(name not in seen, f"{key!r} names {_shown(name)} twice")
+            seen.add(name)
+    return names
+
+
+def _shapes(value, count: int) -> Tuple[Optional[Tuple[int, ...]], ...]:
+    _require(
+        isinstance(value, list) and len(value) == count,
+        f"'shapes' is {_shown(value)}, not a list of {count} shapes (one per variable)",
+    )
+    index = _first_failing(value, _is_shape)
+    if index is not None:
+        raise _malformed(f"shapes[{index}] is {_shown(value[index])}, not null or a list of sizes")
+    return tuple(None if shape is None else tuple(shape) for shape in value)
+
+
+def _log10_edges(value) -> Tuple[float, ...]:
+    count = HISTOGRAM_LOG_BINS + 1
+    _require(
+        isinstance(value, list) and len(value) == count,
+        f"'log10_edges' is {_shown(value)}, not a list of {count} edges",
+    )
+    index = _first_failing(value, lambda e: isinstance(e, float) and math.isfinite(e))
+    if index is not None:
+        raise _malformed(f"log10_edges[{index}] is {_shown(value[index])}, not a finite float")
+    index = next((i for i in range(1, count) if not value[i - 1] < value[i]), None)
+    if index is not None:
+        raise _malformed(f"log10_edges[{index}] is {value[index]!r}, not above the edge before it")
+    return tuple(value)

@@ -2,15 +2,22 @@
 
 Reads the event files directly (not through TensorBoard's loaders, which sample a few points per
 tag), so every logged step comes back.
+
+One bad file never hides the rest of a logdir: a run, file or tag that cannot be read is skipped
+and reported as a `Problem` (`read_logdir_report` returns them, `read_logdir` logs them), and
+every logged tensor is checked against its tag's metadata before it is decoded (`decode_tensor`).
+Unlike TensorBoard's loaders, a record failing its checksum is skipped and the rest of its file
+read (the Python loader stops reading the file there; the Rust loader serves the damaged values),
+and points a later file logged under other metadata for the same tag are refused (both loaders
+would show them under the first metadata's variable names).
 """
 
 import dataclasses
 import logging
 import os
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
-from tensorboard.util import tensor_util
 
 from tensorboard_gradients import event_files, metadata
 
@@ -233,33 +240,247 @@ def series_from_points(
     )
 
 
-def _read_run(directory, files):
-    """``{tag: (PluginData, [(step, wall_time, matrix), ...])}`` of one run's event files."""
-    tags = {}
-    for filename in sorted(files):
-        for event in event_files.read_events(os.path.join(directory, filename)):
-            if not event.HasField("summary"):
+# The kinds of `Problem`, by what was lost.
+UNREADABLE = "unreadable"  # nothing of a file, or of a tag that may hold statistics, was read
+DAMAGED = "damaged"  # records, points or a tag's histograms were left out; the rest is read
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something under a logdir that `read_logdir_report` could not read, in whole or in part."""
+
+    kind: str  # UNREADABLE or DAMAGED
+    run: str
+    tag: Optional[str]  # None: it concerns a whole file or directory
+    path: str  # the event file (or directory) at fault
+    message: str  # what is wrong and what was left out
+
+    def __str__(self):
+        tag = "" if self.tag is None else f", tag {self.tag!r}"
+        return f"run {self.run!r}{tag}, file {self.path!r}: {self.message}"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogdirReport:
+    """What `read_logdir_report` read: the series that could be read, and what could not."""
+
+    runs: Dict[str, Dict[str, GradientSeries]]
+    problems: Tuple[Problem, ...]
+
+
+# Distinct reasons named per tag and file when points are refused (the count says the rest).
+_REASONS_SHOWN = 3
+
+
+@dataclasses.dataclass
+class _Tag:
+    """One tag of a run: its first metadata (which defines it, as in TensorBoard) and points."""
+
+    parsed: metadata.PluginData
+    content: bytes
+    path: str  # the file that declared it first
+    points: List[tuple] = dataclasses.field(default_factory=list)  # (step, wall_time, matrix)
+    refused_points: int = 0
+
+    def refusal(self, plugin_data) -> Optional[str]:
+        """Why points under this later metadata must not be read as the tag's, or None.
+
+        TensorBoard keeps a tag's first metadata only; a later file (another writer, an older
+        version) may declare other variables under the same tag, and its rows would then be
+        shown under the first file's names.
+        """
+        if plugin_data.content == self.content:
+            return None
+        if plugin_data.plugin_name != metadata.PLUGIN_NAME:
+            return f"a later metadata there belongs to plugin {plugin_data.plugin_name!r}"
+        try:
+            parsed = metadata.parse_plugin_data(plugin_data.content)
+        except metadata.UnsupportedFormatError as error:
+            return f"a later metadata there cannot be read ({error})"
+        if _rows_and_columns(parsed) == _rows_and_columns(self.parsed):
+            return None
+        return (f"a later metadata there declares {_layout_summary(parsed)}, the tag's first "
+                f"(in {self.path!r}) {_layout_summary(self.parsed)}: its rows would be misnamed")
+
+
+def _rows_and_columns(parsed: metadata.PluginData) -> tuple:
+    """What a logged matrix's rows and columns mean (shapes aside: a restarted writer may learn
+    a shape the first did not know)."""
+    layout = parsed.layout
+    return (parsed.kind, parsed.bins) + ((layout.variables, layout.stats) if layout else ())
+
+
+def _layout_summary(parsed: metadata.PluginData) -> str:
+    if parsed.layout is None:
+        return f"an {parsed.kind} tag"
+    variables = parsed.layout.variables
+    shown = ", ".join(repr(v) for v in variables[:3]) + (", ..." if len(variables) > 3 else "")
+    stats = f" x {len(parsed.layout.stats)} stats" if parsed.kind == metadata.KIND_STATS else ""
+    return f"a {parsed.kind} tag of {len(variables)} variable(s) ({shown}){stats}"
+
+
+class _RunReader:
+    """Reads one run's event files in order, keeping what can be trusted, reporting the rest."""
+
+    def __init__(self, run: str, problems: List[Problem]):
+        self.run = run
+        self.problems = problems
+        self.tags: Dict[str, _Tag] = {}
+        self.unreadable_tags = set()
+
+    def report(self, kind: str, tag: Optional[str], path: str, message: str):
+        self.problems.append(Problem(kind, self.run, tag, path, message))
+
+    def read_file(self, path: str):
+        damage = event_files.ReadDamage()
+        # This file's refusal reason per tag (None: its points are the tag's), set by the
+        # metadata the file declares, and per tag [points refused, their first few reasons].
+        refusals: Dict[str, Optional[str]] = {}
+        refused: Dict[str, list] = {}
+        events = 0
+        try:
+            for event in event_files.read_events(path, damage):
+                events += 1
+                for value in event.summary.value:
+                    self._take(path, event, value, refusals, refused)
+        except OSError as error:
+            read = "read only in part" if events else "not read"
+            self.report(UNREADABLE, None, path, f"{read}: {error}")
+        if damage:
+            kind = DAMAGED if events else UNREADABLE
+            self.report(kind, None, path, str(damage) if events else f"no record read: {damage}")
+        for tag, (count, reasons) in refused.items():
+            self.tags[tag].refused_points += count
+            self.report(DAMAGED, tag, path, f"{count} point(s) refused: {'; '.join(reasons)}")
+
+    def _take(self, path, event, value, refusals, refused):
+        if value.tag in self.unreadable_tags:
+            return
+        plugin_data = value.metadata.plugin_data
+        tag = self.tags.get(value.tag)
+        if tag is None:
+            if plugin_data.plugin_name != metadata.PLUGIN_NAME:
+                return  # another plugin's tag (or a value before any metadata: as TensorBoard)
+            try:
+                parsed = metadata.parse_plugin_data(plugin_data.content)
+            except metadata.UnsupportedFormatError as error:
+                self.unreadable_tags.add(value.tag)
+                self.report(UNREADABLE, value.tag, path, f"tag skipped: {error}")
+                return
+            tag = self.tags[value.tag] = _Tag(parsed, plugin_data.content, path)
+        if plugin_data.plugin_name:
+            refusals[value.tag] = tag.refusal(plugin_data)
+        reason = refusals.get(value.tag)
+        if reason is None:
+            try:
+                matrix = decode_tensor(value.tensor, expected_shape(tag.parsed))
+            except DamagedPointError as error:
+                reason = str(error)
+            else:
+                tag.points.append((event.step, event.wall_time, matrix))
+                return
+        counted = refused.setdefault(value.tag, [0, []])
+        counted[0] += 1
+        if reason not in counted[1] and len(counted[1]) < _REASONS_SHOWN:
+            counted[1].append(reason)
+
+    def collect_series(self) -> Dict[str, GradientSeries]:
+        """``{tag: GradientSeries}`` of the stats tags with readable points (once all files are
+        read); a stats tag none of whose points could be read is reported `UNREADABLE`."""
+        result = {}
+        for name, tag in self.tags.items():
+            if tag.parsed.kind != metadata.KIND_STATS:
                 continue
-            for value in event.summary.value:
-                if value.tag not in tags:
-                    plugin = value.metadata.plugin_data
-                    if plugin.plugin_name != metadata.PLUGIN_NAME:
-                        continue
-                    try:
-                        parsed = metadata.parse_plugin_data(plugin.content)
-                    except metadata.UnsupportedFormatError as error:
-                        raise metadata.UnsupportedFormatError(
-                            f"{os.path.join(directory, filename)}, tag {value.tag!r}: {error}"
-                        ) from None
-                    tags[value.tag] = (parsed, [])
-                tags[value.tag][1].append(
-                    (event.step, event.wall_time, tensor_util.make_ndarray(value.tensor))
-                )
-    return tags
+            if not tag.points:
+                if tag.refused_points:
+                    self.report(UNREADABLE, name, tag.path, f"tag skipped: none of its "
+                                f"{tag.refused_points} logged point(s) could be read")
+                continue
+            epochs = self._tag_of_kind(metadata.epochs_tag(tag.parsed.name), metadata.KIND_EPOCHS)
+            series = series_from_points(
+                self.run, name, tag.parsed, tag.points, epochs.points if epochs else (),
+                self._histograms(name, tag),
+            )
+            result[name] = dataclasses.replace(
+                series, damaged_points=series.damaged_points + tag.refused_points
+            )
+        return result
+
+    def _tag_of_kind(self, name: str, kind: str) -> Optional[_Tag]:
+        tag = self.tags.get(name)
+        return tag if tag is not None and tag.parsed.kind == kind else None
+
+    def _histograms(self, stats_name: str, stats: _Tag) -> Optional[GradientHistograms]:
+        name = metadata.histogram_tag(stats_name)
+        tag = self._tag_of_kind(name, metadata.KIND_HISTOGRAMS)
+        if tag is None:
+            return None
+        if tag.parsed.layout.variables != stats.parsed.layout.variables:
+            self.report(DAMAGED, name, tag.path, f"histograms left out: "
+                        f"{_layout_summary(tag.parsed)} where tag {stats_name!r} is "
+                        f"{_layout_summary(stats.parsed)}, so its rows would be misnamed")
+            return None
+        return histograms_from_points(self.run, name, tag.parsed, tag.points)
+
+
+def read_logdir_report(logdir: str) -> LogdirReport:
+    """Reads every gradient summary under ``logdir``, and reports what could not be read.
+
+    One bad file never hides the rest: a run, file or tag that cannot be read is skipped and
+    reported as a `Problem`; the others come back whole. What is refused, and how:
+
+    - a file that is not a regular file (a FIFO, a device), cannot be opened or read, or of
+      which not one record is intact: `UNREADABLE`, skipped;
+    - damaged records (see `event_files.read_events`): skipped, counted per file (`DAMAGED`);
+      when the framing breaks, the rest of that file is not read;
+    - a tag whose (first) metadata is malformed or of a newer major format version (the
+      message says to upgrade): `UNREADABLE`, skipped;
+    - points whose tensor is not what the metadata declares (`decode_tensor`: refused before
+      decoding), or that a later file logged under other metadata for the same tag (their rows
+      would be misnamed): `DAMAGED`, refused and counted in ``series.damaged_points``; a stats
+      tag with no readable point at all is `UNREADABLE`;
+    - histograms whose variables differ from their stats tag's: `DAMAGED`, left out (the
+      statistics are kept).
+
+    Returns:
+      A `LogdirReport`: ``runs`` as `read_logdir` returns it, ``problems`` in reading order.
+
+    Raises:
+      FileNotFoundError: ``logdir`` is not a directory.
+    """
+    if not os.path.isdir(logdir):
+        raise FileNotFoundError(f"no such log directory: {logdir!r}")
+    problems: List[Problem] = []
+
+    def run_name(directory: str) -> str:
+        return os.path.relpath(directory, logdir).replace(os.sep, "/")
+
+    def unlisted(error: OSError):
+        problems.append(Problem(UNREADABLE, run_name(error.filename), None, error.filename,
+                                f"directory not listed: {error}"))
+
+    runs = {}
+    for directory, _, files in sorted(os.walk(logdir, onerror=unlisted)):
+        event_file_names = [f for f in files if event_files.is_event_file(f)]
+        if not event_file_names:
+            continue
+        run = _RunReader(run_name(directory), problems)
+        for filename in sorted(event_file_names):
+            run.read_file(os.path.join(directory, filename))
+        series = run.collect_series()
+        if series:
+            runs[run.run] = series
+    return LogdirReport(runs=runs, problems=tuple(problems))
 
 
 def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
-    """Reads every gradient summary under ``logdir``.
+    """Reads every gradient summary under ``logdir`` (every step: no sampling).
+
+    What cannot be read is skipped with a warning per problem (see `read_logdir_report`, which
+    also returns them); the rest comes back.
 
     Returns:
       ``{run: {tag: GradientSeries}}`` where a run is an event-file directory relative to
@@ -268,27 +489,8 @@ def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
 
     Raises:
       FileNotFoundError: ``logdir`` does not exist.
-      metadata.UnsupportedFormatError: data written by a newer, incompatible format version.
     """
-    if not os.path.isdir(logdir):
-        raise FileNotFoundError(f"no such log directory: {logdir!r}")
-    result = {}
-    for directory, _, files in sorted(os.walk(logdir)):
-        event_file_names = [f for f in files if event_files.is_event_file(f)]
-        if not event_file_names:
-            continue
-        tags = _read_run(directory, event_file_names)
-        run_name = os.path.relpath(directory, logdir).replace(os.sep, "/")
-        series = {}
-        for tag, (parsed, points) in tags.items():
-            if parsed.kind != metadata.KIND_STATS or not points:
-                continue
-            histogram_tag = metadata.histogram_tag(tag)
-            histograms = None
-            if histogram_tag in tags:
-                histograms = histograms_from_points(directory, histogram_tag, *tags[histogram_tag])
-            epochs = tags.get(metadata.epochs_tag(parsed.name), (None, ()))[1]
-            series[tag] = series_from_points(run_name, tag, parsed, points, epochs, histograms)
-        if series:
-            result[run_name] = series
-    return result
+    report = read_logdir_report(logdir)
+    for problem in report.problems:
+        logger.warning("%s gradients data: %s", problem.kind.capitalize(), problem)
+    return report.runs

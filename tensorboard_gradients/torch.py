@@ -233,7 +233,8 @@ class GradientMonitor:
           scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
 
         Returns:
-          True if statistics or histograms were written at this step.
+          True if statistics or histograms were written at this step (False when the schedule
+          skips it, on DDP ranks other than 0, and when the write was dropped: see ``strict``).
         """
         index = self._calls
         self._calls += 1
@@ -243,9 +244,10 @@ class GradientMonitor:
         if not (stats_due or histograms_due) or not _writes_here():
             return False
         step = index + 1 if step is None else int(step)
+        dropped = self.dropped_steps
         with torch.no_grad():
-            self._log(step, stats_due, histograms_due, total_norm, scaler)
-        return True
+            logged = self._log(step, stats_due, histograms_due, total_norm, scaler)
+        return logged and self.dropped_steps == dropped
 
     def _entries(self):
         """Per parameter None (no gradient) or (present values, dense size) in one dtype."""
@@ -270,7 +272,7 @@ class GradientMonitor:
         entries, dtype = self._entries()
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
-            return
+            return False
         device = next(e[0].device for e in entries if e is not None)
         # A model split over devices is reduced on the first one (a no-op copy otherwise).
         entries = [None if e is None else (e[0].to(device), e[1]) for e in entries]
@@ -283,10 +285,11 @@ class GradientMonitor:
             counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
         if not stats_due:
             writer.write_histograms(step, self._layout, counts)
-            return
+            return True
         stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
         writer.write_statistics(step, self._layout, stats, counts)
         writer.write_scalars(step, self._scalars(stats, total_norm, scaler))
+        return True
 
     @staticmethod
     def _scalars(stats, total_norm, scaler):

@@ -52,7 +52,7 @@ class GradientWriter:
         self._events = event_files.EventFileWriter(logdir)
         self._name = name
         self._strict = bool(strict)
-        self._tags = metadata.LayoutTags()
+        self._tags = None  # metadata.LayoutTags, seeded from the run directory at the first write
         self._described = set()
         self._lock = threading.Lock()
         self._missing = metadata.MissingGradientWarnings(logger)
@@ -151,7 +151,7 @@ class GradientWriter:
         if histogram_counts is not None:
             _check_histogram_shape(layout, histogram_counts)
         with self._lock:
-            tag = self._tags.tag_for(self._name, layout)
+            tag = self._tag_for(layout)
             values = [self._tensor_value(
                 tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
             if histogram_counts is not None:
@@ -164,9 +164,16 @@ class GradientWriter:
         """Writes a histogram matrix computed elsewhere, for a step without statistics."""
         _check_histogram_shape(layout, counts)
         with self._lock:
-            tag = self._tags.tag_for(self._name, layout)
+            tag = self._tag_for(layout)
             self._emit(step, [self._histogram_value(tag, layout, counts, description)])
         return metadata.histogram_tag(tag)
+
+    def _tag_for(self, layout):
+        if self._tags is None:
+            self._tags = metadata.LayoutTags()
+            for tag, existing in _tags_in_run(self.logdir, self._name):
+                self._tags.known(self._name, tag, existing)
+        return self._tags.tag_for(self._name, layout)
 
     def _histogram_value(self, tag, layout, counts, description):
         return self._tensor_value(
@@ -261,6 +268,52 @@ class GradientWriter:
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _tags_in_run(logdir, name):
+    """``[(tag, layout)]`` of the stats tags of summary ``name`` that earlier writers left in
+    the run directory ``logdir``: what TensorBoard shows for each, i.e. the first metadata of
+    the tag in the files read in name order, as its loaders do. A writer that joins a run (a
+    restarted job, a second process) must not write another variable set under a tag that
+    already has one: the loaders would show its rows under the first writer's names.
+
+    Only records carrying our metadata are parsed; unreadable files are passed over (reading
+    them is the reader's business, and they cannot hold a tag the loaders show either).
+    """
+    try:
+        names = sorted(f for f in os.listdir(logdir) if event_files.is_event_file(f))
+    except OSError:
+        return []  # no directory yet: nothing written before
+    found = {}
+    for file_name in names:
+        try:
+            with event_files.open_regular_file(os.path.join(logdir, file_name)) as file:
+                size = os.fstat(file.fileno()).st_size
+                records = event_files.iter_records(file, 0, size, event_files.ReadDamage())
+                for record in records:
+                    if record.intact and b"format_version" in record.data:
+                        _note_stats_tags(record.data, name, found)
+        except OSError:
+            continue
+    return list(found.items())
+
+
+def _note_stats_tags(record, name, found):
+    """Adds the stats tags of summary ``name`` in one event record to ``found`` (first wins)."""
+    event = event_pb2.Event()
+    try:
+        event.ParseFromString(record)
+    except Exception:  # noqa: BLE001 - a record that does not parse describes no tag
+        return
+    for value in event.summary.value:
+        if value.tag in found or value.metadata.plugin_data.plugin_name != metadata.PLUGIN_NAME:
+            continue
+        try:
+            parsed = metadata.parse_plugin_data(value.metadata.plugin_data.content)
+        except metadata.UnsupportedFormatError:
+            continue
+        if parsed.kind == metadata.KIND_STATS and parsed.name == name:
+            found[value.tag] = parsed.layout
 
 
 def _check_histogram_shape(layout, counts):

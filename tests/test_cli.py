@@ -49,7 +49,7 @@ def test_table_and_exit_status_gate_on_fail_on_kinds(logdir):
 def test_run_filter_and_json(logdir):
     result = run("diagnose", logdir, "--run", "healthy", "--json", "--fail-on", "any")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"logdir": logdir, "alerts": []}
+    assert json.loads(result.stdout) == {"logdir": logdir, "alerts": [], "problems": []}
     result = run("diagnose", logdir, "--run", "broken", "--json")
     alerts = json.loads(result.stdout)["alerts"]
     assert alerts[0]["kind"] == "nonfinite" and alerts[0]["run"] == "broken"
@@ -87,3 +87,10 @@ def test_module_entry_point(logdir):
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0 and "No gradient alerts." in result.stdout
+
+
+def test_help_documents_the_exit_status():
+    result = run("diagnose", "--help")
+    assert result.returncode == 0
+    for code in ("0  no alert", "1  an alert", "2  bad arguments", "3  no alert"):
+        assert code in result.stdout

@@ -1,6 +1,7 @@
 """The on-disk contract: version policy, unique names, and the plugin's route over real loaders."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -9,7 +10,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.util import tensor_util
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import event_files, metadata
+from tensorboard_gradients import event_files, metadata, reader
 
 
 def _write_future_format(run_dir):
@@ -29,8 +30,13 @@ def _write_future_format(run_dir):
 
 def test_reader_refuses_a_newer_major_version_clearly(tmp_path):
     _write_future_format(str(tmp_path / "future"))
-    with pytest.raises(tg.UnsupportedFormatError, match=r"format 2\.0.*pip install -U"):
-        tg.read_logdir(str(tmp_path))
+    with tg.GradientWriter(str(tmp_path / "current")) as writer:
+        writer.write(0, {"a/kernel": np.ones(2)})
+    report = reader.read_logdir_report(str(tmp_path))
+    assert list(report.runs) == ["current"]
+    (problem,) = report.problems
+    assert (problem.kind, problem.run, problem.tag) == (reader.UNREADABLE, "future", "gradients")
+    assert re.search(r"format 2\.0.*pip install -U", problem.message)
 
 
 def test_newer_minor_version_is_read():
@@ -99,3 +105,23 @@ def test_a_newer_format_is_listed_with_its_error_and_refused_by_data_routes(
     response = client.get("/data/plugin/gradients/heatmap?run=future&tag=gradients&stat=l2_norm")
     assert response.status_code == 400
     assert "upgrade" in json.loads(response.get_data())["error"]
+
+
+def test_parsing_is_memoised_on_the_content_bytes():
+    layout = metadata.Layout.create(["a/kernel", "b/bias"], [(2, 2), None], with_weights=True)
+    content = metadata.stats_metadata_content("gradients", layout)
+    parsed = metadata.parse_plugin_data(content)
+    assert parsed.layout == layout
+    assert metadata.parse_plugin_data(bytes(bytearray(content))) is parsed
+    bad = content.replace(b'"l2_norm",', b"")
+    messages = set()
+    for _ in range(2):
+        with pytest.raises(tg.UnsupportedFormatError) as caught:
+            metadata.parse_plugin_data(bad)
+        messages.add(str(caught.value))
+    assert messages == {"gradients metadata is malformed: 'stats' lacks l2_norm"}
+
+
+def test_oversized_metadata_is_refused_unread():
+    with pytest.raises(tg.UnsupportedFormatError, match="more than the 16777216 accepted"):
+        metadata.parse_plugin_data(b" " * (metadata.MAX_CONTENT_BYTES + 1))
