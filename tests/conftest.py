@@ -50,6 +50,12 @@ def reference_histogram(gradient):
     return counts
 
 
+def norm_rtol(entries, dtype=np.float32):
+    """Relative rounding bound of a norm (or any sum of non-negative terms) of ``entries`` values
+    computed in ``dtype`` in any summation order: (n + 8) u, see `stat_tolerances`."""
+    return float((entries + 8) * np.finfo(dtype).eps / 2)
+
+
 def stat_tolerances(expected, dtype, input_rtol=0.0):
     """``{stat: absolute tolerance}`` for comparing logged stats with `reference_stats`.
 

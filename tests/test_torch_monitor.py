@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import tensorboard_gradients as tg  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
 
-from conftest import assert_row_matches, reference_histogram, reference_stats  # noqa: E402
+from conftest import assert_row_matches, norm_rtol, reference_histogram, reference_stats  # noqa: E402
 
 
 def sigmoid_mlp(depth=10, width=32, features=16, classes=4):
@@ -186,7 +186,8 @@ def test_summary_writer_run_clipping_amp_accumulation_and_compile(tmp_path):
     assert series.variables[0] == "0.weight", "no _orig_mod. prefix from torch.compile"
     assert series.steps.tolist() == [1, 2, 3], "one row per optimizer step, not per backward"
     logged_norm = np.sqrt(np.nansum(series.stat("l2_norm")[-1] ** 2))
-    assert logged_norm == pytest.approx(clipped_norm, rel=1e-4)
+    # float32 per-parameter norms vs a float64 sum: within norm_rtol(parameters) of each other.
+    assert logged_norm == pytest.approx(clipped_norm, rel=norm_rtol(sum(p.numel() for p in model.parameters())))
     from tensorboard.backend.event_processing import event_accumulator
 
     scalars = event_accumulator.EventAccumulator(str(tmp_path / "run")).Reload()
@@ -254,7 +255,7 @@ def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
     for name, gradient in last.items():
         expected = reference_stats(gradient)
         assert series.stat("l2_norm")[-1, series.variables.index(name)] == pytest.approx(
-            expected["l2_norm"], rel=1e-5)
+            expected["l2_norm"], rel=norm_rtol(gradient.size))
 
 
 def test_the_torch_monitor_never_imports_tensorflow(tmp_path):
