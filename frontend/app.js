@@ -8,6 +8,7 @@ import { formatStep, formatValue } from "./format.js";
 import { formatHash, parseHash, resolvedAxis, thresholdParams } from "./hash_state.js";
 import { nearestIndex, renderDetails } from "./details.js";
 import { HeatmapView } from "./heatmap_view.js";
+import { dataProblems, problemLine, problemsSummary } from "./problems.js";
 
 const STAT_LABELS = {
   l2_norm: "L2 norm",
@@ -49,6 +50,7 @@ export class App {
     this.status = el("div", { class: "status", role: "status" });
     this.toolbar = el("div", { class: "toolbar" });
     this.thresholdForm = el("form", { class: "thresholds", hidden: true });
+    this.problemsPanel = el("details", { class: "problems", open: true, hidden: true, "data-testid": "data-problems" });
     this.view = new HeatmapView({
       onSelect: (row, column) => this.selectCell(row, column),
       onHover: (cell) => this.hoverCell(cell),
@@ -58,7 +60,8 @@ export class App {
     this.alertsPanel = el("section", { class: "alerts", "aria-label": "Alerts" });
     this.detailsPanel = el("section", { class: "details", hidden: true, "aria-label": "Details" });
     this.main = el("div", { class: "main" });
-    replaceChildren(root, el("div", { class: "gradients-app" }, this.toolbar, this.thresholdForm, this.status, this.main));
+    replaceChildren(root, el("div", { class: "gradients-app" },
+      this.toolbar, this.thresholdForm, this.status, this.problemsPanel, this.main));
     this.matrix = null;
     this.selected = null;
     this.loadToken = 0;
@@ -82,6 +85,7 @@ export class App {
     }
     window.addEventListener("hashchange", () => this.onHashChange());
     setInterval(() => this.refreshIfGrown(), REFRESH_MS);
+    this.renderProblems();
     await this.load();
   }
 
@@ -116,16 +120,23 @@ export class App {
 
   showEmpty() {
     this.setStatus("");
-    const unreadable = Object.entries(this.runs).flatMap(([run, tags]) =>
-      Object.entries(tags).filter(([, info]) => info.error).map(([tag, info]) => `${run}/${tag}: ${info.error}`));
     replaceChildren(this.main, el("div", { class: "empty", "data-testid": "empty-state" },
       el("h2", {}, "No gradient data yet"),
-      unreadable.map((text) => el("p", { class: "status-error" }, text)),
+      dataProblems(this.runs).map((problem) => el("p", { class: `status-${problem.severity}` }, problemLine(problem))),
       el("p", {}, "Log per-layer gradient statistics and they appear here. From Keras model.fit:"),
       el("pre", {}, KERAS_SNIPPET),
       el("p", {}, "From a custom TensorFlow training loop:"),
       el("pre", {}, LOOP_SNIPPET),
       el("p", {}, "PyTorch, JAX or numpy: tensorboard_gradients.GradientWriter (see the README).")));
+  }
+
+  /** Names every tag that cannot be read or lost steps as damaged, whichever run is shown. */
+  renderProblems() {
+    const problems = dataProblems(this.runs);
+    this.problemsPanel.hidden = !problems.length;
+    replaceChildren(this.problemsPanel, el("summary", {}, problemsSummary(problems)),
+      el("ul", {}, problems.map((problem) =>
+        el("li", { class: `problem problem-${problem.severity}` }, problemLine(problem)))));
   }
 
   renderToolbar() {
@@ -260,11 +271,11 @@ export class App {
     this.loadLoss(token);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
     this.renderAlerts(rows);
-    const notes = [];
+    const notes = [...matrix.damage];
     if (matrix.sampled) notes.push(matrix.sampled);
     else if (matrix.downsampled) notes.push("Several steps per column: each column shows its worst cell.");
     if (!matrix.columns) notes.push("No logged steps in this range.");
-    this.setStatus(notes.join(" "), matrix.sampled ? "warning" : "info");
+    this.setStatus(notes.join(" "), matrix.sampled || matrix.damage.length ? "warning" : "info");
     if (this.selected) this.selectCell(...this.selected, true);
     this.refetchIfWider();
   }
@@ -325,7 +336,7 @@ export class App {
     this.hoverTimer = setTimeout(async () => {
       const [row, column] = cell;
       const matrix = this.matrix;
-      const series = await this.seriesOf(matrix.variables[row]).catch(() => null);
+      const series = await this.seriesOf(row).catch(() => null);
       if (!series || matrix !== this.matrix) return;
       const index = nearestIndex(series.steps, matrix.steps[column]);
       const at = (name) => (name in series.stats ? formatValue(toNumber(series.stats[name][index])) : null);
@@ -337,16 +348,19 @@ export class App {
     }, HOVER_STATS_DELAY_MS);
   }
 
-  /** One variable's `series` answer, kept until the next load (hover and details share it). */
-  seriesOf(variable) {
-    if (!this.seriesCache.has(variable)) {
+  /**
+   * The `series` answer of the variable in heatmap row `row`, kept until the next load (hover
+   * and details share it). Asked by index: a name can be longer than a URL may be.
+   */
+  seriesOf(row) {
+    if (!this.seriesCache.has(row)) {
       const request = getJson("series", {
-        run: this.state.run, tag: this.state.tag, variable, ...thresholdParams(this.state),
+        run: this.state.run, tag: this.state.tag, variable_index: row, ...thresholdParams(this.state),
       });
-      request.catch(() => this.seriesCache.delete(variable));
-      this.seriesCache.set(variable, request);
+      request.catch(() => this.seriesCache.delete(row));
+      this.seriesCache.set(row, request);
     }
-    return this.seriesCache.get(variable);
+    return this.seriesCache.get(row);
   }
 
   async selectCell(row, column, keepView = false) {
@@ -354,14 +368,13 @@ export class App {
     if (!matrix || row >= matrix.rows || column >= matrix.columns) return;
     this.selected = [row, column];
     this.view.select(this.selected);
-    const variable = matrix.variables[row];
     const step = matrix.steps[column];
     const common = { run: this.state.run, tag: this.state.tag };
     try {
-      const series = await this.seriesOf(variable);
+      const series = await this.seriesOf(row);
       let histogram = null;
       if (this.info().histograms) {
-        histogram = await getJson("histogram", { ...common, variable, step }).catch(() => null);
+        histogram = await getJson("histogram", { ...common, variable_index: row, step }).catch(() => null);
       }
       renderDetails(this.detailsPanel, { series, stat: this.state.stat, step, thresholds: this.thresholds(), histogram });
       if (!keepView) this.detailsPanel.scrollIntoView({ block: "nearest" });
@@ -377,6 +390,7 @@ export class App {
       const runs = await getJson("runs");
       const before = this.info();
       this.runs = runs;
+      this.renderProblems();
       const after = runs[this.state.run] && runs[this.state.run][this.state.tag];
       if (after && (after.steps !== before.steps || after.variables !== before.variables)) await this.load();
     } catch {

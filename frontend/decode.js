@@ -72,6 +72,8 @@ export function decodeHeatmap(body) {
     epochIndex: body.epoch_index || null,
     downsampled: Boolean(body.downsampled),
     sampled: body.sampled || null,
+    damaged: body.damaged || 0, // logged steps left out as damaged; `damage` says why
+    damage: body.damage || [],
     value(row, column) { return values[row * columns + column]; },
     className(row, column) { return classNames[classes[row * columns + column]]; },
   };

@@ -67,8 +67,10 @@ def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
 def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
     """``[steps, variables]`` -> ``[columns, variables]`` by the never-hide-the-worst rule."""
     count = values.shape[0]
-    if count == 0:
-        return values.astype(np.float64), classes.copy()
+    if len(starts) == count:  # one step per column: nothing to merge, no full-size temporaries
+        merged = values.astype(np.float64)
+        merged[classes == analysis.MISSING] = np.nan
+        return merged, classes.copy()
     worst = np.maximum.reduceat(classes, starts, axis=0)
     column_of_step = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, count)))
     chosen = (classes == worst[column_of_step]) & ~np.isnan(values)

@@ -313,6 +313,22 @@ def _rows_and_columns(parsed: metadata.PluginData) -> tuple:
     return (parsed.kind, parsed.bins) + ((layout.variables, layout.stats) if layout else ())
 
 
+def histograms_mismatch(stats_tag: str, stats: metadata.PluginData, histograms_tag: str,
+                        histograms: metadata.PluginData) -> Optional[str]:
+    """Why the histograms tag ``histograms_tag`` is left out next to its stats tag, or None.
+
+    The one rule of `read_logdir` and of the plugin (`data_access`), so they cannot disagree.
+    Our writers log a tag's histograms with the layout of its statistics (the tag is chosen by
+    the variable names), so histograms of other variables were written under this name by
+    another process or layout: matching their rows by name would show one model's histograms
+    next to another model's statistics. They are left out whole; the statistics are kept.
+    """
+    if histograms.layout.variables == stats.layout.variables:
+        return None
+    return (f"histograms left out: {histograms_tag!r} is {_layout_summary(histograms)} where "
+            f"{stats_tag!r} is {_layout_summary(stats)}, so their rows would be misnamed")
+
+
 def _layout_summary(parsed: metadata.PluginData) -> str:
     if parsed.layout is None:
         return f"an {parsed.kind} tag"
@@ -418,10 +434,9 @@ class _RunReader:
         tag = self._tag_of_kind(name, metadata.KIND_HISTOGRAMS)
         if tag is None:
             return None
-        if tag.parsed.layout.variables != stats.parsed.layout.variables:
-            self.report(DAMAGED, name, tag.path, f"histograms left out: "
-                        f"{_layout_summary(tag.parsed)} where tag {stats_name!r} is "
-                        f"{_layout_summary(stats.parsed)}, so its rows would be misnamed")
+        mismatch = histograms_mismatch(stats_name, stats.parsed, name, tag.parsed)
+        if mismatch:
+            self.report(DAMAGED, name, tag.path, mismatch)
             return None
         return histograms_from_points(self.run, name, tag.parsed, tag.points)
 
@@ -442,8 +457,8 @@ def read_logdir_report(logdir: str) -> LogdirReport:
       decoding), or that a later file logged under other metadata for the same tag (their rows
       would be misnamed): `DAMAGED`, refused and counted in ``series.damaged_points``; a stats
       tag with no readable point at all is `UNREADABLE`;
-    - histograms whose variables differ from their stats tag's: `DAMAGED`, left out (the
-      statistics are kept).
+    - histograms whose variables differ from their stats tag's (`histograms_mismatch`, the
+      plugin's rule too): `DAMAGED`, left out (the statistics are kept).
 
     Returns:
       A `LogdirReport`: ``runs`` as `read_logdir` returns it, ``problems`` in reading order.

@@ -153,3 +153,134 @@ def run_demo(logdir, quick=True):
     if done.returncode != 0:
         raise RuntimeError(f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+# Hand-made event files: what a real writer never produces, as a crafted, bit-rotten or foreign
+# file has it. Used by test_damaged_logdirs (read_logdir, the CLI) and test_server_robustness (a
+# real TensorBoard), so that both craft their damage the same way.
+
+BOMB_SHAPE = [1048576, 1048576]  # float32: 4.4 TB once expanded, declared in a few bytes
+
+
+def metadata_content(make_content, layout, name="gradients", **changes) -> bytes:
+    """``make_content(name, layout)`` (e.g. `metadata.stats_metadata_content`), then with
+    ``changes`` to its JSON fields: metadata as another program or an attacker may write it."""
+    content = json.loads(make_content(name, layout))
+    content.update(changes)
+    return json.dumps(content).encode()
+
+
+def tensor_proto(dtype, shape, **values):
+    """A `TensorProto` of ``dtype`` (a `types_pb2` enum) DECLARING ``shape``, whatever
+    ``values`` (e.g. ``float_val=[1.0]``) hold."""
+    from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2
+
+    dims = [tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in shape]
+    return tensor_pb2.TensorProto(
+        dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims), **values
+    )
+
+
+def bomb_tensor():
+    """TensorFlow's splat encoding: one float for every entry of a `BOMB_SHAPE` tensor (4.4 TB
+    once expanded), in a record of a few hundred bytes."""
+    return tensor_proto(1, BOMB_SHAPE, float_val=[1.0])  # 1: DT_FLOAT
+
+
+def summary_value(tag, tensor, content=None):
+    """A `Summary.Value` of our plugin: ``tensor`` (a `TensorProto`), with metadata made of
+    ``content`` (bytes) when given (loaders keep the first metadata of a tag)."""
+    from tensorboard.compat.proto import summary_pb2
+
+    from tensorboard_gradients import metadata
+
+    value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+    if content is not None:
+        value.metadata.CopyFrom(metadata.create_summary_metadata(content))
+    return value
+
+
+def write_event_file(run_dir, events, name=None):
+    """Writes ``[(step, [summary_value, ...]), ...]`` to a new event file in ``run_dir``, one
+    record per step after the file-version record; renamed to ``name`` when given (so that a
+    run's files sort in a known order). Returns the file's path."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from tensorboard_gradients import event_files
+
+    writer = event_files.EventFileWriter(str(run_dir))
+    for step, values in events:
+        writer.write(event_pb2.Event(step=step, wall_time=1000.0 + step,
+                                     summary=summary_pb2.Summary(value=values)))
+    path = writer.path
+    writer.close()
+    if name is not None:
+        renamed = os.path.join(str(run_dir), name)
+        os.rename(path, renamed)
+        path = renamed
+    return path
+
+
+def record_spans(data):
+    """``(offset, length)`` of each record of an event file's bytes: its length field at
+    ``offset``, its data from ``offset + 12`` to ``offset + 12 + length``."""
+    import struct
+
+    spans, offset = [], 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        spans.append((offset, length))
+        offset += 12 + length + 4
+    return spans
+
+
+def _damage_record_of_step(path, step, damage):
+    """Calls ``damage(data, offset, length)`` on the bytes of the first record of event file
+    ``path`` that logs a summary at ``step`` and writes them back, every checksum as it was."""
+    from tensorboard.compat.proto import event_pb2
+
+    data = bytearray(pathlib.Path(path).read_bytes())
+    for offset, length in record_spans(data):
+        event = event_pb2.Event.FromString(bytes(data[offset + 12: offset + 12 + length]))
+        if event.HasField("summary") and event.step == step:
+            damage(data, offset, length)
+            pathlib.Path(path).write_bytes(bytes(data))
+            return
+    raise AssertionError(f"{path} has no record of step {step}")
+
+
+def flip_byte(path, step, field="data"):
+    """Flips one byte of the record of ``step`` (see `_damage_record_of_step`): in the middle of
+    its data (``"data"``: the record fails its checksum) or of its length field (``"length"``:
+    the framing breaks, nothing after it can be read)."""
+    assert field in ("data", "length")
+
+    def flip(data, offset, length):
+        data[offset + 12 + length // 2 if field == "data" else offset] ^= 0xFF
+
+    _damage_record_of_step(path, step, flip)
+
+
+def replace_in_record(path, step, old, new):
+    """Replaces the bytes ``old`` by ``new`` (same length) inside the record of ``step`` (see
+    `_damage_record_of_step`): on-disk damage of known values, as a bit flip leaves it."""
+    assert len(old) == len(new)
+
+    def replace(data, offset, length):
+        at = bytes(data[offset + 12: offset + 12 + length]).index(old)
+        data[offset + 12 + at: offset + 12 + at + len(old)] = new
+
+    _damage_record_of_step(path, step, replace)
+
+
+def append_record(path, record, valid_checksum=True):
+    """Appends one framed record (its length checksum always valid) to an event file."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    header = struct.pack("<Q", len(record))
+    data_crc = masked_crc32c(record) ^ (0 if valid_checksum else 1)
+    with open(path, "ab") as f:
+        f.write(header + struct.pack("<I", masked_crc32c(header)) + record
+                + struct.pack("<I", data_crc))

@@ -268,3 +268,34 @@ def test_dark_mode_and_tiny_runs(browser, tmp_path):
         assert page.evaluate("[window.gradientsApp.matrix.rows, window.gradientsApp.matrix.columns]") == [1, 1]
         assert errors == []
         page.close()
+
+
+def test_damaged_runs_are_named_while_the_healthy_run_draws(browser, tmp_path):
+    from test_server_robustness import BOMB_SHAPE, expected_steps, write_logdir
+
+    write_logdir(tmp_path)
+    expected = expected_steps("false")
+    with TensorBoard(tmp_path) as tensorboard:
+        tensorboard.wait_for(
+            lambda: {run: tags.get("gradients", {}).get("steps")
+                     for run, tags in (tensorboard.runs() or {}).items()} == expected,
+            "every run to be loaded")
+        tab = Tab(browser, tensorboard.base, "#run=good&tag=gradients&axis=step")
+        tab.wait_drawn()
+        assert len(np.unique(tab.pixels().reshape(-1, 4), axis=0)) > 5, "the heatmap is drawn"
+        assert tab.page.evaluate("window.gradientsApp.matrix.columns") == expected["good"]
+        problems = tab.page.locator("[data-testid=data-problems]")
+        problems.wait_for(state="visible")
+        text = problems.inner_text()
+        assert "tags cannot be read" in text and "tags have damaged data" in text
+        assert "version_overflow/gradients: gradients metadata is malformed" in text
+        assert (f"bomb/gradients: 1 logged step of this tag was refused as damaged: a tensor of "
+                f"shape {BOMB_SHAPE}") in text
+        assert "checksum/gradients: 1 logged step of this tag was left out" in text
+        # The damaged run itself: its good steps drawn, the refusal said above them.
+        tab.page.evaluate("location.hash = '#run=bomb&tag=gradients&axis=step'")
+        tab.page.wait_for_function("window.gradientsApp.matrix.run === 'bomb'")
+        tab.wait_drawn()
+        assert tab.page.evaluate("window.gradientsApp.matrix.columns") == expected["bomb"]
+        assert "refused as damaged" in tab.page.locator(".status-warning").inner_text()
+        tab.close()

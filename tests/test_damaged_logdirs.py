@@ -10,23 +10,24 @@ The CLI runs as a subprocess with a hard timeout (a hang fails fast) and a memor
 import json
 import os
 import resource
-import struct
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from tensorboard.compat.proto import (
-    event_pb2,
-    summary_pb2,
-    tensor_pb2,
-    tensor_shape_pb2,
-    types_pb2,
-)
+from tensorboard.compat.proto import types_pb2
 from tensorboard.util import tensor_util
 
 import tensorboard_gradients as tg
+from support import (
+    bomb_tensor,
+    flip_byte,
+    metadata_content,
+    summary_value,
+    tensor_proto,
+    write_event_file,
+)
 from tensorboard_gradients import event_files, metadata, reader
 
 GOOD_VARIABLES = ["dense_0/kernel", "dense_1/kernel", "dense_2/kernel"]
@@ -41,6 +42,7 @@ MEMORY_LIMIT_BYTES = 1 << 30
 
 
 def _write_good_run(run_dir, variables=GOOD_VARIABLES):
+    """Writes the good run with `GradientWriter`; returns the path of its one event file."""
     rng = np.random.default_rng(0)
     with tg.GradientWriter(str(run_dir)) as writer:
         for step in range(GOOD_STEPS):
@@ -48,6 +50,8 @@ def _write_good_run(run_dir, variables=GOOD_VARIABLES):
             if step >= NAN_STEP:
                 grads[variables[1]][0, 0] = np.nan
             writer.write(step, grads, histograms=step % 5 == 0)
+    (path,) = run_dir.glob("*tfevents*")
+    return path
 
 
 def _content(make_content, layout_variables=CRAFTED_VARIABLES, **changes) -> bytes:
@@ -55,9 +59,7 @@ def _content(make_content, layout_variables=CRAFTED_VARIABLES, **changes) -> byt
     layout = metadata.Layout.create(
         layout_variables, [(2, 2)] * len(layout_variables), with_weights=False
     )
-    content = json.loads(make_content("gradients", layout))
-    content.update(changes)
-    return json.dumps(content).encode()
+    return metadata_content(make_content, layout, **changes)
 
 
 def _stats_content(*args, **changes) -> bytes:
@@ -77,55 +79,9 @@ def _matrix(rows=len(CRAFTED_VARIABLES), columns=len(metadata.GRADIENT_STATS), v
     return tensor_util.make_tensor_proto(matrix)
 
 
-def _event(step, tag, tensor, content=None):
-    value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
-    if content is not None:
-        value.metadata.CopyFrom(metadata.create_summary_metadata(content))
-    return event_pb2.Event(
-        wall_time=1.0 + step, step=step, summary=summary_pb2.Summary(value=[value])
-    )
-
-
-def _write_events(run_dir, events, name=None):
-    """One event file of ``events``; renamed to ``name`` when files must sort in a known order."""
-    writer = event_files.EventFileWriter(str(run_dir))
-    for event in events:
-        writer.write(event)
-    path = writer.path
-    writer.close()
-    if name is not None:
-        os.rename(path, os.path.join(str(run_dir), name))
-
-
-def _tensor(dtype, shape, **values):
-    dims = [tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in shape]
-    return tensor_pb2.TensorProto(
-        dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims), **values
-    )
-
-
-def _records(data: bytes):
-    """``(offset, length)`` of each TFRecord in ``data``."""
-    spans, offset = [], 0
-    while offset < len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        spans.append((offset, length))
-        offset += 12 + length + 4
-    return spans
-
-
-def _flip_byte(run_dir, step, where):
-    """Flips one byte of the record logging ``step``: ``"data"`` (its middle, inside the tensor
-    content) or ``"length"`` (its length field, which breaks the framing)."""
-    (path,) = [p for p in run_dir.iterdir() if "tfevents" in p.name]
-    data = bytearray(path.read_bytes())
-    for offset, length in _records(bytes(data)):
-        event = event_pb2.Event.FromString(bytes(data[offset + 12: offset + 12 + length]))
-        if event.HasField("summary") and event.step == step:
-            data[offset + 12 + length // 2 if where == "data" else offset] ^= 0xFF
-            path.write_bytes(bytes(data))
-            return
-    raise AssertionError(f"no record of step {step}")
+def _logged(step, tag, tensor, content=None):
+    """One step of `write_event_file` logging one value."""
+    return step, [summary_value(tag, tensor, content)]
 
 
 # Bad metadata contents: (content, what the error message names). Each one must be refused with
@@ -181,52 +137,46 @@ def logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("damaged")
     _write_good_run(root / "good")
     for variant, (content, _) in BAD_METADATA.items():
-        _write_events(root / "bad_metadata" / variant, [_event(0, "gradients", _matrix(), content)])
+        write_event_file(root / "bad_metadata" / variant,
+                         [_logged(0, "gradients", _matrix(), content)])
 
-    first = [_event(0, "gradients", _matrix(), _stats_content())]
-    _write_events(root / "bomb", first + [
-        # TensorFlow's splat encoding: one value for every entry of a 2**20 x 2**20 float32
-        # tensor (4.4 TB once expanded), in a record of a few hundred bytes.
-        _event(1, "gradients", _tensor(types_pb2.DT_FLOAT, [2**20, 2**20], float_val=[1.0])),
-        _event(2, "gradients", _tensor(types_pb2.DT_STRING, [2, 11], string_val=[b"x"])),
-        _event(3, "gradients", _tensor(types_pb2.DT_INT32, [2, 11], int_val=[1])),
-        _event(4, "gradients", _matrix(rows=3)),
-        _event(5, "gradients", _matrix(value=5.0)),
+    first = [_logged(0, "gradients", _matrix(), _stats_content())]
+    write_event_file(root / "bomb", first + [
+        _logged(1, "gradients", bomb_tensor()),  # 4.4 TB once expanded, in a few hundred bytes
+        _logged(2, "gradients", tensor_proto(types_pb2.DT_STRING, [2, 11], string_val=[b"x"])),
+        _logged(3, "gradients", tensor_proto(types_pb2.DT_INT32, [2, 11], int_val=[1])),
+        _logged(4, "gradients", _matrix(rows=3)),
+        _logged(5, "gradients", _matrix(value=5.0)),
     ])
-    _write_events(root / "bomb_only", [_event(
-        0, "gradients", _tensor(types_pb2.DT_FLOAT, [2**20, 2**20], float_val=[1.0]),
-        _stats_content(),
-    )])
+    write_event_file(root / "bomb_only", [_logged(0, "gradients", bomb_tensor(), _stats_content())])
 
-    _write_good_run(root / "flipped_data")
-    _flip_byte(root / "flipped_data", 5, "data")
-    _write_good_run(root / "flipped_length")
-    _flip_byte(root / "flipped_length", 5, "length")
+    flip_byte(_write_good_run(root / "flipped_data"), 5, "data")
+    flip_byte(_write_good_run(root / "flipped_length"), 5, "length")
     (root / "garbage").mkdir()
     (root / "garbage" / "events.out.tfevents.garbage").write_bytes(
         np.random.default_rng(1).bytes(4096))
 
     # A restarted writer with another model under the same tag, in a later file.
-    _write_events(root / "later_layout", [
-        _event(step, "gradients", _matrix(), _stats_content() if step == 0 else None)
+    write_event_file(root / "later_layout", [
+        _logged(step, "gradients", _matrix(), _stats_content() if step == 0 else None)
         for step in range(3)
     ], name="events.out.tfevents.1.first")
     # Same matrix shape, other variables: only the metadata tells its rows apart.
-    _write_events(root / "later_layout", [
-        _event(step, "gradients", _matrix(value=7.0),
-               _stats_content(["x/kernel", "y/kernel"]) if step == 3 else None)
+    write_event_file(root / "later_layout", [
+        _logged(step, "gradients", _matrix(value=7.0),
+                _stats_content(["x/kernel", "y/kernel"]) if step == 3 else None)
         for step in range(3, 6)
     ], name="events.out.tfevents.2.second")
 
-    _write_events(root / "histogram_mismatch", [
-        _event(0, "gradients", _matrix(), _stats_content()),
-        _event(0, "gradients_histograms", _matrix(rows=1, columns=metadata.HISTOGRAM_BINS),
-               _histogram_content(CRAFTED_VARIABLES[:1])),
+    write_event_file(root / "histogram_mismatch", [
+        _logged(0, "gradients", _matrix(), _stats_content()),
+        _logged(0, "gradients_histograms", _matrix(rows=1, columns=metadata.HISTOGRAM_BINS),
+                _histogram_content(CRAFTED_VARIABLES[:1])),
     ])
 
     _write_good_run(root / CONTROL_RUN, variables=["first/kernel", CONTROL_VARIABLE, "z/kernel"])
-    _write_events(root / BROKEN_CONTROL_RUN,
-                  [_event(0, "gradients\x1b[1m", _matrix(), _stats_content(format_version=[]))])
+    write_event_file(root / BROKEN_CONTROL_RUN,
+                     [_logged(0, "gradients\x1b[1m", _matrix(), _stats_content(format_version=[]))])
     return root
 
 
@@ -321,7 +271,11 @@ def test_histograms_of_another_layout_are_left_out_and_the_statistics_kept(repor
     assert list(series.steps) == [0] and series.histograms is None
     (problem,) = _problems(report, "histogram_mismatch")
     assert (problem.kind, problem.tag) == (reader.DAMAGED, "gradients_histograms")
-    assert "histograms left out" in problem.message
+    # The plugin says the same (`reader.histograms_mismatch`, see test_server_robustness).
+    assert problem.message == (
+        "histograms left out: 'gradients_histograms' is a histograms tag of 1 variable(s) "
+        "('a/kernel') where 'gradients' is a stats tag of 2 variable(s) ('a/kernel', "
+        f"'b/kernel') x {len(metadata.GRADIENT_STATS)} stats, so their rows would be misnamed")
 
 
 def test_read_logdir_returns_the_good_runs_and_warns_per_problem(logdir, report, caplog):

@@ -58,7 +58,7 @@ def get(client, route, **params):
 def test_runs(client):
     status, runs = get(client, "runs")
     assert status == 200
-    assert runs["train"]["gradients"] == {
+    assert runs["train"]["gradients"] == {  # "damaged"/"damage" only when there is some
         "variables": 3, "steps": STEPS, "stats": list(tg.metadata.GRADIENT_STATS),
         "histograms": True, "epochs": 3, "sampled": None,
     }
@@ -72,8 +72,9 @@ def test_heatmap_shape_and_non_finite_encoding(client):
     assert status == 200
     assert set(body) == {
         "run", "tag", "stat", "variables", "layers", "steps", "last_steps", "wall_times", "values",
-        "classes", "epochs", "downsampled", "sampled",
+        "classes", "epochs", "downsampled", "sampled", "damaged", "damage",
     }
+    assert (body["damaged"], body["damage"]) == (0, [])
     assert body["variables"] == VARIABLES and body["layers"] == ["dense", "dense", "out"]
     assert body["steps"] == list(range(STEPS)) and not body["downsampled"]
     assert len(body["wall_times"]) == STEPS and body["epochs"] == [0, 20, 40]
@@ -85,6 +86,28 @@ def test_heatmap_shape_and_non_finite_encoding(client):
     assert body["classes"][1][0] == "ok"
     status, body = get(client, "heatmap", run="train", tag="gradients", stat="nan_count")
     assert body["values"][0][NAN_STEP] == 1 and body["classes"][0][NAN_STEP] == "nonfinite"
+
+
+def test_heatmap_columns_are_bounded_by_default(client, monkeypatch):
+    monkeypatch.setattr(plugin, "MAX_COLUMNS", 7)
+    _, bounded = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                     exploding_norm="999")  # a new query: not an answer kept from another test
+    _, asked = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                   exploding_norm="999", max_steps=7)
+    assert bounded == asked and len(bounded["steps"]) <= 7 and bounded["downsampled"]
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       max_steps=8)
+    assert status == 400 and "from 1 to 7" in body["error"]
+
+
+def test_a_json_heatmap_merges_to_a_bounded_number_of_cells(client, monkeypatch):
+    monkeypatch.setattr(plugin, "MAX_JSON_CELLS", 3 * 4)  # 3 variables: at most 4 columns
+    params = dict(run="train", tag="gradients", stat="l2_norm", max_steps=30, exploding_norm="998")
+    _, listed = get(client, "heatmap", **params)
+    assert len(listed["steps"]) == 4 and listed["downsampled"]
+    assert "nonfinite" in listed["classes"][0]  # merged, never hiding the worst
+    _, packed = get(client, "heatmap", encoding="base64", **params)
+    assert packed["shape"] == [3, 30]
 
 
 def test_heatmap_merging_never_hides_the_worst(client):
@@ -156,9 +179,24 @@ def test_histogram_at_nearest_logged_step(client):
     status, body = get(client, "histogram", run="train", tag="gradients",
                        variable="dense/kernel", step=10**12)
     assert status == 200 and body["step"] == 50
+    status, body = get(client, "histogram", run="train", tag="gradients",
+                       variable="dense/kernel", step=2**63 - 1)
+    assert status == 200 and body["step"] == 50
     status, body = get(client, "histogram", run="plain", tag="gradients",
                        variable="ü/bias", step=0)
     assert status == 404 and "no histograms" in body["error"]
+
+
+def test_variables_can_be_named_by_their_row_instead_of_their_name(client):
+    for route, extra in (("series", {}), ("histogram", {"step": 38})):
+        _, by_name = get(client, route, run="train", tag="gradients", variable="out/kernel",
+                         **extra)
+        status, by_index = get(client, route, run="train", tag="gradients", variable_index=2,
+                               **extra)
+        assert status == 200 and by_index == by_name
+        assert (by_index["variable"], by_index["variable_index"]) == ("out/kernel", 2)
+    status, body = get(client, "series", run="train", tag="gradients")
+    assert status == 400 and "exactly one of" in body["error"]
 
 
 def test_export_csv_long_format(client):
@@ -196,7 +234,15 @@ HOSTILE = [
     ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "9" * 5000},
      400),
     ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "9" * 30},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "10001"},
+     400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "max_steps": "10000"},
      200),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm",
+                 "first_step": str(2**63)}, 400),
+    ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm",
+                 "last_step": str(2**63 - 1)}, 200),
     ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "axis": "layer"}, 400),
     ("heatmap", {"run": "train", "tag": "gradients", "stat": "l2_norm", "exploding_norm": "nan"},
      400),
@@ -219,6 +265,14 @@ HOSTILE = [
     ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel", "step": "x"},
      400),
     ("histogram", {"run": "train", "tag": "gradients", "variable": "nope", "step": "3"}, 404),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel",
+                   "step": str(2**63)}, 400),
+    ("histogram", {"run": "train", "tag": "gradients", "variable_index": "3", "step": "3"}, 404),
+    ("histogram", {"run": "train", "tag": "gradients", "variable_index": "-1", "step": "3"}, 400),
+    ("histogram", {"run": "train", "tag": "gradients", "variable": "dense/kernel",
+                   "variable_index": "0", "step": "3"}, 400),
+    ("series", {"run": "train", "tag": "gradients", "variable_index": str(2**63)}, 400),
+    ("series", {"run": "train", "tag": "gradients", "variable_index": "x"}, 400),
     ("export", {"run": "train", "tag": "gradients"}, 400),
     ("export", {"run": "train", "tag": "gradients", "format": "xlsx"}, 400),
     ("export", {"run": "nope", "tag": "gradients", "format": "csv"}, 404),
@@ -320,7 +374,7 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(s
         data_access._SAMPLED_READ_BYTES = original
     assert len(loaded.series.steps) == 50 and STEPS - 1 in loaded.series.steps
     assert "--load_fast=false" in loaded.sampled
-    with pytest.raises(RuntimeError):
+    with pytest.raises(data_access.UnreadableTagError, match="RuntimeError: boom"):
         data_access.GradientData(type("Broken", (), {
             "list_tensors": CappedProvider.list_tensors,
             "read_tensors": lambda self, ctx, **kw: (_ for _ in ()).throw(RuntimeError("boom")),

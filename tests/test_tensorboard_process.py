@@ -115,11 +115,16 @@ def test_every_step_reaches_the_plugin_through_both_loaders(logdir, load_fast):
         histogram = _get_json(
             route + f"histogram?run=numpy_run&tag=gradients&variable=fc2/weight&step={NAN_STEP}")
         assert histogram["step"] == 120 and histogram["steps"] == list(range(0, STEPS, 10))
-        try:
-            urllib.request.urlopen(route + "heatmap?run=numpy_run&tag=gradients&stat=nope")
-            raise AssertionError("an unknown stat must not answer 200")
-        except urllib.error.HTTPError as error:
-            assert error.code == 404 and "no stat" in json.loads(error.read())["error"]
+        assert _get_json(route + f"histogram?run=numpy_run&tag=gradients&variable_index=1"
+                         f"&step={NAN_STEP}") == histogram
+        for query, status in (("histogram?run=numpy_run&tag=gradients&variable_index=1"
+                               "&step=9223372036854775808", 400),
+                              ("heatmap?run=numpy_run&tag=gradients&stat=nope", 404)):
+            try:
+                urllib.request.urlopen(route + query, timeout=10)
+                raise AssertionError(f"{query} must not answer 200")
+            except urllib.error.HTTPError as error:
+                assert error.code == status and json.loads(error.read())["error"]
     finally:
         process.terminate()
         process.wait(timeout=30)
