@@ -20,19 +20,19 @@ XLA: summary ops cannot run inside a ``jit_compile=True`` function. There, compu
 inside the compiled function with `gradient_statistics` (XLA-compatible for dense gradients),
 return it, and write it outside with `write_statistics`.
 
-A full log disk: `gradients` writes through TensorFlow's own summary writer, like
+A full log disk: by default `gradients` writes through TensorFlow's own summary writer, like
 ``tf.summary.scalar``, and TensorFlow raises that writer's write errors from its flush (when
 ``as_default()`` ends or its queue fills), inside the graph, where no code can catch them: the
-training step fails. Training that must outlive a full disk returns `gradient_statistics` from
-the step and writes it eagerly with ``write_statistics(..., writer=GradientWriter(log_dir))``,
-which drops and counts what cannot be written and goes on (`tensorboard_gradients.writer`).
+training step fails. Pass ``writer=GradientWriter(log_dir)`` instead (to `gradients`, inside a
+``tf.function`` too, or to `write_statistics`): the matrix then goes to the host through a
+``tf.py_function`` and that writer drops and counts what cannot be written, so the op never
+raises for a full disk (`tensorboard_gradients.writer`).
 """
 
 import contextlib
 import logging
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
 from tensorboard_gradients import metadata, statistics
@@ -234,9 +234,8 @@ def write_statistics(
       name: summary name = tag.
       histogram_counts: optional histogram matrix, written under ``<tag>_histograms``.
       description: optional summary description.
-      writer: optional `tensorboard_gradients.GradientWriter` to write with (eagerly) instead
-        of TensorFlow's default summary writer: its disk errors never raise (see the module);
-        its own ``name`` is the tag then.
+      writer: a `tensorboard_gradients.GradientWriter` to write with instead of TensorFlow's
+        default summary writer (see `gradients`).
 
     Returns:
       True if the statistics were written (a default writer exists and is recording; with
@@ -245,15 +244,9 @@ def write_statistics(
     variables = list(variables)
     layout = _layout([None] * len(variables), variables)
     if writer is not None:
-        step = tf.summary.experimental.get_step() if step is None else step
-        if step is None:
-            raise ValueError("no step: pass step= or set tf.summary.experimental.set_step")
-        dropped = writer.dropped_steps
-        writer.write_statistics(
-            int(step), layout, np.asarray(stats),
-            None if histogram_counts is None else np.asarray(histogram_counts), description,
-        )
-        return writer.dropped_steps == dropped
+        counts = None if histogram_counts is None else lambda: histogram_counts
+        return _write_with(writer, layout, step, description, stats, counts,
+                           histogram_counts is not None)
     return _write(
         layout,
         name,
@@ -299,6 +292,29 @@ def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_
     return written
 
 
+def _write_with(writer, layout, step, description, stats, histograms_fn, histograms):
+    """Writes with a `GradientWriter` from eager code or a graph (through ``tf.py_function``,
+    so a disk error is the writer's to drop and count, never an op error)."""
+    step = tf.summary.experimental.get_step() if step is None else step
+    if step is None:
+        raise ValueError("no step: pass step= or call tf.summary.experimental.set_step")
+    stats = tf.convert_to_tensor(stats)
+    histograms = tf.cast(histograms, tf.bool)
+    counts = tf.cond(
+        histograms,
+        lambda: tf.cast(histograms_fn(), tf.float64),
+        lambda: tf.zeros([len(layout.variables), metadata.HISTOGRAM_BINS], tf.float64),
+    ) if histograms_fn is not None else tf.zeros([0], tf.float64)
+
+    def write(step, stats, counts, with_histograms):
+        dropped = writer.dropped_steps
+        writer.write_statistics(int(step), layout, stats.numpy(),
+                                counts.numpy() if bool(with_histograms) else None, description)
+        return writer.dropped_steps == dropped
+
+    return tf.py_function(write, [tf.cast(step, tf.int64), stats, counts, histograms], tf.bool)
+
+
 def gradients(
     gradients,
     variables,
@@ -306,6 +322,7 @@ def gradients(
     name=metadata.DEFAULT_NAME,
     histograms=False,
     description=None,
+    writer=None,
 ):
     """Writes per-variable gradient statistics as one summary, like `tf.summary.scalar`.
 
@@ -321,10 +338,14 @@ def gradients(
       histograms: a Python bool or a boolean tensor (e.g. ``step % 100 == 0``): also write
         the log10|g| histograms under ``<tag>_histograms`` when true.
       description: optional description stored with the summary metadata.
+      writer: optional `tensorboard_gradients.GradientWriter` to write with instead of
+        TensorFlow's default summary writer, so that a full or unwritable log disk never makes
+        the op raise (see the module). The writer's ``name`` is the tag then; without a default
+        TensorFlow writer `tf.summary.record_if` does not apply: call it on the steps to log.
 
     Returns:
       True (a boolean tensor in graph mode) if the statistics were written, False if no default
-      summary writer is set or recording is off.
+      summary writer is set or recording is off (with `writer`: if the step was dropped).
 
     Raises:
       ValueError: gradients and variables differ in length, or are empty.
@@ -332,7 +353,10 @@ def gradients(
     gradients, variables = list(gradients), list(variables)
     layout = _layout(gradients, variables)
     _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
-
+    if writer is not None:
+        return _write_with(writer, layout, step, description,
+                           gradient_statistics(gradients, variables),
+                           lambda: _histogram_counts(gradients, variables), histograms)
     return _write(
         layout,
         name,

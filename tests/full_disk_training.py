@@ -63,20 +63,19 @@ elif FRAMEWORK == "tensorflow":
 
     tf.random.set_seed(0)
     kernel = tf.Variable(tf.random.normal((16, 1)), name="dense/kernel")
+    monitor = GradientWriter(LOGDIR, strict=STRICT)
 
     @tf.function
-    def train_step():
+    def train_step(step):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((tf.constant(x) @ kernel - y) ** 2)
         grads = tape.gradient(loss, [kernel])
+        summary.gradients(grads, [kernel], step=step, histograms=step % 3 == 1, writer=monitor)
         kernel.assign_sub(0.01 * grads[0])
-        return summary.gradient_statistics(grads, [kernel], histograms=True)
 
-    monitor = GradientWriter(LOGDIR, strict=STRICT)
     for step in range(1, STEPS + 1):
         disk(step)
-        stats, counts = train_step()
-        summary.write_statistics(stats, [kernel], step=step, histogram_counts=counts, writer=monitor)
+        train_step(tf.constant(step, tf.int64))
     trained = STEPS
 elif FRAMEWORK == "jax":
     import jax

@@ -209,3 +209,26 @@ def test_mismatched_lengths_are_a_clear_error():
     model = Model()
     with pytest.raises(ValueError, match="same order"):
         summary.gradients(model.gradients()[:1], model.variables, step=0)
+
+
+def test_with_a_gradient_writer_the_op_writes_the_same_summaries_from_a_graph(tmp_path):
+    model = Model()
+    tf_writer = tf.summary.create_file_writer(str(tmp_path / "tf_writer"))
+    own_writer = tg.GradientWriter(str(tmp_path / "gradient_writer"))
+
+    @tf.function
+    def log(step):
+        grads = model.gradients()
+        with tf_writer.as_default(step=step):
+            summary.gradients(grads, model.variables, histograms=step % 2 == 0)
+        return summary.gradients(grads, model.variables, step=step, histograms=step % 2 == 0,
+                                 writer=own_writer)
+
+    assert all(bool(log(tf.constant(step, tf.int64))) for step in range(3))
+    tf_writer.close()
+    own_writer.close()
+    runs = tg.read_logdir(str(tmp_path))
+    via_tf, via_writer = runs["tf_writer"]["gradients"], runs["gradient_writer"]["gradients"]
+    assert via_writer.variables == via_tf.variables
+    np.testing.assert_array_equal(via_writer.values, via_tf.values)
+    assert via_writer.histograms.steps.tolist() == via_tf.histograms.steps.tolist() == [0, 2]
