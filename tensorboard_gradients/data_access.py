@@ -49,7 +49,6 @@ import threading
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2
 from tensorboard.data import provider
 from tensorboard.util import tensor_util
 
@@ -312,10 +311,8 @@ def _scan_records(path: str, scan: _FileScan, size: int):
 
 
 def _note_damaged_record(record: bytes, scan: _FileScan):
-    event = event_pb2.Event()
-    try:
-        event.ParseFromString(record)
-    except Exception:  # noqa: BLE001 - whatever protobuf raises, the record is unreadable
+    event = event_files.parse_event(record)
+    if event is None:
         scan.unreadable += 1
         return
     for value in event.summary.value:

@@ -193,20 +193,18 @@ def read_events(path: str, damage: Optional[ReadDamage] = None) -> Iterator["eve
     damage = ReadDamage() if damage is None else damage
     with open_regular_file(path) as file:
         for record in iter_records(file, 0, os.fstat(file.fileno()).st_size, damage):
-            event = _event_of(record)
+            event = parse_event(record.data) if record.intact else None
             if event is None:
                 damage.skipped_records += 1
                 continue
             yield event
 
 
-def _event_of(record: "Record") -> Optional["event_pb2.Event"]:
-    """The record's `Event`, or None when its checksum fails or it does not parse."""
-    if not record.intact:
-        return None
+def parse_event(data: bytes) -> Optional["event_pb2.Event"]:
+    """The `Event` a record's data holds, or None when it does not parse."""
     event = event_pb2.Event()
     try:
-        event.ParseFromString(record.data)
+        event.ParseFromString(data)
     except Exception:  # noqa: BLE001 - whatever protobuf raises, it is one bad record
         return None
     return event

@@ -217,7 +217,6 @@ class GradientMonitor:
         self.log_dir = _log_dir(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
-        self._dropped_before = 0  # by writers closed since
         self._calls = 0
         self._missing = metadata.MissingGradientWarnings(logger)
 
@@ -305,14 +304,13 @@ class GradientMonitor:
     @property
     def dropped_steps(self):
         """Logged steps that could not be written (see ``strict``)."""
-        return self._dropped_before + (self._writer.dropped_steps if self._writer else 0)
+        return self._writer.dropped_steps if self._writer else 0
 
     def close(self):
-        """Flushes and closes the event file (the monitor can log again afterwards)."""
+        """Flushes and closes the event file (the monitor can log again afterwards: its writer
+        starts a new file)."""
         if self._writer is not None:
             self._writer.close()
-            self._dropped_before += self._writer.dropped_steps
-            self._writer = None
 
     def __enter__(self):
         return self

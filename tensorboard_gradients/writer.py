@@ -300,10 +300,8 @@ def _tags_in_run(logdir, name):
 
 def _note_stats_tags(record, name, found):
     """Adds the stats tags of summary ``name`` in one event record to ``found`` (first wins)."""
-    event = event_pb2.Event()
-    try:
-        event.ParseFromString(record)
-    except Exception:  # noqa: BLE001 - a record that does not parse describes no tag
+    event = event_files.parse_event(record)
+    if event is None:  # a record that does not parse describes no tag
         return
     for value in event.summary.value:
         if value.tag in found or value.metadata.plugin_data.plugin_name != metadata.PLUGIN_NAME:
