@@ -160,6 +160,13 @@ class Layout:
     shapes: Tuple[Optional[Tuple[int, ...]], ...]  # None: unknown (a missing gradient)
     stats: Tuple[str, ...]
 
+    @property
+    def rows_and_columns(self):
+        """What a logged matrix's rows and columns mean: the variable names and the stats.
+        Shapes aside, so a writer that learns a shape later (a gradient missing at first, a
+        restarted job) still writes the same layout; tags are told apart by this alone."""
+        return self.variables, self.stats
+
     @classmethod
     def create(
         cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False
@@ -241,17 +248,13 @@ class LayoutTags:
     def __init__(self):
         self._tags = {}
 
-    @staticmethod
-    def _key(layout: Layout):
-        return layout.variables, layout.stats
-
     def known(self, name: str, tag: str, layout: Layout):
         """Records that ``tag`` (``name`` or ``name_varset<k>``) already holds ``layout``."""
-        self._tags.setdefault(name, {}).setdefault(self._key(layout), tag)
+        self._tags.setdefault(name, {}).setdefault(layout.rows_and_columns, tag)
 
     def tag_for(self, name: str, layout: Layout) -> str:
         layouts = self._tags.setdefault(name, {})
-        key = self._key(layout)
+        key = layout.rows_and_columns
         if key not in layouts:
             used = set(layouts.values())
             index = 1

@@ -307,10 +307,10 @@ class _Tag:
 
 
 def _rows_and_columns(parsed: metadata.PluginData) -> tuple:
-    """What a logged matrix's rows and columns mean (shapes aside: a restarted writer may learn
-    a shape the first did not know)."""
+    """What a logged matrix's rows and columns mean (`Layout.rows_and_columns`, plus the kind
+    and histogram bins)."""
     layout = parsed.layout
-    return (parsed.kind, parsed.bins) + ((layout.variables, layout.stats) if layout else ())
+    return (parsed.kind, parsed.bins) + (layout.rows_and_columns if layout else ())
 
 
 def histograms_mismatch(stats_tag: str, stats: metadata.PluginData, histograms_tag: str,
