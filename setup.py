@@ -40,7 +40,7 @@ setup(
                  "torch==2.13.0", "jax>=0.4.20"],
     },
     entry_points={
-        "tensorboard_plugins": ["gradients = tensorboard_gradients.plugin:GradientsLoader"],
+        "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],
         "console_scripts": ["tensorboard-gradients = tensorboard_gradients.cli:main"],
     },
     classifiers=[

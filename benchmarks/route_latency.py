@@ -66,8 +66,9 @@ import urllib.request
 
 import numpy as np
 
-from tensorboard_gradients import metadata
-from tensorboard_gradients.writer import GradientWriter
+from tensorboard_gradients.format import columns, metadata
+from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.format.layout import Layout
 
 import _common
 
@@ -120,7 +121,7 @@ known miss, see [NOTES.md](NOTES.md#route-latency) for why and for the history."
 
 
 def _stats_matrix(rng, base, sizes, step, spikes):
-    """One step's ``[variables, 11]`` float32 matrix, columns in `metadata.GRADIENT_STATS` order."""
+    """One step's ``[variables, 11]`` float32 matrix, columns in `columns.GRADIENT_STATS` order."""
     n = len(base)
     norm = base * np.exp(rng.normal(0.0, 0.25, n)) * (1.0 + 1.0 / (1.0 + step / 100.0))
     hit = spikes.get(step)
@@ -142,7 +143,7 @@ def _stats_matrix(rng, base, sizes, step, spikes):
         "inf_count": np.zeros(n),
         "size": sizes,
     }
-    return np.stack([columns[s] for s in metadata.GRADIENT_STATS], axis=1).astype(np.float32)
+    return np.stack([columns[s] for s in columns.GRADIENT_STATS], axis=1).astype(np.float32)
 
 
 def write_gradient_run(directory, variables, steps, seed=0):
@@ -150,7 +151,7 @@ def write_gradient_run(directory, variables, steps, seed=0):
     names = [f"block_{i}/dense/kernel" for i in range(variables)]
     shapes = [(64 * (1 + i % 4), 256) for i in range(variables)]
     sizes = np.array([a * b for a, b in shapes], dtype=np.float64)
-    layout = metadata.Layout.create(names, shapes, with_weights=False)
+    layout = Layout.create(names, shapes, with_weights=False)
     base = 10.0 ** rng.uniform(-2.0, 0.5, variables)
     first = min(100, steps // 2)  # after some history, so the spike rule can see them
     spike_steps = rng.choice(np.arange(first, steps), size=min(5, steps - first), replace=False)
@@ -421,7 +422,7 @@ def measure(tb, variables, steps, scalar_tags, settings):
 
     warm = {k: [] for k in ("heatmap", "heatmap_new_stat", "runs", "alerts", "series",
                             "scalars_sum", "scalar_tag")}
-    other_stats = [s for s in metadata.GRADIENT_STATS if s != STAT]
+    other_stats = [s for s in columns.GRADIENT_STATS if s != STAT]
     # Interleaved rounds: machine noise hits every route alike.
     for round_ in range(settings["repeats"]):
         warm["heatmap"].append(

@@ -8,8 +8,8 @@ imported on first attribute access.
 import importlib
 
 from tensorboard_gradients.analysis import Alert, Thresholds, classify, diagnose
-from tensorboard_gradients.metadata import UnsupportedFormatError
-from tensorboard_gradients.reader import (
+from tensorboard_gradients.format.metadata import UnsupportedFormatError
+from tensorboard_gradients.format.reader import (
     GradientHistograms,
     GradientSeries,
     LogdirReport,
@@ -17,7 +17,7 @@ from tensorboard_gradients.reader import (
     read_logdir,
     read_logdir_report,
 )
-from tensorboard_gradients.writer import GradientWriter
+from tensorboard_gradients.format.writer import GradientWriter
 
 __version__ = "0.1.0"
 

@@ -30,7 +30,8 @@ import os
 import sys
 from typing import List, Optional
 
-from tensorboard_gradients import analysis, metadata, reader
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format import metadata, reader
 
 EXIT_OK = 0
 EXIT_ALERT = 1

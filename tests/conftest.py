@@ -34,19 +34,19 @@ def reference_stats(gradient, weight=None):
 
 def reference_histogram(gradient):
     """Counts of |g| per column, by explicit comparisons against the documented edges."""
-    from tensorboard_gradients import metadata
+    from tensorboard_gradients.format import columns
 
     a = np.abs(np.asarray(gradient, dtype=np.float64).reshape(-1))
-    edges = 10.0 ** np.array(metadata.HISTOGRAM_LOG10_EDGES)
-    counts = np.zeros(metadata.HISTOGRAM_BINS)
-    counts[metadata.HIST_ZERO] = np.sum(a == 0)
-    counts[metadata.HIST_NAN] = np.sum(np.isnan(a))
-    counts[metadata.HIST_INF] = np.sum(np.isinf(a))
+    edges = 10.0 ** np.array(columns.HISTOGRAM_LOG10_EDGES)
+    counts = np.zeros(columns.HISTOGRAM_BINS)
+    counts[columns.HIST_ZERO] = np.sum(a == 0)
+    counts[columns.HIST_NAN] = np.sum(np.isnan(a))
+    counts[columns.HIST_INF] = np.sum(np.isinf(a))
     finite = a[np.isfinite(a) & (a > 0)]
-    counts[metadata.HIST_BELOW] = np.sum(finite < edges[0])
-    counts[metadata.HIST_ABOVE] = np.sum(finite >= edges[-1])
+    counts[columns.HIST_BELOW] = np.sum(finite < edges[0])
+    counts[columns.HIST_ABOVE] = np.sum(finite >= edges[-1])
     for i in range(len(edges) - 1):
-        counts[metadata.HIST_FIRST_LOG_BIN + i] = np.sum((finite >= edges[i]) & (finite < edges[i + 1]))
+        counts[columns.HIST_FIRST_LOG_BIN + i] = np.sum((finite >= edges[i]) & (finite < edges[i + 1]))
     return counts
 
 
@@ -140,7 +140,7 @@ def plugin_client():
     from tensorboard.plugins import base_plugin
     from werkzeug import test as werkzeug_test
 
-    from tensorboard_gradients import plugin
+    from tensorboard_gradients.server import plugin
 
     def make(logdir):
         multiplexer = plugin_event_multiplexer.EventMultiplexer(

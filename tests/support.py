@@ -192,7 +192,7 @@ def summary_value(tag, tensor, content=None):
     ``content`` (bytes) when given (loaders keep the first metadata of a tag)."""
     from tensorboard.compat.proto import summary_pb2
 
-    from tensorboard_gradients import metadata
+    from tensorboard_gradients.format import metadata
 
     value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
     if content is not None:
@@ -206,7 +206,7 @@ def write_event_file(run_dir, events, name=None):
     run's files sort in a known order). Returns the file's path."""
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from tensorboard_gradients import event_files
+    from tensorboard_gradients.format import event_files
 
     writer = event_files.EventFileWriter(str(run_dir))
     for step, values in events:

@@ -5,8 +5,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tensorboard_gradients import analysis, metadata
-from tensorboard_gradients.reader import GradientSeries
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format.reader import GradientSeries
+from tensorboard_gradients.format.layout import Layout
 
 STEPS = 300
 
@@ -15,7 +16,7 @@ def make_series(norms, variables, zero_fraction=None, nonfinite=None, missing=No
                 weights=None, updates=None, shapes=None):
     """A series whose l2_norm is ``norms[step, variable]`` (other stats consistent enough)."""
     norms = np.asarray(norms, dtype=np.float64)
-    layout = metadata.Layout.create(
+    layout = Layout.create(
         variables, shapes or [(8, 8)] * len(variables), with_weights=weights is not None,
         with_updates=updates is not None,
     )

@@ -28,7 +28,8 @@ from support import (
     tensor_proto,
     write_event_file,
 )
-from tensorboard_gradients import event_files, metadata, reader
+from tensorboard_gradients.format import columns, event_files, metadata, reader
+from tensorboard_gradients.format.layout import Layout
 
 GOOD_VARIABLES = ["dense_0/kernel", "dense_1/kernel", "dense_2/kernel"]
 GOOD_STEPS = 20
@@ -56,7 +57,7 @@ def _write_good_run(run_dir, variables=GOOD_VARIABLES):
 
 def _content(make_content, layout_variables=CRAFTED_VARIABLES, **changes) -> bytes:
     """Valid metadata content of ``layout_variables``, then with ``changes`` to its fields."""
-    layout = metadata.Layout.create(
+    layout = Layout.create(
         layout_variables, [(2, 2)] * len(layout_variables), with_weights=False
     )
     return metadata_content(make_content, layout, **changes)
@@ -70,12 +71,12 @@ def _histogram_content(*args, **changes) -> bytes:
     return _content(metadata.histogram_metadata_content, *args, **changes)
 
 
-def _matrix(rows=len(CRAFTED_VARIABLES), columns=len(metadata.GRADIENT_STATS), value=1.0):
+def _matrix(rows=len(CRAFTED_VARIABLES), columns=len(columns.GRADIENT_STATS), value=1.0):
     """A float32 ``[rows, columns]`` of ``value``: for a stats tag, finite healthy gradients."""
     matrix = np.full((rows, columns), value, np.float32)
-    if columns == len(metadata.GRADIENT_STATS):
+    if columns == len(columns.GRADIENT_STATS):
         for count in ("nan_count", "inf_count"):
-            matrix[:, metadata.GRADIENT_STATS.index(count)] = 0
+            matrix[:, columns.GRADIENT_STATS.index(count)] = 0
     return tensor_util.make_tensor_proto(matrix)
 
 
@@ -101,11 +102,11 @@ BAD_METADATA = {
     "kind_unknown": (_stats_content(kind="scalars"), "'kind'"),
     "kind_not_string": (_stats_content(kind=["stats"]), "'kind'"),
     "name_not_string": (_stats_content(name=7), "'name'"),
-    "no_l2_norm": (_stats_content(stats=[s for s in metadata.GRADIENT_STATS if s != "l2_norm"]),
+    "no_l2_norm": (_stats_content(stats=[s for s in columns.GRADIENT_STATS if s != "l2_norm"]),
                    "lacks l2_norm"),
-    "stats_repeated": (_stats_content(stats=list(metadata.GRADIENT_STATS) + ["mean"]),
+    "stats_repeated": (_stats_content(stats=list(columns.GRADIENT_STATS) + ["mean"]),
                        "'stats' names 'mean' twice"),
-    "stats_not_strings": (_stats_content(stats=list(metadata.GRADIENT_STATS) + [None]),
+    "stats_not_strings": (_stats_content(stats=list(columns.GRADIENT_STATS) + [None]),
                           "stats[11]"),
     "variables_not_strings": (_stats_content(variables=[1, 2]), "variables[0]"),
     "variables_repeated": (_stats_content(variables=["a/kernel", "a/kernel"]),
@@ -121,12 +122,12 @@ BAD_METADATA = {
     "shape_huge": (_stats_content(shapes=[[10**30], None]), "shapes[0]"),
     "shapes_too_few": (_stats_content(shapes=[None]), "'shapes'"),
     "histogram_bins_short": (_histogram_content(bins=["zero"]), "'bins'"),
-    "histogram_bins_not_strings": (_histogram_content(bins=list(range(metadata.HISTOGRAM_BINS))),
+    "histogram_bins_not_strings": (_histogram_content(bins=list(range(columns.HISTOGRAM_BINS))),
                                    "bins[0]"),
     "histogram_edges_nan": (_histogram_content().decode().replace("-20.0", "NaN").encode(),
                             "log10_edges[0] is nan"),
     "histogram_edges_decreasing": (_histogram_content(
-        log10_edges=list(reversed(metadata.HISTOGRAM_LOG10_EDGES))), "log10_edges[1]"),
+        log10_edges=list(reversed(columns.HISTOGRAM_LOG10_EDGES))), "log10_edges[1]"),
     "newer_major_version": (_stats_content(format_version=[2, 0]), "pip install -U"),
 }
 
@@ -170,7 +171,7 @@ def logdir(tmp_path_factory):
 
     write_event_file(root / "histogram_mismatch", [
         _logged(0, "gradients", _matrix(), _stats_content()),
-        _logged(0, "gradients_histograms", _matrix(rows=1, columns=metadata.HISTOGRAM_BINS),
+        _logged(0, "gradients_histograms", _matrix(rows=1, columns=columns.HISTOGRAM_BINS),
                 _histogram_content(CRAFTED_VARIABLES[:1])),
     ])
 
@@ -275,11 +276,11 @@ def test_histograms_of_another_layout_are_left_out_and_the_statistics_kept(repor
     assert problem.message == (
         "histograms left out: 'gradients_histograms' is a histograms tag of 1 variable(s) "
         "('a/kernel') where 'gradients' is a stats tag of 2 variable(s) ('a/kernel', "
-        f"'b/kernel') x {len(metadata.GRADIENT_STATS)} stats, so their rows would be misnamed")
+        f"'b/kernel') x {len(columns.GRADIENT_STATS)} stats, so their rows would be misnamed")
 
 
 def test_read_logdir_returns_the_good_runs_and_warns_per_problem(logdir, report, caplog):
-    with caplog.at_level("WARNING", logger="tensorboard_gradients.reader"):
+    with caplog.at_level("WARNING", logger="tensorboard_gradients.format.reader"):
         runs = tg.read_logdir(str(logdir))
     assert sorted(runs) == sorted(report.runs)
     assert len(caplog.records) == len(report.problems)
@@ -417,7 +418,7 @@ def test_cli_never_opens_a_fifo_or_reads_dev_zero(special_files):
 
 
 def test_read_logdir_skips_a_fifo_and_dev_zero_in_bounded_time_and_memory(special_files):
-    script = ("import sys, tensorboard_gradients.reader as r; "
+    script = ("import sys, tensorboard_gradients.format.reader as r; "
               "report = r.read_logdir_report(sys.argv[1]); "
               "print(sorted(report.runs), [(p.run, p.kind) for p in report.problems])")
     result = subprocess.run([sys.executable, "-c", script, str(special_files)], capture_output=True,

@@ -10,12 +10,13 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.util import tensor_util
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import event_files, metadata, reader
+from tensorboard_gradients.format import columns, event_files, metadata, reader
+from tensorboard_gradients.format.layout import Layout, unique_names
 
 
 def _write_future_format(run_dir):
     content = json.loads(metadata.stats_metadata_content(
-        "gradients", metadata.Layout.create(["a/kernel"], [(2,)], with_weights=False)
+        "gradients", Layout.create(["a/kernel"], [(2,)], with_weights=False)
     ))
     content["format_version"] = [2, 0]
     value = summary_pb2.Summary.Value(
@@ -40,7 +41,7 @@ def test_reader_refuses_a_newer_major_version_clearly(tmp_path):
 
 
 def test_newer_minor_version_is_read():
-    layout = metadata.Layout.create(["a/kernel"], [(2,)], with_weights=False)
+    layout = Layout.create(["a/kernel"], [(2,)], with_weights=False)
     content = json.loads(metadata.stats_metadata_content("gradients", layout))
     content["format_version"] = [1, 7]
     content["added_in_1_7"] = "ignored"
@@ -54,7 +55,7 @@ def test_malformed_metadata_is_a_clear_error():
 
 
 def test_duplicate_variable_names_stay_distinct():
-    assert metadata.unique_names(["kernel", "kernel", "kernel_1", "bias"]) == [
+    assert unique_names(["kernel", "kernel", "kernel_1", "bias"]) == [
         "kernel", "kernel_2", "kernel_1", "bias"
     ]
 
@@ -83,7 +84,7 @@ def test_runs_route_lists_stats_tags(tmp_path, plugin_client):
     assert json.loads(response.get_data()) == {
         "run_a": {
             "gradients": {
-                "variables": 2, "steps": 12, "stats": list(metadata.GRADIENT_STATS),
+                "variables": 2, "steps": 12, "stats": list(columns.GRADIENT_STATS),
                 "histograms": True, "epochs": 0, "sampled": None,
             }
         }
@@ -108,7 +109,7 @@ def test_a_newer_format_is_listed_with_its_error_and_refused_by_data_routes(
 
 
 def test_parsing_is_memoised_on_the_content_bytes():
-    layout = metadata.Layout.create(["a/kernel", "b/bias"], [(2, 2), None], with_weights=True)
+    layout = Layout.create(["a/kernel", "b/bias"], [(2, 2), None], with_weights=True)
     content = metadata.stats_metadata_content("gradients", layout)
     parsed = metadata.parse_plugin_data(content)
     assert parsed.layout == layout

@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 CHECK = """
 import importlib.metadata, json, os, sys, tensorboard_gradients
-from tensorboard_gradients import plugin
+from tensorboard_gradients.server import plugin
 target = sys.argv[1]
 dists = [d for d in importlib.metadata.distributions(path=[target]) if d.metadata["Name"] == "tensorboard-gradients"]
 points = [e for e in dists[0].entry_points if e.group == "tensorboard_plugins"]
@@ -23,14 +24,19 @@ print(json.dumps({"file": tensorboard_gradients.__file__, "points": [[e.name, e.
 
 
 def test_wheel_installs_and_registers_the_entry_point(tmp_path):
+    # Built from a copy: setuptools reuses an in-tree build/ folder, whose files of modules moved
+    # or deleted since would ship in the wheel.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path / "dist"), str(ROOT)],
+         "--wheel-dir", str(tmp_path / "dist"), str(source)],
         check=True, timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("tensorboard_gradients-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "tensorboard_gradients/plugin.py" in names
+    assert "tensorboard_gradients/server/plugin.py" in names
     assert not any(n.startswith(("tests/", "demo/", "benchmarks/")) for n in names)
     # The tab's ES modules ship as real files (static/ links to frontend/ in the source tree);
     # their Node tests do not.
@@ -51,7 +57,7 @@ def test_wheel_installs_and_registers_the_entry_point(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["file"].startswith(str(target))
-    assert result["points"] == [["gradients", "tensorboard_gradients.plugin:GradientsLoader"]]
+    assert result["points"] == [["gradients", "tensorboard_gradients.server.plugin:GradientsLoader"]]
     assert result["loader"] == "GradientsLoader"
     assert result["static_files"] == sorted(modules)
     always = [r for r in result["requires"] if "extra ==" not in r]

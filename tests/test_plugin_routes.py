@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import data_access, plugin
+from tensorboard_gradients.server import data_access, plugin
 
 BASE = "/data/plugin/gradients/"
 STEPS = 60

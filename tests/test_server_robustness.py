@@ -31,14 +31,15 @@ from support import (
     tensor_proto,
     write_event_file,
 )
-from tensorboard_gradients import metadata
+from tensorboard_gradients.format import columns, metadata
+from tensorboard_gradients.format.layout import Layout
 
 GOOD_STEPS = 30
 NAN_STEP = 17
 GOOD_VARIABLES = ["fc1/weight", "fc2/weight"]
 TAG = "gradients"
 CRAFTED_STEPS = 10
-CRAFTED_LAYOUT = metadata.Layout.create(["a/kernel", "b/bias"], [(3,), (2,)], with_weights=False)
+CRAFTED_LAYOUT = Layout.create(["a/kernel", "b/bias"], [(3,), (2,)], with_weights=False)
 DAMAGED_STEP = 5
 FLIPPED_VALUE = 9999.0
 # What read_logdir reports and the plugin says of the run `histograms_fewer_variables`.
@@ -102,11 +103,11 @@ def write_logdir(root):
     write_crafted_run(root / "bomb", stats_content(), {DAMAGED_STEP: bomb_tensor()})
     # Histograms logged for fewer variables than the stats tag lists (another process's layout):
     # left out whole, as `read_logdir` leaves them out (`reader.histograms_mismatch`).
-    one_variable = metadata.Layout.create(["a/kernel"], [(3,)], with_weights=False)
+    one_variable = Layout.create(["a/kernel"], [(3,)], with_weights=False)
     write_event_file(root / "histograms_fewer_variables", [
         (step, [summary_value(TAG, crafted_matrix(step), stats_content() if step == 0 else None),
                 summary_value(metadata.histogram_tag(TAG),
-                              tensor_util.make_tensor_proto(np.ones((1, metadata.HISTOGRAM_BINS))),
+                              tensor_util.make_tensor_proto(np.ones((1, columns.HISTOGRAM_BINS))),
                               metadata.histogram_metadata_content(TAG, one_variable)
                               if step == 0 else None)])
         for step in range(3)
@@ -177,7 +178,7 @@ def test_the_listing_answers_and_names_every_damaged_run(served):
     status, runs = client.get("runs")
     assert status == 200
     assert runs["good"][TAG] == {
-        "variables": 2, "steps": GOOD_STEPS, "stats": list(metadata.GRADIENT_STATS),
+        "variables": 2, "steps": GOOD_STEPS, "stats": list(columns.GRADIENT_STATS),
         "histograms": True, "epochs": 3, "sampled": None,
     }
     for run, (_, what) in BAD_METADATA.items():
@@ -271,7 +272,7 @@ def test_the_decode_guard_changes_make_ndarray_only_inside_the_plugins_reads():
     import collections
     import threading
 
-    from tensorboard_gradients import data_access
+    from tensorboard_gradients.server import data_access
 
     data_access.install_decode_guard()
     guarded = tensor_util.make_ndarray
@@ -294,7 +295,7 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
                                                                              monkeypatch):
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from tensorboard_gradients import data_access
+    from tensorboard_gradients.server import data_access
 
     path = write_crafted_run(tmp_path / "growing", stats_content())
     scans = []
@@ -317,7 +318,7 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
 def test_damage_to_the_histograms_and_epoch_marks_of_a_tag_is_named_on_the_tag(tmp_path,
                                                                              plugin_client):
     histograms_tag, epochs_tag = metadata.histogram_tag(TAG), metadata.epochs_tag(TAG)
-    counts = tensor_util.make_tensor_proto(np.ones((2, metadata.HISTOGRAM_BINS), np.float32))
+    counts = tensor_util.make_tensor_proto(np.ones((2, columns.HISTOGRAM_BINS), np.float32))
     path = write_event_file(tmp_path / "run", [
         (step, [summary_value(TAG, crafted_matrix(step), stats_content() if step == 0 else None)])
         for step in range(CRAFTED_STEPS)

@@ -9,12 +9,12 @@ checked here, compiled where the library compiles, against float64 numpy.
 import numpy as np
 import pytest
 
-from tensorboard_gradients import metadata, statistics
+from tensorboard_gradients.format import columns, statistics
 
 from conftest import reference_stats, stat_tolerances
 
-STD = metadata.GRADIENT_STATS.index("std")
-MEAN = metadata.GRADIENT_STATS.index("mean")
+STD = columns.GRADIENT_STATS.index("std")
+MEAN = columns.GRADIENT_STATS.index("mean")
 
 
 def offset_gradient(ratio, size=64, seed=0):
@@ -30,7 +30,7 @@ def numpy_stats(gradient, dense_size):
 
 def tensorflow_stats(jit):
     tf = pytest.importorskip("tensorflow")
-    from tensorboard_gradients.summary import TensorFlowOps
+    from tensorboard_gradients.capture.summary import TensorFlowOps
 
     @tf.function(jit_compile=jit)
     def compute(gradient, dense_size):
@@ -43,7 +43,7 @@ def tensorflow_stats(jit):
 
 def torch_stats(gradient, dense_size):
     torch = pytest.importorskip("torch")
-    from tensorboard_gradients.torch import ops_for
+    from tensorboard_gradients.capture.torch import ops_for
 
     return statistics.statistics_matrix(
         ops_for(torch.device("cpu")), [(torch.tensor(gradient), dense_size)], None,
@@ -52,7 +52,7 @@ def torch_stats(gradient, dense_size):
 
 def jax_stats(gradient, dense_size):
     jax = pytest.importorskip("jax")
-    from tensorboard_gradients.jax import JaxOps
+    from tensorboard_gradients.capture.jax import JaxOps
 
     compute = jax.jit(lambda g: statistics.statistics_matrix(
         JaxOps, [(g, dense_size)], None, g.dtype))

@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from tensorboard_gradients import GradientWriter, event_files, read_logdir
+from tensorboard_gradients import GradientWriter, read_logdir
+from tensorboard_gradients.format import event_files
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "full_disk_training.py")
 STEPS, FULL_UNTIL = 30, 20  # as in full_disk_training.py

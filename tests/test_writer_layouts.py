@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import metadata
+from tensorboard_gradients.format.layout import Layout, LayoutTags, MAX_VARIABLE_NAME_LENGTH
 
 from support import TensorBoard, get_json
 
@@ -79,12 +79,12 @@ def test_tensorboard_shows_every_variable_set_under_its_own_names(logdir, load_f
 
 
 def test_layout_tags_tell_sets_apart_by_names_not_counts_or_shapes():
-    tags = metadata.LayoutTags()
-    layout = lambda names, shapes: metadata.Layout.create(names, shapes, with_weights=False)  # noqa: E731
+    tags = LayoutTags()
+    layout = lambda names, shapes: Layout.create(names, shapes, with_weights=False)  # noqa: E731
     assert tags.tag_for("g", layout(["a", "b"], [(2,), (3,)])) == "g"
     assert tags.tag_for("g", layout(["a", "b"], [(2,), None])) == "g"  # a shape unknown this step
     assert tags.tag_for("g", layout(["b", "a"], [(3,), (2,)])) == "g_varset2"
-    known = metadata.LayoutTags()
+    known = LayoutTags()
     known.known("g", "g_varset2", layout(["x"], [(1,)]))
     assert known.tag_for("g", layout(["y"], [(1,)])) == "g"
     assert known.tag_for("g", layout(["z"], [(1,)])) == "g_varset3"
@@ -92,7 +92,7 @@ def test_layout_tags_tell_sets_apart_by_names_not_counts_or_shapes():
 
 def test_overlong_variable_names_are_capped_and_stay_distinct(caplog):
     long_a, long_b = "x" * 70000 + "a", "x" * 70000 + "b"
-    layout = metadata.Layout.create([long_a, long_b], [(1,), (1,)], with_weights=False)
-    assert all(len(v) <= metadata.MAX_VARIABLE_NAME_LENGTH for v in layout.variables)
+    layout = Layout.create([long_a, long_b], [(1,), (1,)], with_weights=False)
+    assert all(len(v) <= MAX_VARIABLE_NAME_LENGTH for v in layout.variables)
     assert layout.variables[0] != layout.variables[1]
     assert "at most" in caplog.text

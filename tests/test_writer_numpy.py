@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients import metadata
+from tensorboard_gradients.format import columns
+from tensorboard_gradients.format.layout import layer_of
 
 from conftest import assert_row_matches, norm_rtol, reference_histogram, reference_stats
 
@@ -33,7 +34,7 @@ def _write_and_read(logdir, gradients, **kwargs):
 def test_statistics_match_independent_numpy(logdir):
     weights = {name: np.ones(np.shape(g), np.float32) * 0.5 for name, g in EDGE_CASES.items()}
     series = _write_and_read(logdir, EDGE_CASES, weights=weights)
-    assert series.stat_names == metadata.GRADIENT_STATS + metadata.WEIGHT_STATS
+    assert series.stat_names == columns.GRADIENT_STATS + columns.WEIGHT_STATS
     assert list(series.steps) == [3]
     for name, gradient in EDGE_CASES.items():
         assert_row_matches(series, 0, name, reference_stats(gradient, weights[name]))
@@ -72,8 +73,8 @@ def test_histograms_on_fixed_edges(logdir):
     series = _write_and_read(logdir, EDGE_CASES, histograms=True)
     histograms = series.histograms
     assert histograms is not None and list(histograms.steps) == [3]
-    assert histograms.log10_edges == metadata.HISTOGRAM_LOG10_EDGES
-    assert len(histograms.bin_labels) == metadata.HISTOGRAM_BINS
+    assert histograms.log10_edges == columns.HISTOGRAM_LOG10_EDGES
+    assert len(histograms.bin_labels) == columns.HISTOGRAM_BINS
     for index, (name, gradient) in enumerate(EDGE_CASES.items()):
         np.testing.assert_array_equal(
             histograms.counts[0, index], reference_histogram(gradient), err_msg=name
@@ -120,10 +121,10 @@ def test_bad_input_is_a_clear_error(logdir):
 
 
 def test_layer_names_follow_the_framework_conventions():
-    assert metadata.layer_of("dense_3/kernel") == "dense_3"
-    assert metadata.layer_of("model/block/conv/kernel:0") == "model/block/conv"
-    assert metadata.layer_of("layer1.0.conv1.weight") == "layer1.0.conv1"
-    assert metadata.layer_of("bias") == "bias"
+    assert layer_of("dense_3/kernel") == "dense_3"
+    assert layer_of("model/block/conv/kernel:0") == "model/block/conv"
+    assert layer_of("layer1.0.conv1.weight") == "layer1.0.conv1"
+    assert layer_of("bias") == "bias"
 
 
 def test_a_nan_elsewhere_does_not_change_the_finite_rows(logdir):

@@ -21,7 +21,7 @@ One bad file must never break the tab for everything else:
   module attribute at call time, on the thread that called ``read_tensors``. That attribute is
   therefore the one hook before decoding: `install_decode_guard` replaces it, once per process,
   by a function that IS the original except on a thread inside this module's ``read_tensors``
-  call, where it decodes with `reader.decode_tensor` against the shape the metadata gives and
+  call, where it decodes with `decode_tensor` against the shape the metadata gives and
   turns a refused tensor into None, which `reader` counts as a damaged point.
 * Event files of a local logdir are checked for records that fail their checksum
   (`EventFileIntegrity`): TensorBoard's Rust loader serves such a record's wrong values, its
@@ -52,7 +52,9 @@ import numpy as np
 from tensorboard.data import provider
 from tensorboard.util import tensor_util
 
-from tensorboard_gradients import analysis, event_files, metadata, reader
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format import event_files, metadata, reader
+from tensorboard_gradients.format.series import DamagedPointError, GradientHistograms, GradientSeries, decode_tensor, expected_shape, histograms_from_points, series_from_points
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class TagInfo:
 class Loaded:
     """One cached series and what was derived from it."""
 
-    series: reader.GradientSeries
+    series: GradientSeries
     sampled: Optional[str]  # why not every logged step is present, or None
     # Logged steps of the stats tag left out as damaged (refused tensors, records failing their
     # checksum) and the sentences that explain them, any damaged file of the run, and what its
@@ -133,8 +135,8 @@ def _guarded(original):
         if shape is None:
             return original(tensor)
         try:
-            return reader.decode_tensor(tensor, shape)
-        except reader.DamagedPointError as error:
+            return decode_tensor(tensor, shape)
+        except DamagedPointError as error:
             _EXPECTATION.refusals[str(error)] += 1
             return None
 
@@ -430,7 +432,7 @@ class GradientData:
             if refused_marks:
                 epochs_refused = (_refusal_message(
                     refused_marks, epoch_refusals, f"its epoch marks ({epochs_tag!r})"),)
-        series = reader.series_from_points(
+        series = series_from_points(
             run, tag, info.parsed, _without_steps(points, left_out), epoch_points
         )
         refused = series.damaged_points
@@ -447,7 +449,7 @@ class GradientData:
         )
 
     def histograms(self, ctx, experiment, run: str, tag: str,
-                   tags=None) -> reader.GradientHistograms:
+                   tags=None) -> GradientHistograms:
         """The histograms logged next to a stats tag, their rows its variables; `UnknownError`
         if none were, or they are left out (`reader.histograms_mismatch`)."""
         tags = self.tags(ctx, experiment) if tags is None else tags
@@ -468,7 +470,7 @@ class GradientData:
             return cached
         with _unreadable_as_error(run, histogram_tag):
             points, _, _ = self._read(ctx, experiment, run, histogram_tag, info.parsed)
-            histograms = reader.histograms_from_points(
+            histograms = histograms_from_points(
                 run, histogram_tag, info.parsed, _without_steps(points, left_out)
             )
         if histograms is None:
@@ -500,7 +502,7 @@ class GradientData:
     def _read(self, ctx, experiment, run, tag, parsed):
         """(points as (step, wall_time, ndarray or None if refused), why sampled or None,
         refusal reasons)."""
-        expected = reader.expected_shape(parsed)
+        expected = expected_shape(parsed)
         refusals = collections.Counter()
 
         def read(downsample):

@@ -7,7 +7,7 @@ provider, both loaders), rules from `analysis`, the merged matrix from `heatmap`
 Routes (GET, under ``/data/plugin/gradients/``):
 
 * ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs", "sampled"}}}``
-  (stats: the logged ones, then the derived ratios `reader.DERIVED_STATS` that can be computed;
+  (stats: the logged ones, then the derived ratios `columns.DERIVED_STATS` that can be computed;
   epochs: how many epoch marks, 0 without; sampled: null or why not every step is served). A tag
   that cannot be read is listed with ``"error"``; a tag with logged steps left out as damaged
   adds ``"damaged"`` (how many) and ``"damage"`` (sentences saying why, also naming damaged
@@ -59,14 +59,16 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import security, wrappers
 
-from tensorboard_gradients import analysis, data_access, export, heatmap, metadata
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format import metadata
+from tensorboard_gradients.server import data_access, export, heatmap
 
 logger = logging.getLogger(__name__)
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
 # plugin; 0 keeps every logged step. `--samples_per_plugin gradients=N` still caps it.
 DEFAULT_SAMPLES = 0
-STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+STATIC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
 _STATIC_PREFIX = "/static/"
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".json": "application/json"}
 # Event steps are int64; a larger query integer could only overflow the arithmetic on them.

@@ -26,7 +26,7 @@ Robustness rules (a monitor must not break exactly when gradients blow up):
 
 import numpy as np
 
-from tensorboard_gradients import metadata
+from tensorboard_gradients.format import columns
 
 
 class ArrayOps:
@@ -175,7 +175,7 @@ def _masked_reductions(ops, values):
 
 
 def _finalize(ops, reductions, sizes):
-    """`metadata.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 11]) and sizes."""
+    """`columns.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 11]) and sizes."""
     column = lambda index: reductions[:, index]  # noqa: E731
     zero = ops.constant(0, sizes)
     one = ops.constant(1, sizes)
@@ -271,7 +271,7 @@ def statistics_matrix(ops, gradients, weights, dtype):
     # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
     weight_norms = ops.sqrt(ops.square_sums(weights))
     weight_norms = ops.where(sizes == sizes, weight_norms, nan)  # a missing row is NaN throughout
-    return ops.stack([stats[:, i] for i in range(len(metadata.GRADIENT_STATS))] + [weight_norms], axis=1)
+    return ops.stack([stats[:, i] for i in range(len(columns.GRADIENT_STATS))] + [weight_norms], axis=1)
 
 
 def variable_histogram(ops, values, size):
@@ -281,23 +281,23 @@ def variable_histogram(ops, values, size):
     positive = ops.where(finite, magnitude > ops.constant(0, magnitude), False)
     log_magnitude = ops.log10(ops.where(positive, magnitude, ops.constant(1, magnitude)))
     position = ops.floor(
-        (log_magnitude - metadata.HISTOGRAM_LOG10_MIN) * metadata.HISTOGRAM_BINS_PER_DECADE
+        (log_magnitude - columns.HISTOGRAM_LOG10_MIN) * columns.HISTOGRAM_BINS_PER_DECADE
     )
-    column = metadata.HIST_FIRST_LOG_BIN + ops.clip(position, -1, metadata.HISTOGRAM_LOG_BINS)
-    column = ops.where(positive, column, ops.constant(metadata.HIST_ZERO, column))
-    column = ops.where(ops.isnan(values), ops.constant(metadata.HIST_NAN, column), column)
-    column = ops.where(ops.isinf(values), ops.constant(metadata.HIST_INF, column), column)
-    counts = ops.bincount(column, metadata.HISTOGRAM_BINS, like=size)
+    column = columns.HIST_FIRST_LOG_BIN + ops.clip(position, -1, columns.HISTOGRAM_LOG_BINS)
+    column = ops.where(positive, column, ops.constant(columns.HIST_ZERO, column))
+    column = ops.where(ops.isnan(values), ops.constant(columns.HIST_NAN, column), column)
+    column = ops.where(ops.isinf(values), ops.constant(columns.HIST_INF, column), column)
+    counts = ops.bincount(column, columns.HISTOGRAM_BINS, like=size)
     implicit_zeros = size - ops.numel(values)
     return counts + implicit_zeros * ops.constant(
-        np.eye(1, metadata.HISTOGRAM_BINS, metadata.HIST_ZERO)[0], size
+        np.eye(1, columns.HISTOGRAM_BINS, columns.HIST_ZERO)[0], size
     )
 
 
 def histogram_matrix(ops, gradients, dtype):
     """The ``[variables, HISTOGRAM_BINS]`` counts of one step (a missing gradient: all zero)."""
     like = ops.to_float(0, dtype)
-    empty = ops.constant(np.zeros(metadata.HISTOGRAM_BINS), like)
+    empty = ops.constant(np.zeros(columns.HISTOGRAM_BINS), like)
     return ops.stack(
         [
             empty if g is None else variable_histogram(ops, g[0], ops.constant(g[1], like))

@@ -31,7 +31,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tensorboard_gradients import metadata, summary
+from tensorboard_gradients.capture import summary
+from tensorboard_gradients.format import columns
 
 SCALAR_GLOBAL_NORM = "global_norm"
 SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"
@@ -136,9 +137,9 @@ class StepRecorder:
         if self._loss_scaled:
             self.scalar_names += [SCALAR_LOSS_SCALE, SCALAR_SKIPPED_STEP]
         self.stat_count = (
-            len(metadata.GRADIENT_STATS)
-            + len(metadata.WEIGHT_STATS)
-            + (len(metadata.UPDATE_STATS) if self.records_updates else 0)
+            len(columns.GRADIENT_STATS)
+            + len(columns.WEIGHT_STATS)
+            + (len(columns.UPDATE_STATS) if self.records_updates else 0)
         )
         self.dtype = summary.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
         self._patches = _Patches()
@@ -157,7 +158,7 @@ class StepRecorder:
             if histograms_every_n_steps:
                 histogram_capacity = buffer_capacity(steps_between_reads, histograms_every_n_steps)
                 self._histograms = self._variable(
-                    tf.zeros([histogram_capacity, variables, metadata.HISTOGRAM_BINS]), self.dtype
+                    tf.zeros([histogram_capacity, variables, columns.HISTOGRAM_BINS]), self.dtype
                 )
                 self._histogram_steps = self._variable(tf.fill([histogram_capacity], -1), tf.int64)
             if self.records_updates:
@@ -334,7 +335,7 @@ class StepRecorder:
         total = tf.add_n(squares)
         if watched_stats is None:
             return tf.sqrt(total)
-        column = metadata.GRADIENT_STATS.index
+        column = columns.GRADIENT_STATS.index
         present = tf.logical_not(tf.math.is_nan(watched_stats[:, column("size")]))
 
         def present_sum(name, transform=lambda x: x):

@@ -16,7 +16,7 @@ apart from "contains NaN" (which is ``nan_count > 0``).
 The optional distribution is a second summary under tag ``<name>_histograms`` (its own metadata,
 ``kind = "histograms"``): a matrix ``[variables, HISTOGRAM_BINS]`` of counts of ``|g|`` on fixed
 log10 edges shared by all variables, steps and runs, with explicit bins for exact zeros, values
-below/above the edges, NaN and +-Inf (see ``histogram_bin_labels``).
+below/above the edges, NaN and +-Inf (see `columns.histogram_bin_labels`).
 
 Training monitors (the Keras `GradientMonitor`) also mark where epochs start: tag
 ``<name>_epochs`` (``kind = "epochs"``), one scalar per epoch = the epoch index (0-based, as Keras
@@ -39,19 +39,20 @@ version with ``UnsupportedFormatError`` instead of guessing.
 
 Both TensorBoard loaders keep only the FIRST metadata seen for a tag, so the variable layout of a
 tag never changes: when a writer sees a different variable set (or stat set) under a name it has
-already used, it writes to ``<name>_varset<k>`` (k = 2, 3, ...) instead; see `LayoutTags`.
+already used, it writes to ``<name>_varset<k>`` (k = 2, 3, ...) instead; see `layout.LayoutTags`.
+
+What each stats column means is `columns.STATS`; what the rows are is `Layout`.
 """
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import math
-import re
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple, Union
 
-import numpy as np
+from tensorboard_gradients.format import columns
+from tensorboard_gradients.format.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -65,161 +66,10 @@ KIND_EPOCHS = "epochs"
 DEFAULT_NAME = "gradients"
 HISTOGRAM_TAG_SUFFIX = "_histograms"
 EPOCHS_TAG_SUFFIX = "_epochs"
-VARSET_TAG_INFIX = "_varset"
-
-# Column order of the stats matrix. Finite statistics are over the finite entries only; the
-# counts say how many entries were NaN / +-Inf; `size` counts every entry of the dense gradient.
-GRADIENT_STATS = (
-    "l2_norm",
-    "mean",
-    "std",
-    "min",
-    "max",
-    "abs_max",
-    "mean_abs",
-    "zero_fraction",
-    "nan_count",
-    "inf_count",
-    "size",
-)
-# Appended when the variables' values are known (enables gradient/weight ratios).
-WEIGHT_STATS = ("weight_l2_norm",)
-# Appended when the writer sees the optimizer's update: ||w_after - w_before|| of the step (the
-# update/weight ratio ``update_l2_norm / weight_l2_norm``, with ``weight_l2_norm`` taken before
-# the update).
-UPDATE_STATS = ("update_l2_norm",)
-
-# Histogram of log10|g|: half-decade bins from 1e-20 to 1e10. float32 gradients below 1e-20 are
-# numerically dead for any practical learning rate and land in "below"; above 1e10 is far past any
-# sane gradient and lands in "above"; neither is ever dropped.
-HISTOGRAM_LOG10_MIN = -20.0
-HISTOGRAM_LOG10_MAX = 10.0
-HISTOGRAM_BINS_PER_DECADE = 2
-HISTOGRAM_LOG10_EDGES = tuple(
-    float(e)
-    for e in np.linspace(
-        HISTOGRAM_LOG10_MIN,
-        HISTOGRAM_LOG10_MAX,
-        int((HISTOGRAM_LOG10_MAX - HISTOGRAM_LOG10_MIN) * HISTOGRAM_BINS_PER_DECADE) + 1,
-    )
-)
-HISTOGRAM_LOG_BINS = len(HISTOGRAM_LOG10_EDGES) - 1
-# Column layout of a histogram row.
-HIST_ZERO = 0
-HIST_BELOW = 1
-HIST_FIRST_LOG_BIN = 2
-HIST_ABOVE = HIST_FIRST_LOG_BIN + HISTOGRAM_LOG_BINS
-HIST_NAN = HIST_ABOVE + 1
-HIST_INF = HIST_ABOVE + 2
-HISTOGRAM_BINS = HIST_INF + 1
-
-
-def histogram_bin_labels():
-    """Human labels of the histogram columns, in column order."""
-    edges = HISTOGRAM_LOG10_EDGES
-    log_bins = [f"[1e{lo:g}, 1e{hi:g})" for lo, hi in zip(edges[:-1], edges[1:])]
-    return (
-        ["zero", f"(0, 1e{edges[0]:g})"]
-        + log_bins
-        + [f">= 1e{edges[-1]:g}", "nan", "inf"]
-    )
 
 
 class UnsupportedFormatError(ValueError):
     """Raised for data written in a format this version cannot read correctly."""
-
-
-_TF_OUTPUT_SUFFIX = re.compile(r":\d+$")
-
-
-def clean_variable_name(name: str) -> str:
-    """Drops TF1-style output suffixes (``dense/kernel:0`` -> ``dense/kernel``)."""
-    return _TF_OUTPUT_SUFFIX.sub("", name)
-
-
-def layer_of(variable_name: str) -> str:
-    """The layer that owns a variable, derived from its path.
-
-    ``dense_3/kernel`` -> ``dense_3`` (Keras 3 ``var.path``, TF names, JAX tree paths),
-    ``layer1.0.conv1.weight`` -> ``layer1.0.conv1`` (PyTorch ``named_parameters``); a name with
-    neither separator is its own layer.
-    """
-    name = clean_variable_name(variable_name)
-    for separator in ("/", "."):
-        if separator in name:
-            return name.rsplit(separator, 1)[0]
-    return name
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """What the rows and columns of one tag's matrices mean. Fixed for the life of a tag."""
-
-    variables: Tuple[str, ...]
-    layers: Tuple[str, ...]
-    shapes: Tuple[Optional[Tuple[int, ...]], ...]  # None: unknown (a missing gradient)
-    stats: Tuple[str, ...]
-
-    @property
-    def rows_and_columns(self):
-        """What a logged matrix's rows and columns mean: the variable names and the stats.
-        Shapes aside, so a writer that learns a shape later (a gradient missing at first, a
-        restarted job) still writes the same layout; tags are told apart by this alone."""
-        return self.variables, self.stats
-
-    @classmethod
-    def create(
-        cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False
-    ) -> "Layout":
-        names = unique_names([_capped(_valid_unicode(clean_variable_name(v))) for v in variables])
-        return cls(
-            variables=tuple(names),
-            layers=tuple(layer_of(v) for v in names),
-            shapes=tuple(None if s is None else tuple(int(d) for d in s) for s in shapes),
-            stats=GRADIENT_STATS
-            + (WEIGHT_STATS if with_weights else ())
-            + (UPDATE_STATS if with_updates else ()),
-        )
-
-
-# Longer variable names are cut (with a warning): a name is shown in a table row and travels in
-# URLs, and a 64 KB one made the details request exceed the HTTP server's request-line limit.
-MAX_VARIABLE_NAME_LENGTH = 1000
-_CAPPED_WARNED = set()
-
-
-def _valid_unicode(name: str) -> str:
-    """`name` with lone surrogates (undecodable bytes of a file name, say) written as ``\\udcxx``:
-    readers refuse metadata that is not valid Unicode."""
-    return name.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _capped(name: str) -> str:
-    """`name`, or its first characters + a hash of the whole (distinct long names stay distinct)."""
-    if len(name) <= MAX_VARIABLE_NAME_LENGTH:
-        return name
-    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:12]
-    capped = f"{name[:MAX_VARIABLE_NAME_LENGTH - 16]}...{digest}"
-    if name not in _CAPPED_WARNED:
-        _CAPPED_WARNED.add(name)
-        logger.warning("variable name of %d characters logged as %r (at most %d are kept)",
-                       len(name), capped[:60] + "...", MAX_VARIABLE_NAME_LENGTH)
-    return capped
-
-
-def unique_names(names: Sequence[str]):
-    """Makes names unique by suffixing repeats with ``_1``, ``_2``, ... (rows must be tellable)."""
-    originals = set(names)
-    used = set()
-    result = []
-    for name in names:
-        candidate, suffix = name, 0
-        while candidate in used or (candidate != name and candidate in originals):
-            suffix += 1
-            candidate = f"{name}_{suffix}"
-        used.add(candidate)
-        result.append(candidate)
-    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,54 +82,6 @@ class PluginData:
     format_version: Tuple[int, int]
     log10_edges: Optional[Tuple[float, ...]] = None
     bins: Optional[Tuple[str, ...]] = None
-
-
-class LayoutTags:
-    """Chooses the tag for each layout under a summary name, per writer.
-
-    The first layout seen under ``name`` gets tag ``name``; each different later layout gets
-    ``name_varset2``, ``name_varset3``, ... so no tag ever mixes two layouts. A layout is told
-    apart by its variable NAMES and stats, never by counts or shapes: a renamed or reordered
-    variable set of the same size gets its own tag, while a step whose missing gradient leaves
-    a shape unknown stays in its tag. `known` registers the tags a run directory already holds
-    (written by earlier processes), so a new writer reuses or avoids them.
-    """
-
-    def __init__(self):
-        self._tags = {}
-
-    def known(self, name: str, tag: str, layout: Layout):
-        """Records that ``tag`` (``name`` or ``name_varset<k>``) already holds ``layout``."""
-        self._tags.setdefault(name, {}).setdefault(layout.rows_and_columns, tag)
-
-    def tag_for(self, name: str, layout: Layout) -> str:
-        layouts = self._tags.setdefault(name, {})
-        key = layout.rows_and_columns
-        if key not in layouts:
-            used = set(layouts.values())
-            index = 1
-            while (name if index == 1 else f"{name}{VARSET_TAG_INFIX}{index}") in used:
-                index += 1
-            layouts[key] = name if index == 1 else f"{name}{VARSET_TAG_INFIX}{index}"
-        return layouts[key]
-
-
-class MissingGradientWarnings:
-    """Warns once per variable that had no gradient (logged as a missing row, not as zeros)."""
-
-    def __init__(self, logger):
-        self._logger = logger
-        self._warned = set()
-
-    def warn(self, names):
-        new = [n for n in names if n not in self._warned]
-        if new:
-            self._warned.update(new)
-            self._logger.warning(
-                "No gradient for %d variable(s) (logged as missing, not as zeros): %s",
-                len(new),
-                ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""),
-            )
 
 
 def histogram_tag(stats_tag: str) -> str:
@@ -311,8 +113,8 @@ def histogram_metadata_content(name: str, layout: Layout) -> bytes:
         KIND_HISTOGRAMS,
         name,
         layout,
-        log10_edges=list(HISTOGRAM_LOG10_EDGES),
-        bins=histogram_bin_labels(),
+        log10_edges=list(columns.HISTOGRAM_LOG10_EDGES),
+        bins=columns.histogram_bin_labels(),
     )
 
 
@@ -410,7 +212,7 @@ def _validated_plugin_data(content: bytes) -> PluginData:
     shapes = _shapes(data.get("shapes"), len(variables))
     if kind == KIND_STATS:
         stats = _unique(_strings(data, "stats"), "stats")
-        absent = [s for s in GRADIENT_STATS if s not in stats]
+        absent = [s for s in columns.GRADIENT_STATS if s not in stats]
         _require(not absent, f"'stats' lacks {', '.join(absent)}")
         return PluginData(
             kind=kind,
@@ -420,7 +222,7 @@ def _validated_plugin_data(content: bytes) -> PluginData:
         )
     bins = _strings(data, "bins")
     _require(
-        len(bins) == HISTOGRAM_BINS, f"{len(bins)} 'bins', not {HISTOGRAM_BINS}"
+        len(bins) == columns.HISTOGRAM_BINS, f"{len(bins)} 'bins', not {columns.HISTOGRAM_BINS}"
     )
     return PluginData(
         kind=kind,
@@ -525,7 +327,7 @@ def _shapes(value, count: int) -> Tuple[Optional[Tuple[int, ...]], ...]:
 
 
 def _log10_edges(value) -> Tuple[float, ...]:
-    count = HISTOGRAM_LOG_BINS + 1
+    count = columns.HISTOGRAM_LOG_BINS + 1
     _require(
         isinstance(value, list) and len(value) == count,
         f"'log10_edges' is {_shown(value)}, not a list of {count} edges",

@@ -24,7 +24,8 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
-from tensorboard_gradients import event_files, metadata, statistics
+from tensorboard_gradients.format import columns, event_files, metadata, statistics
+from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ class GradientWriter:
         self._events = event_files.EventFileWriter(logdir)
         self._name = name
         self._strict = bool(strict)
-        self._tags = None  # metadata.LayoutTags, seeded from the run directory at the first write
+        self._tags = None  # LayoutTags, seeded from the run directory at the first write
         self._described = set()
         self._lock = threading.Lock()
-        self._missing = metadata.MissingGradientWarnings(logger)
+        self._missing = MissingGradientWarnings(logger)
         self._dropped_steps = 0
         # While writes fail: the steps dropped since the first failure (a step's several writes,
         # its statistics and its histograms, count once).
@@ -109,7 +110,7 @@ class GradientWriter:
             (weight_arrays[n].shape if weight_arrays else None) if arrays[n] is None else arrays[n].shape
             for n in names
         ]
-        layout = metadata.Layout.create(names, shapes, with_weights=weights is not None)
+        layout = Layout.create(names, shapes, with_weights=weights is not None)
         entries = [
             None if arrays[n] is None else (arrays[n].astype(dtype, copy=False), arrays[n].size)
             for n in names
@@ -128,7 +129,7 @@ class GradientWriter:
     def write_statistics(
         self,
         step: int,
-        layout: metadata.Layout,
+        layout: Layout,
         stats: np.ndarray,
         histogram_counts: Optional[np.ndarray] = None,
         description: Optional[str] = None,
@@ -137,9 +138,9 @@ class GradientWriter:
 
         Args:
           step: the step.
-          layout: what the rows and columns mean (`metadata.Layout`).
+          layout: what the rows and columns mean (`Layout`).
           stats: ``[len(layout.variables), len(layout.stats)]``.
-          histogram_counts: optional ``[len(layout.variables), metadata.HISTOGRAM_BINS]``.
+          histogram_counts: optional ``[len(layout.variables), columns.HISTOGRAM_BINS]``.
           description: optional, stored with the tag's metadata.
 
         Returns:
@@ -159,7 +160,7 @@ class GradientWriter:
             self._emit(step, values)
         return tag
 
-    def write_histograms(self, step: int, layout: metadata.Layout, counts: np.ndarray,
+    def write_histograms(self, step: int, layout: Layout, counts: np.ndarray,
                          description: Optional[str] = None) -> str:
         """Writes a histogram matrix computed elsewhere, for a step without statistics."""
         _check_histogram_shape(layout, counts)
@@ -170,7 +171,7 @@ class GradientWriter:
 
     def _tag_for(self, layout):
         if self._tags is None:
-            self._tags = metadata.LayoutTags()
+            self._tags = LayoutTags()
             for tag, existing in _tags_in_run(self.logdir, self._name):
                 self._tags.known(self._name, tag, existing)
         return self._tags.tag_for(self._name, layout)
@@ -315,7 +316,7 @@ def _note_stats_tags(record, name, found):
 
 
 def _check_histogram_shape(layout, counts):
-    expected = (len(layout.variables), metadata.HISTOGRAM_BINS)
+    expected = (len(layout.variables), columns.HISTOGRAM_BINS)
     if np.shape(counts) != expected:
         raise ValueError(f"histogram matrix has shape {np.shape(counts)}, layout needs {expected}")
 

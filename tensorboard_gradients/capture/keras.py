@@ -1,0 +1,294 @@
+"""`GradientMonitor`: a Keras callback that logs the gradients ``model.fit`` really applies.
+
+::
+
+    from tensorboard_gradients.keras import GradientMonitor
+
+    model.fit(x, y, epochs=5, callbacks=[GradientMonitor("logs")])
+    # tensorboard --logdir logs   ->  Gradients tab, run "train"
+
+No second forward/backward pass: the statistics of the gradients handed to the optimizer are
+computed on the device inside the train step (see `tensorboard_gradients.capture.keras_recorder`), and only
+the small ``[variables, stats]`` matrix crosses to the host, every ``every_n_steps`` steps (read in
+batches of ``steps_per_execution``). Works with ``jit_compile=True``, ``steps_per_execution > 1``,
+``tf.distribute`` strategies, mixed precision and optimizer clipping.
+
+Steps are 1-based optimizer steps counted across epochs and ``fit`` calls (step k = the k-th
+update; a step that ``LossScaleOptimizer`` skipped still counts, so it stays visible). The first
+``fit`` starts from ``optimizer.iterations``, so a restored model continues its numbering.
+
+Besides the ``<name>`` statistics (and ``<name>_histograms``), the monitor writes to
+``log_dir/train``:
+
+* ``<name>_epochs``: the step at which each epoch starts (the UI marks epochs with it);
+* ordinary scalars ``<name>/global_norm`` (all trainable variables, before clipping),
+  ``<name>/global_norm_clipped`` (after the optimizer's clipping rule, when it clips),
+  ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where mixed precision skipped the update);
+* with ``probe_data``: ``<name>_probe``, the gradients on that fixed batch once per epoch.
+
+Each ``fit`` call traces the train step once more (the hooks are installed at the start of
+``fit`` and removed at its end, so a later ``fit`` without the monitor pays nothing).
+"""
+
+import logging
+import os
+
+import keras
+import numpy as np
+
+from tensorboard_gradients.capture import options
+from tensorboard_gradients.format import metadata
+from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradientMonitor"]
+
+PROBE_SUFFIX = "_probe"
+
+
+def _probe_batch(probe_data):
+    if probe_data is None:
+        return None
+    if not isinstance(probe_data, (tuple, list)) or len(probe_data) not in (2, 3):
+        raise ValueError(
+            "probe_data must be a tuple (x, y) or (x, y, sample_weight) of one fixed batch, got "
+            f"{type(probe_data).__name__}"
+        )
+    return tuple(probe_data) + (None,) * (3 - len(probe_data))
+
+
+def _recorded_between(done_before, done_after, every):
+    """How many of the steps with 0-based indices [done_before, done_after) are recorded."""
+    return (done_after + every - 1) // every - (done_before + every - 1) // every
+
+
+def variable_paths(model):
+    """Names for ``model.trainable_variables`` that show where each variable sits in the model.
+
+    Keras 3 ``var.path`` depends on where a layer was built: a sub-model built on its own keeps
+    ``inner/dense/kernel`` while the outer model's layers may carry the outer model's name. Here
+    every name starts at the outer model's top-level layer (``inner/dense/kernel``,
+    ``head/kernel``), so all layers of one model read alike.
+    """
+    root = model.name + "/"
+    paths = {}
+    for layer in model.layers:
+        for variable in layer.trainable_variables:
+            path = variable.path[len(root):] if variable.path.startswith(root) else variable.path
+            if not (path == layer.name or path.startswith(layer.name + "/")):
+                path = f"{layer.name}/{path}"
+            paths.setdefault(id(variable), path)
+    return [paths.get(id(v), v.path) for v in model.trainable_variables]
+
+
+class GradientMonitor(keras.callbacks.Callback):
+    """Logs per-variable statistics of the gradients ``model.fit`` applies (Keras 3, TF backend).
+
+    Args:
+      log_dir: the same directory you give ``keras.callbacks.TensorBoard(log_dir=...)``; the
+        gradients go to ``log_dir/train``, the run of that callback's training scalars.
+      every_n_steps: log every N-th optimizer step (steps 1, N+1, 2N+1, ...). Steps between are
+        not computed at all.
+      histograms_every_n_steps: also log the log10|g| histograms every N-th step (None: never).
+        Histograms cost more than the statistics; see ``benchmarks/RESULTS.md``.
+      name: summary name = tag (``gradients``); use different names for several monitors.
+      include: regex or list of regexes; only trainable variables whose path (as shown in
+        TensorBoard, e.g. ``dense_3/kernel``, or Keras ``var.path``) matches one are logged.
+      exclude: regex or list of regexes; matching variables are not logged.
+      probe_data: optional ``(x, y)`` or ``(x, y, sample_weight)`` batch: once per epoch, ALSO
+        log the gradients of the compiled loss on it (``training=True``, ``model.compute_loss``)
+        under ``<name>_probe``, at the epoch's last step. Layer states (BatchNorm statistics,
+        dropout seeds) are restored afterwards, so the probe does not change training.
+      strict: raise when the event files cannot be written (a full disk, no permission). By
+        default training goes on: the step is dropped, counted (``dropped_steps``) and
+        reported, and later steps try again (see `tensorboard_gradients.format.writer`).
+
+    Raises:
+      ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow or a
+        model that is not a Keras 3 model (e.g. legacy tf-keras).
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        every_n_steps=1,
+        histograms_every_n_steps=None,
+        name=metadata.DEFAULT_NAME,
+        include=None,
+        exclude=None,
+        probe_data=None,
+        strict=False,
+    ):
+        super().__init__()
+        self.name = options.non_empty_name(name)
+        self.log_dir = os.fspath(log_dir)
+        self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+        self.histograms_every_n_steps = options.optional_positive_int(
+            "histograms_every_n_steps", histograms_every_n_steps)
+        self._include = options.patterns("include", include)
+        self._exclude = options.patterns("exclude", exclude)
+        self._probe = _probe_batch(probe_data)
+        train_dir = os.path.join(self.log_dir, "train")
+        self._writer = GradientWriter(train_dir, name, strict=strict)
+        self._probe_writer = GradientWriter(train_dir, name + PROBE_SUFFIX, strict=strict)
+        self._missing = MissingGradientWarnings(logger)
+        self._recorder = None
+        self._recorder_key = None
+        self._layout = None
+        self._probe_function = None
+        self._host_completed = 0  # optimizer steps done, as far as the host can tell
+        self._host_read_at = 0  # the step count at the last read of the device buffers
+        self._batch_begin = 0
+        self._last_stats_step = 0
+        self._last_histogram_step = 0
+
+    @property
+    def dropped_steps(self):
+        """Logged steps that could not be written (see ``strict``)."""
+        return self._writer.dropped_steps
+
+    def set_model(self, model):
+        backend = keras.backend.backend()
+        if backend != "tensorflow":
+            raise ValueError(
+                f"GradientMonitor needs the Keras TensorFlow backend; this Keras runs {backend!r}. "
+                "Set KERAS_BACKEND=tensorflow, or log from your own training loop with "
+                "tensorboard_gradients.GradientWriter."
+            )
+        if not isinstance(model, keras.Model):
+            raise ValueError(
+                "GradientMonitor needs a Keras 3 model (`import keras`); got "
+                f"{type(model).__module__}.{type(model).__name__}. Legacy tf-keras (Keras 2) "
+                "models are not supported."
+            )
+        super().set_model(model)
+
+    # --- fit lifecycle ------------------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        from tensorboard_gradients.capture import keras_recorder  # imports TensorFlow
+
+        model = self.model
+        if model.optimizer is None:
+            raise ValueError("GradientMonitor: compile the model (with an optimizer) before fit")
+        watched, names = self._watched_variables(model)
+        key = (id(model.optimizer), tuple(id(v) for v in watched), int(model.steps_per_execution))
+        if key != self._recorder_key:
+            first_index = (
+                self._recorder.completed_steps()
+                if self._recorder is not None
+                else int(np.asarray(model.optimizer.iterations))
+            )
+            self._recorder = keras_recorder.StepRecorder(
+                model,
+                watched,
+                self.every_n_steps,
+                self.histograms_every_n_steps,
+                steps_between_reads=int(model.steps_per_execution),
+                first_step_index=first_index,
+            )
+            self._recorder_key = key
+            self._layout = Layout.create(
+                names,
+                [v.shape for v in watched],
+                with_weights=True,
+                with_updates=self._recorder.records_updates,
+            )
+            if self._recorder.distributed:
+                logger.info(
+                    "GradientMonitor: update_l2_norm is not recorded with %d replicas (updates "
+                    "run per device)",
+                    model.distribute_strategy.num_replicas_in_sync,
+                )
+            self._probe_function = None
+        self._recorder.install(model.trainable_variables)
+        model.make_train_function(force=True)
+        self._host_completed = self._host_read_at = self._recorder.completed_steps()
+        self._recorded_steps_per_read = keras_recorder.RECORDED_STEPS_PER_READ
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._writer.write_epoch(self._host_completed + 1, epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_begin = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._host_completed += batch - self._batch_begin + 1
+        if any(
+            every and _recorded_between(self._host_read_at, self._host_completed, every)
+            >= self._recorded_steps_per_read
+            for every in (self.every_n_steps, self.histograms_every_n_steps)
+        ):
+            self._drain()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._drain()
+        if self._probe is not None:
+            self._write_probe()
+
+    def on_train_end(self, logs=None):
+        try:
+            self._drain()
+        finally:
+            self._recorder.uninstall()
+            # The traced step still calls the hooks: let the next fit trace a clean one.
+            self.model.train_function = None
+            self._writer.close()
+            self._probe_writer.close()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _watched_variables(self, model):
+        watched, names = [], []
+        for variable, name in zip(model.trainable_variables, variable_paths(model)):
+            if not options.selected((name, variable.path), self._include, self._exclude):
+                continue
+            watched.append(variable)
+            names.append(name)
+        if not watched:
+            raise ValueError(
+                "GradientMonitor: no trainable variable to log"
+                + (
+                    f" (include={[p.pattern for p in self._include or []]}, "
+                    f"exclude={[p.pattern for p in self._exclude or []]} matched none of "
+                    f"{variable_paths(model)[:10]})"
+                    if model.trainable_variables
+                    else " (the model has no trainable variables)"
+                )
+            )
+        return watched, names
+
+    def _drain(self):
+        """Writes every step the device buffer holds that has not been written yet."""
+        completed, rows, histogram_rows = self._recorder.read()
+        self._host_completed = self._host_read_at = completed
+        size_column = self._layout.stats.index("size")
+        for step, stats, scalars in sorted(rows, key=lambda row: row[0]):
+            if step <= self._last_stats_step:
+                continue
+            self._writer.write_statistics(step, self._layout, stats)
+            self._writer.write_scalars(step, scalars)
+            self._missing.warn(
+                [v for v, size in zip(self._layout.variables, stats[:, size_column]) if np.isnan(size)]
+            )
+            self._last_stats_step = step
+        for step, counts in sorted(histogram_rows, key=lambda row: row[0]):
+            if step <= self._last_histogram_step:
+                continue
+            self._writer.write_histograms(step, self._layout, counts)
+            self._last_histogram_step = step
+
+    def _write_probe(self):
+        from tensorboard_gradients.capture import keras_recorder
+
+        if self._probe_function is None:
+            self._probe_function = keras_recorder.probe_function(
+                self.model, self._recorder.watched, histograms=bool(self.histograms_every_n_steps)
+            )
+        stats, counts = keras_recorder.run_probe(self.model, self._probe_function, self._probe)
+        layout = Layout.create(
+            self._layout.variables, self._layout.shapes, with_weights=True
+        )
+        self._probe_writer.write_statistics(max(self._host_completed, 1), layout, stats, counts)

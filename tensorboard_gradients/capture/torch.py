@@ -1,0 +1,321 @@
+"""`GradientMonitor` for PyTorch: every parameter's gradient statistics, computed on its device.
+
+::
+
+    from tensorboard_gradients.torch import GradientMonitor
+
+    with GradientMonitor(model, "logs/run1") as monitor:
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            monitor.step()        # after backward, before optimizer.step()
+            optimizer.step()
+    # tensorboard --logdir logs   ->  Gradients tab, run "run1"
+
+Rows are ``model.named_parameters()`` in registration order (input side first for the usual
+``nn.Sequential`` / ``__init__`` order); a row's layer is the owning module's path
+(``layer1.0.conv1.weight`` -> ``layer1.0.conv1``). Parameters with ``requires_grad=False`` when
+the monitor is created (frozen) are not logged; a watched parameter without a gradient at a step
+is logged as missing and warned about once.
+
+The statistics of all parameters are computed on their device (multi-tensor
+``torch._foreach_norm`` kernels for the norms, one fused pass per tensor for min/max, sum and
+zeros; the rare step with NaN/Inf or overflow takes a masked pass), and the small
+``[parameters, stats]`` matrix is copied to the host once per logged step: no per-parameter
+``.item()`` or ``.cpu()``. TensorFlow is never imported.
+
+Order of calls in the usual recipes:
+
+* AMP (``torch.autocast`` + ``GradScaler``): ``scaler.scale(loss).backward()``,
+  ``scaler.unscale_(optimizer)``, ``monitor.step(scaler=scaler)`` (unscaled gradients; the scale
+  is logged as ``<name>/loss_scale``), ``scaler.step(optimizer)``, ``scaler.update()``. A step
+  the scaler skips has Inf/NaN gradients: they are logged as such.
+* Clipping: call ``monitor.step()`` before ``clip_grad_norm_`` to log the gradients the model
+  produced (pre-clip), or pass what ``clip_grad_norm_`` returns, ``monitor.step(total_norm=...)``,
+  which is logged as ``<name>/global_norm_before_clipping`` next to ``<name>/global_norm``.
+* Gradient accumulation: call ``monitor.step()`` once per optimizer step (after the last
+  ``backward`` of the accumulation), not per ``backward``.
+* ``torch.compile``: compile the model, not the monitor; ``step()`` runs eagerly between
+  ``backward`` and ``optimizer.step()``.
+* DistributedDataParallel: after ``backward`` the gradients are all-reduced, so every rank holds
+  the same ones: only rank 0 computes and writes; the other ranks' ``step()`` returns at once.
+"""
+
+import functools
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tensorboard_gradients.capture import options
+from tensorboard_gradients.format import columns, metadata, statistics
+from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradientMonitor"]
+
+
+class TorchOps(statistics.ArrayOps):
+    """`statistics` adapter for PyTorch on one device (`ops_for` makes one per device)."""
+
+    device = torch.device("cpu")
+
+    @staticmethod
+    def computation_dtype(dtypes):
+        return torch.float64 if torch.float64 in dtypes else torch.float32
+
+    @classmethod
+    def to_float(cls, x, dtype):
+        return torch.as_tensor(x, device=cls.device).to(dtype)
+
+    @staticmethod
+    def constant(value, like):
+        return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+
+    numel = staticmethod(lambda x: torch.tensor(x.numel(), dtype=x.dtype, device=x.device))
+    sum = staticmethod(torch.sum)
+    count = staticmethod(lambda mask, like: mask.sum().to(like.dtype))
+    max = staticmethod(lambda x, initial: torch.maximum(x.max(), initial) if x.numel() else initial)
+    min = staticmethod(lambda x, initial: torch.minimum(x.min(), initial) if x.numel() else initial)
+    abs = staticmethod(torch.abs)
+    sqrt = staticmethod(torch.sqrt)
+    floor = staticmethod(torch.floor)
+    log10 = staticmethod(torch.log10)
+    isnan = staticmethod(torch.isnan)
+    isinf = staticmethod(torch.isinf)
+    isfinite = staticmethod(torch.isfinite)
+    where = staticmethod(torch.where)
+    maximum = staticmethod(torch.maximum)
+    minimum = staticmethod(torch.minimum)
+    clip = staticmethod(torch.clamp)
+    all = staticmethod(torch.all)
+
+    @staticmethod
+    def cond(predicate, true_fn, false_fn):
+        return true_fn() if bool(predicate) else false_fn()  # one host sync per logged step
+
+    @staticmethod
+    def bincount(indices, length, like):
+        return torch.bincount(indices.reshape(-1).long(), minlength=length).to(like.dtype)
+
+    @staticmethod
+    def stack(values, axis=0):
+        return torch.stack(list(values), dim=axis)
+
+    @classmethod
+    def fast_reduction_rows(cls, values):
+        # Multi-tensor kernels where PyTorch's are fast (2- and 1-norms), one pass per tensor
+        # for the rest: on CPU `_foreach_norm(inf)` and `(0)` cost 4-8x `aminmax` and
+        # `count_nonzero` (1.3 ms vs 0.2 ms for 800k entries in 28 tensors).
+        if any(v.numel() == 0 for v in values):  # aminmax has no empty case
+            return super().fast_reduction_rows(values)
+        stacked = lambda tensors: torch.stack(list(tensors))  # noqa: E731
+        count = torch.tensor([float(v.numel()) for v in values], dtype=values[0].dtype,
+                             device=values[0].device)
+        minimum, maximum = torch.stack([torch.stack(torch.aminmax(v)) for v in values]).unbind(1)
+        # The sum of squared deviations is variance * count; `torch.var` is a stable one-kernel
+        # pass per tensor (3x faster on CPU than `var_mean`, which also returns the mean).
+        variance = stacked(torch.var(v, correction=0) for v in values)
+        return torch.stack(
+            [
+                count,
+                torch.zeros_like(count),  # NaN entries: counted by the masked pass only
+                count,
+                torch.maximum(-minimum, maximum),  # abs_max
+                stacked(v.sum() for v in values),
+                stacked(torch._foreach_norm(values, 2)) ** 2,
+                stacked(torch._foreach_norm(values, 1)),
+                minimum,
+                maximum,
+                count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
+                variance * count,
+            ],
+            dim=1,
+        )
+
+    @classmethod
+    def square_sums(cls, arrays):
+        return torch.stack(list(torch._foreach_norm(arrays, 2))) ** 2
+
+
+@functools.lru_cache(maxsize=None)
+def ops_for(device: torch.device):
+    """The `TorchOps` whose constants live on `device`."""
+    return type(f"TorchOps[{device}]", (TorchOps,), {"device": device})
+
+
+def _log_dir(log_dir):
+    """A path, or a `torch.utils.tensorboard.SummaryWriter` (its run directory)."""
+    if hasattr(log_dir, "get_logdir"):
+        return log_dir.get_logdir()
+    return os.fspath(log_dir)
+
+
+def _unwrapped(model):
+    """The module whose parameter names users know, inside `DistributedDataParallel` (``.module``)
+    and `torch.compile` (``._orig_mod``) wrappers, so rows are not all prefixed ``module.``."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _writes_here():
+    """False on DDP ranks other than 0 (their gradients are rank 0's, all-reduced)."""
+    distributed = torch.distributed
+    return not (distributed.is_available() and distributed.is_initialized()
+                and distributed.get_rank() != 0)
+
+
+class GradientMonitor:
+    """Logs per-parameter gradient statistics of a PyTorch model to TensorBoard event files.
+
+    Args:
+      model: the `torch.nn.Module` (a `DistributedDataParallel` or compiled module works too).
+      log_dir: the run directory, or a `torch.utils.tensorboard.SummaryWriter` whose run the
+        gradients should join (next to your scalars). Files are created on the first logged step.
+      every_n_steps: log the 1st, (N+1)th, (2N+1)th, ... call of `step` (1 = every step).
+      histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
+        never; they cost a pass per parameter).
+      name: the summary name = the tag in the Gradients tab.
+      include / exclude: regular expressions (or lists of them) searched in parameter names,
+        to watch part of a model (``exclude=r"\\.bias$"``).
+      strict: raise when the event files cannot be written (a full disk, no permission). By
+        default training goes on: the step is dropped, counted (`dropped_steps`) and reported,
+        and later steps try again (see `tensorboard_gradients.format.writer`).
+
+    Raises:
+      ValueError: a bad argument, or no parameter left to watch.
+    """
+
+    def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=None,
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.name = options.non_empty_name(name)
+        self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+        self.histograms_every_n_steps = options.optional_positive_int(
+            "histograms_every_n_steps", histograms_every_n_steps)
+        include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
+        self._parameters = [
+            (parameter_name, parameter)
+            for parameter_name, parameter in _unwrapped(model).named_parameters()
+            if parameter.requires_grad and options.selected((parameter_name,), include, exclude)
+        ]
+        if not self._parameters:
+            raise ValueError("no trainable parameter left to watch (check include/exclude and "
+                             "requires_grad)")
+        self._layout = Layout.create(
+            [n for n, _ in self._parameters], [tuple(p.shape) for _, p in self._parameters],
+            with_weights=True,
+        )
+        self.log_dir = _log_dir(log_dir)
+        self._writer = None  # created on the first logged step, on the writing rank only
+        self._strict = bool(strict)
+        self._calls = 0
+        self._missing = MissingGradientWarnings(logger)
+
+    def step(self, step: Optional[int] = None, *, total_norm=None, scaler=None) -> bool:
+        """Logs this optimizer step's gradients if the schedule says so.
+
+        Call after ``loss.backward()`` (and ``scaler.unscale_(optimizer)`` under AMP), before
+        ``optimizer.step()``; once per optimizer step.
+
+        Args:
+          step: the step to log at; default: the number of `step` calls so far (1-based).
+          total_norm: what ``torch.nn.utils.clip_grad_norm_`` returned (the global norm before
+            clipping), logged as ``<name>/global_norm_before_clipping``.
+          scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
+
+        Returns:
+          True if statistics or histograms were written at this step (False when the schedule
+          skips it, on DDP ranks other than 0, and when the write was dropped: see ``strict``).
+        """
+        index = self._calls
+        self._calls += 1
+        stats_due = index % self.every_n_steps == 0
+        histograms_due = (self.histograms_every_n_steps is not None
+                          and index % self.histograms_every_n_steps == 0)
+        if not (stats_due or histograms_due) or not _writes_here():
+            return False
+        step = index + 1 if step is None else int(step)
+        dropped = self.dropped_steps
+        with torch.no_grad():
+            logged = self._log(step, stats_due, histograms_due, total_norm, scaler)
+        return logged and self.dropped_steps == dropped
+
+    def _entries(self):
+        """Per parameter None (no gradient) or (present values, dense size) in one dtype."""
+        gradients = [p.grad for _, p in self._parameters]
+        self._missing.warn([n for (n, _), g in zip(self._parameters, gradients) if g is None])
+        present = [g for g in gradients if g is not None]
+        if not present:
+            return None, None
+        dtype = TorchOps.computation_dtype([g.dtype for g in present])
+        entries = []
+        for gradient, (_, parameter) in zip(gradients, self._parameters):
+            if gradient is None:
+                entries.append(None)
+            elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
+                values = gradient.coalesce().values()
+                entries.append((values.reshape(-1).to(dtype), parameter.numel()))
+            else:
+                entries.append((gradient.to(dtype), gradient.numel()))
+        return entries, dtype
+
+    def _log(self, step, stats_due, histograms_due, total_norm, scaler):
+        entries, dtype = self._entries()
+        if entries is None:
+            logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
+            return False
+        device = next(e[0].device for e in entries if e is not None)
+        # A model split over devices is reduced on the first one (a no-op copy otherwise).
+        entries = [None if e is None else (e[0].to(device), e[1]) for e in entries]
+        ops = ops_for(device)
+        weights = [p.detach().to(device=device, dtype=dtype) for _, p in self._parameters]
+        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
+        self._writer = writer
+        counts = None
+        if histograms_due:
+            counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
+        if not stats_due:
+            writer.write_histograms(step, self._layout, counts)
+            return True
+        stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
+        writer.write_statistics(step, self._layout, stats, counts)
+        writer.write_scalars(step, self._scalars(stats, total_norm, scaler))
+        return True
+
+    @staticmethod
+    def _scalars(stats, total_norm, scaler):
+        norms = stats[:, columns.GRADIENT_STATS.index("l2_norm")]
+        scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
+        if total_norm is not None:
+            scalars["global_norm_before_clipping"] = float(total_norm)
+        if scaler is not None and scaler.is_enabled():
+            scalars["loss_scale"] = float(scaler.get_scale())
+        return scalars
+
+    @property
+    def dropped_steps(self):
+        """Logged steps that could not be written (see ``strict``)."""
+        return self._writer.dropped_steps if self._writer else 0
+
+    def close(self):
+        """Flushes and closes the event file (the monitor can log again afterwards: its writer
+        starts a new file)."""
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -1,0 +1,121 @@
+"""What each column of the logged matrices means: THE table of statistics, and the histogram bins.
+
+Every statistic is one `Stat` row of `STATS`: its name (the metadata's ``stats`` entry and the
+column's key everywhere), what the tab calls it, how the tab scales its colours, and when it is
+there. Writers, the reader, the analysis, the plugin and the tab (which receives this table from
+the ``thresholds`` route, see `server.vocabulary`) all find a column by name here; none of them
+counts positions. A new statistic is a row here plus its formula in `statistics`.
+
+Stats-matrix columns are, in order: `GRADIENT_STATS` (always), `WEIGHT_STATS` (when the
+variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update).
+`DERIVED_STATS` are ratios computed on read, never stored.
+"""
+
+import dataclasses
+from typing import Sequence, Tuple
+
+import numpy as np
+
+# When a statistic is there.
+GRADIENT = "gradient"  # always logged
+WEIGHT = "weight"  # logged when the variables' values are known
+UPDATE = "update"  # logged when the writer sees the optimizer's update
+DERIVED = "derived"  # computed on read from two logged columns
+
+# How the tab maps values to colours: magnitudes on log10, signed values, fractions and counts
+# linearly (the tab's `makeScale` implements each).
+LOG, LINEAR, FRACTION, COUNT = "log", "linear", "fraction", "count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """One statistic: a column of the stats matrix, or a ratio of two of them."""
+
+    name: str
+    label: str  # short, for the tab's stat picker, legend and tooltips
+    scale: str  # LOG, LINEAR, FRACTION or COUNT
+    group: str  # GRADIENT, WEIGHT, UPDATE or DERIVED
+    description: str
+    inputs: Tuple[str, ...] = ()  # DERIVED: (numerator, denominator)
+    heatmap: bool = True  # offered as a heatmap in the tab (``size`` is constant: shown in details)
+
+
+# Finite statistics are over the finite entries only; the counts say how many entries were NaN /
+# +-Inf; `size` counts every entry of the dense gradient.
+STATS = (
+    Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries"),
+    Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries"),
+    Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries"),
+    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry"),
+    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry"),
+    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|"),
+    Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|"),
+    Stat("zero_fraction", "zero fraction", FRACTION, GRADIENT,
+         "fraction of the entries that are exactly zero"),
+    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN"),
+    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf"),
+    Stat("size", "entries", COUNT, GRADIENT,
+         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False),
+    Stat("weight_l2_norm", "weight L2 norm", LOG, WEIGHT,
+         "L2 norm of the variable's values (before the update), over all entries"),
+    # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
+    Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
+         "L2 norm of the optimizer's update of the step"),
+    # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
+    # real relative size (healthy around 1e-3, see `analysis.Thresholds`).
+    Stat("grad_weight_ratio", "gradient / weight", LOG, DERIVED,
+         "gradient L2 norm / weight L2 norm", inputs=("l2_norm", "weight_l2_norm")),
+    Stat("update_weight_ratio", "update / weight", LOG, DERIVED,
+         "update L2 norm / weight L2 norm", inputs=("update_l2_norm", "weight_l2_norm")),
+)
+BY_NAME = {stat.name: stat for stat in STATS}
+
+GRADIENT_STATS = tuple(s.name for s in STATS if s.group == GRADIENT)
+WEIGHT_STATS = tuple(s.name for s in STATS if s.group == WEIGHT)
+UPDATE_STATS = tuple(s.name for s in STATS if s.group == UPDATE)
+# name -> (numerator stat, denominator stat)
+DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
+
+
+def position(stats: Sequence[str], name: str) -> int:
+    """The column of stat ``name`` in a matrix whose columns are ``stats`` (a tag's layout)."""
+    try:
+        return list(stats).index(name)
+    except ValueError:
+        raise KeyError(f"no stat {name!r} among {list(stats)}") from None
+
+
+# Histogram of log10|g|: half-decade bins from 1e-20 to 1e10. float32 gradients below 1e-20 are
+# numerically dead for any practical learning rate and land in "below"; above 1e10 is far past any
+# sane gradient and lands in "above"; neither is ever dropped.
+HISTOGRAM_LOG10_MIN = -20.0
+HISTOGRAM_LOG10_MAX = 10.0
+HISTOGRAM_BINS_PER_DECADE = 2
+HISTOGRAM_LOG10_EDGES = tuple(
+    float(e)
+    for e in np.linspace(
+        HISTOGRAM_LOG10_MIN,
+        HISTOGRAM_LOG10_MAX,
+        int((HISTOGRAM_LOG10_MAX - HISTOGRAM_LOG10_MIN) * HISTOGRAM_BINS_PER_DECADE) + 1,
+    )
+)
+HISTOGRAM_LOG_BINS = len(HISTOGRAM_LOG10_EDGES) - 1
+# Column layout of a histogram row.
+HIST_ZERO = 0
+HIST_BELOW = 1
+HIST_FIRST_LOG_BIN = 2
+HIST_ABOVE = HIST_FIRST_LOG_BIN + HISTOGRAM_LOG_BINS
+HIST_NAN = HIST_ABOVE + 1
+HIST_INF = HIST_ABOVE + 2
+HISTOGRAM_BINS = HIST_INF + 1
+
+
+def histogram_bin_labels():
+    """Human labels of the histogram columns, in column order."""
+    edges = HISTOGRAM_LOG10_EDGES
+    log_bins = [f"[1e{lo:g}, 1e{hi:g})" for lo, hi in zip(edges[:-1], edges[1:])]
+    return (
+        ["zero", f"(0, 1e{edges[0]:g})"]
+        + log_bins
+        + [f">= 1e{edges[-1]:g}", "nan", "inf"]
+    )

@@ -1,0 +1,221 @@
+"""`GradientSeries`: the logged history of one tag as numpy arrays, and the one place that turns
+logged points (from event files or TensorBoard's data provider) into it, each point checked
+against its tag's metadata before it is decoded (`decode_tensor`).
+"""
+
+import dataclasses
+import logging
+from typing import Iterable, Optional, Tuple
+
+import numpy as np
+
+from tensorboard_gradients.format import columns, metadata
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientHistograms:
+    """The log10|g| histograms of one tag: ``counts[step, variable, bin]``."""
+
+    steps: np.ndarray
+    wall_times: np.ndarray
+    counts: np.ndarray
+    log10_edges: Tuple[float, ...]
+    bin_labels: Tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientSeries:
+    """Every logged step of one run's tag: ``values[step, variable, stat]``.
+
+    Rows are in model order (input side first). A missing gradient is NaN in every stat (see
+    `missing`); a gradient with NaN/Inf entries has ``nan_count``/``inf_count`` > 0.
+    """
+
+    run: str
+    tag: str
+    name: str
+    variables: Tuple[str, ...]
+    layers: Tuple[str, ...]
+    shapes: Tuple[Optional[Tuple[int, ...]], ...]
+    stat_names: Tuple[str, ...]
+    steps: np.ndarray
+    wall_times: np.ndarray
+    values: np.ndarray
+    histograms: Optional[GradientHistograms] = None
+    # Where epochs start, when a training monitor marked them: the first step of each epoch and
+    # its 0-based epoch index (None when the writer recorded no epochs).
+    epoch_starts: Optional[np.ndarray] = None
+    epoch_indices: Optional[np.ndarray] = None
+    # Logged points refused as damaged (see `decode_tensor`): shown to the user, never plotted.
+    damaged_points: int = 0
+
+    def stat(self, name: str) -> np.ndarray:
+        """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``.
+
+        Besides the logged stats (`stat_names`), the ratios of `columns.DERIVED_STATS` when their inputs
+        were logged (NaN where the weight norm is 0 or missing); see `available_stats`.
+        """
+        if name in self.stat_names:
+            return self.values[:, :, self.stat_names.index(name)]
+        if name not in self.available_stats:
+            raise KeyError(
+                f"no stat {name!r} in {self.run}/{self.tag}; have {list(self.available_stats)}"
+            )
+        numerator, denominator = (self.stat(n) for n in columns.DERIVED_STATS[name])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(denominator > 0, numerator / denominator, np.nan)
+
+    @property
+    def available_stats(self) -> Tuple[str, ...]:
+        """The logged stats, then the derived ratios whose inputs were logged."""
+        derived = tuple(
+            name for name, inputs in columns.DERIVED_STATS.items()
+            if all(i in self.stat_names for i in inputs)
+        )
+        return self.stat_names + derived
+
+    @property
+    def missing(self) -> np.ndarray:
+        """``[steps, variables]``: True where the variable had no gradient at that step."""
+        return np.isnan(self.stat("size"))
+
+
+def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
+    """The shape of one logged matrix of a tag (``()`` for epoch marks)."""
+    if parsed.kind == metadata.KIND_EPOCHS:
+        return ()
+    columns = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
+    return (len(parsed.layout.variables), columns)
+
+
+class DamagedPointError(ValueError):
+    """A logged point whose tensor does not match its tag's metadata (crafted, damaged or written
+    by a process with another layout under the same tag); it is refused, never decoded."""
+
+
+# dtype enum of `TensorProto` (types.proto) -> (numpy dtype, the repeated field holding values).
+_FLOAT_DTYPES = {
+    1: (np.float32, "float_val"),  # DT_FLOAT
+    2: (np.float64, "double_val"),  # DT_DOUBLE
+    19: (np.float16, "half_val"),  # DT_HALF
+}
+
+
+def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
+    """The float array of a logged `TensorProto`, checked against its tag's metadata FIRST.
+
+    TensorBoard's `make_ndarray` expands a tensor to its declared shape before anything checks
+    it: a 537-byte record declaring 4.4 TB would exhaust memory. Here the declared shape, dtype
+    and byte count are compared with what the metadata says (``expected``) before one element is
+    decoded, so the memory spent is bounded by the metadata, which the reader holds anyway.
+
+    Raises:
+      DamagedPointError: the tensor is not a float matrix of exactly ``expected`` shape.
+    """
+    shape = tuple(d.size for d in tensor.tensor_shape.dim)
+    if shape != tuple(expected):
+        raise DamagedPointError(f"a tensor of shape {list(shape)[:8]} where the metadata says "
+                                f"{list(expected)}")
+    if tensor.dtype not in _FLOAT_DTYPES:
+        raise DamagedPointError(f"a tensor of dtype {tensor.dtype} where floats are expected")
+    dtype, field = _FLOAT_DTYPES[tensor.dtype]
+    count = int(np.prod(expected, dtype=np.int64))
+    if tensor.tensor_content:
+        if len(tensor.tensor_content) != count * np.dtype(dtype).itemsize:
+            raise DamagedPointError(f"{len(tensor.tensor_content)} content bytes for {count} "
+                                    f"{np.dtype(dtype).name} values")
+        return np.frombuffer(tensor.tensor_content, dtype=dtype).reshape(expected).copy()
+    values = getattr(tensor, field)
+    if len(values) not in (1, count):
+        raise DamagedPointError(f"{len(values)} values for {count} entries")
+    if dtype == np.float16:  # half_val holds the IEEE bits in ints
+        array = np.asarray(values, dtype=np.uint16).view(np.float16)
+    else:
+        array = np.asarray(values, dtype=dtype)
+    # One value stands for every entry (TensorFlow's splat encoding): bounded by `expected`.
+    return np.full(expected, array[0], dtype=dtype) if len(values) == 1 else array.reshape(expected)
+
+
+def _stacked(where: str, tag: str, expected: Tuple[int, ...], points: Iterable):
+    """(steps, wall_times, stacked matrices, damaged count) of ``(step, wall_time, matrix)`` points.
+
+    Sorted by step; a rewritten step keeps its last value. A point whose matrix is None (refused
+    by `decode_tensor` before decoding) or is not a float array of the tag's metadata shape is
+    skipped and counted as damaged, with a warning: it was crafted, corrupted, or written by a
+    process with another layout under the same tag, and showing it would misname its rows.
+    """
+    by_step = {}
+    damaged = 0
+    for step, wall_time, matrix in points:
+        if matrix is None or matrix.shape != expected or matrix.dtype.kind != "f":
+            damaged += 1
+            continue
+        by_step[int(step)] = (wall_time, matrix)
+    if damaged:
+        logger.warning(
+            "%s: skipped %d damaged step(s) of tag %r (not a float matrix of the shape its "
+            "metadata gives)", where, damaged, tag,
+        )
+    steps = sorted(by_step)
+    wall_times = np.array([by_step[s][0] for s in steps], dtype=np.float64)
+    if steps:
+        matrices = np.stack([by_step[s][1] for s in steps])
+    else:
+        matrices = np.zeros((0,) + expected, dtype=np.float32)
+    return np.array(steps, dtype=np.int64), wall_times, matrices, damaged
+
+
+def histograms_from_points(where, tag, parsed, points) -> Optional[GradientHistograms]:
+    """The `GradientHistograms` of a histograms tag's points (None when there are none)."""
+    steps, wall_times, counts, _ = _stacked(where, tag, expected_shape(parsed), points)
+    if not len(steps):
+        return None
+    return GradientHistograms(
+        steps=steps,
+        wall_times=wall_times,
+        counts=counts,
+        log10_edges=parsed.log10_edges,
+        bin_labels=parsed.bins,
+    )
+
+
+def series_from_points(
+    run: str,
+    tag: str,
+    parsed: metadata.PluginData,
+    points: Iterable,
+    epoch_points: Iterable = (),
+    histograms: Optional[GradientHistograms] = None,
+) -> GradientSeries:
+    """A `GradientSeries` from a stats tag's ``(step, wall_time, matrix)`` points.
+
+    The one place that turns logged points into a series: `read_logdir` feeds it event-file
+    records, the plugin feeds it TensorBoard's data provider.
+    """
+    steps, wall_times, values, damaged = _stacked(run, tag, expected_shape(parsed), points)
+    epoch_points = list(epoch_points)
+    epoch_starts = epoch_indices = None
+    if epoch_points:
+        epoch_starts, _, epoch_values, _ = _stacked(
+            run, metadata.epochs_tag(parsed.name), (), epoch_points
+        )
+        epoch_indices = epoch_values.astype(np.int64)
+    layout = parsed.layout
+    return GradientSeries(
+        run=run,
+        tag=tag,
+        name=parsed.name,
+        variables=layout.variables,
+        layers=layout.layers,
+        shapes=layout.shapes,
+        stat_names=layout.stats,
+        steps=steps,
+        wall_times=wall_times,
+        values=values,
+        histograms=histograms,
+        epoch_starts=epoch_starts,
+        epoch_indices=epoch_indices,
+        damaged_points=damaged,
+    )
