@@ -67,8 +67,8 @@ import urllib.request
 import numpy as np
 
 from tensorboard_gradients.format import columns, metadata
-from tensorboard_gradients.format.writer import GradientWriter
 from tensorboard_gradients.format.layout import Layout
+from tensorboard_gradients.format.writer import GradientWriter
 
 import _common
 
@@ -130,7 +130,7 @@ def _stats_matrix(rng, base, sizes, step, spikes):
     std = norm / np.sqrt(sizes)
     mean = std * rng.normal(0.0, 0.05, n)
     abs_max = std * rng.uniform(3.5, 5.0, n)
-    columns = {
+    by_name = {
         "l2_norm": norm,
         "mean": mean,
         "std": std,
@@ -143,7 +143,7 @@ def _stats_matrix(rng, base, sizes, step, spikes):
         "inf_count": np.zeros(n),
         "size": sizes,
     }
-    return np.stack([columns[s] for s in columns.GRADIENT_STATS], axis=1).astype(np.float32)
+    return np.stack([by_name[s] for s in columns.GRADIENT_STATS], axis=1).astype(np.float32)
 
 
 def write_gradient_run(directory, variables, steps, seed=0):

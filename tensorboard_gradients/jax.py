@@ -5,4 +5,4 @@ from tensorboard_gradients.capture import jax as _implementation
 from tensorboard_gradients.capture.jax import log_gradients, named_leaves
 
 __doc__ = _implementation.__doc__
-__all__ = list(_implementation.__all__)
+__all__ = ["log_gradients", "named_leaves"]

@@ -5,4 +5,4 @@ from tensorboard_gradients.capture import summary as _implementation
 from tensorboard_gradients.capture.summary import gradients, gradient_statistics, write_statistics
 
 __doc__ = _implementation.__doc__
-__all__ = list(_implementation.__all__)
+__all__ = ["gradients", "gradient_statistics", "write_statistics"]

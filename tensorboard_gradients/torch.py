@@ -5,4 +5,4 @@ from tensorboard_gradients.capture import torch as _implementation
 from tensorboard_gradients.capture.torch import GradientMonitor
 
 __doc__ = _implementation.__doc__
-__all__ = list(_implementation.__all__)
+__all__ = ["GradientMonitor"]

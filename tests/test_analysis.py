@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format.reader import GradientSeries
 from tensorboard_gradients.format.layout import Layout
+from tensorboard_gradients.format.reader import GradientSeries
 
 STEPS = 300
 

@@ -71,10 +71,10 @@ def _histogram_content(*args, **changes) -> bytes:
     return _content(metadata.histogram_metadata_content, *args, **changes)
 
 
-def _matrix(rows=len(CRAFTED_VARIABLES), columns=len(columns.GRADIENT_STATS), value=1.0):
-    """A float32 ``[rows, columns]`` of ``value``: for a stats tag, finite healthy gradients."""
-    matrix = np.full((rows, columns), value, np.float32)
-    if columns == len(columns.GRADIENT_STATS):
+def _matrix(rows=len(CRAFTED_VARIABLES), width=len(columns.GRADIENT_STATS), value=1.0):
+    """A float32 ``[rows, width]`` of ``value``: for a stats tag, finite healthy gradients."""
+    matrix = np.full((rows, width), value, np.float32)
+    if width == len(columns.GRADIENT_STATS):
         for count in ("nan_count", "inf_count"):
             matrix[:, columns.GRADIENT_STATS.index(count)] = 0
     return tensor_util.make_tensor_proto(matrix)
@@ -171,7 +171,7 @@ def logdir(tmp_path_factory):
 
     write_event_file(root / "histogram_mismatch", [
         _logged(0, "gradients", _matrix(), _stats_content()),
-        _logged(0, "gradients_histograms", _matrix(rows=1, columns=columns.HISTOGRAM_BINS),
+        _logged(0, "gradients_histograms", _matrix(rows=1, width=columns.HISTOGRAM_BINS),
                 _histogram_content(CRAFTED_VARIABLES[:1])),
     ])
 

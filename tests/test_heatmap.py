@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.server import heatmap
 from tensorboard_gradients.format.reader import GradientSeries
+from tensorboard_gradients.server import heatmap
 
 OK, VAN, EXP, NF, MISS = (analysis.OK, analysis.VANISHING, analysis.EXPLODING,
                           analysis.NONFINITE, analysis.MISSING)

@@ -30,7 +30,7 @@ def numpy_stats(gradient, dense_size):
 
 def tensorflow_stats(jit):
     tf = pytest.importorskip("tensorflow")
-    from tensorboard_gradients.capture.summary import TensorFlowOps
+    from tensorboard_gradients.capture.tensorflow_ops import TensorFlowOps
 
     @tf.function(jit_compile=jit)
     def compute(gradient, dense_size):

@@ -37,9 +37,9 @@ import keras
 import numpy as np
 
 from tensorboard_gradients.capture import options
-from tensorboard_gradients.format import metadata
-from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
+from tensorboard_gradients.format.writer import GradientWriter
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class GradientMonitor(keras.callbacks.Callback):
         """Writes every step the device buffer holds that has not been written yet."""
         completed, rows, histogram_rows = self._recorder.read()
         self._host_completed = self._host_read_at = completed
-        size_column = self._layout.stats.index("size")
+        size_column = columns.position(self._layout.stats, "size")
         for step, stats, scalars in sorted(rows, key=lambda row: row[0]):
             if step <= self._last_stats_step:
                 continue

@@ -31,7 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tensorboard_gradients.capture import summary
+from tensorboard_gradients.capture import tensorflow_ops
 from tensorboard_gradients.format import columns
 
 SCALAR_GLOBAL_NORM = "global_norm"
@@ -66,7 +66,7 @@ def _tf_variable(variable):
 
 def _sum_of_squares(gradient, dtype, table_rows=None):
     if isinstance(gradient, tf.IndexedSlices):
-        values = summary._summed_rows(gradient, dtype, table_rows)
+        values = tensorflow_ops.summed_rows(gradient, dtype, table_rows)
     else:
         values = tf.cast(gradient, dtype)
     return tf.reduce_sum(tf.square(values))
@@ -136,12 +136,9 @@ class StepRecorder:
             self.scalar_names.append(SCALAR_GLOBAL_NORM_CLIPPED)
         if self._loss_scaled:
             self.scalar_names += [SCALAR_LOSS_SCALE, SCALAR_SKIPPED_STEP]
-        self.stat_count = (
-            len(columns.GRADIENT_STATS)
-            + len(columns.WEIGHT_STATS)
-            + (len(columns.UPDATE_STATS) if self.records_updates else 0)
-        )
-        self.dtype = summary.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
+        self.stat_names = columns.stats_for(with_weights=True, with_updates=self.records_updates)
+        self.stat_count = len(self.stat_names)
+        self.dtype = tensorflow_ops.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
         self._patches = _Patches()
 
         variables = len(self.watched)
@@ -234,7 +231,8 @@ class StepRecorder:
 
     def _store_update_norms(self, logged, slot):
         def store():  # updates are recorded only without replicas: plain variables, slice assign
-            self._stats[slot, :, self.stat_count - 1].assign(tf.sqrt(self._update_squares))
+            column = columns.position(self.stat_names, "update_l2_norm")
+            self._stats[slot, :, column].assign(tf.sqrt(self._update_squares))
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
@@ -270,7 +268,7 @@ class StepRecorder:
         slot = (completed // self._every) % self._stats.shape[0]
 
         def record_stats():
-            stats = tf.cast(summary.gradient_statistics(watched_grads, self.watched), self.dtype)
+            stats = tf.cast(tensorflow_ops.gradient_statistics(watched_grads, self.watched), self.dtype)
             if self.records_updates:
                 # Filled in by the update hooks as the optimizer applies this step.
                 stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)
@@ -287,7 +285,7 @@ class StepRecorder:
                 self._set_row(
                     self._histograms,
                     slot,
-                    tf.cast(summary._histogram_counts(watched_grads, self.watched), self.dtype),
+                    tf.cast(tensorflow_ops.histogram_counts(watched_grads, self.watched), self.dtype),
                 )
                 self._set_row(self._histogram_steps, slot, completed + 1)
                 return tf.constant(True)
@@ -335,7 +333,7 @@ class StepRecorder:
         total = tf.add_n(squares)
         if watched_stats is None:
             return tf.sqrt(total)
-        column = columns.GRADIENT_STATS.index
+        column = lambda name: columns.position(self.stat_names, name)  # noqa: E731
         present = tf.logical_not(tf.math.is_nan(watched_stats[:, column("size")]))
 
         def present_sum(name, transform=lambda x: x):
@@ -428,8 +426,8 @@ def probe_function(model, watched, histograms):
             )
         grads = tape.gradient(loss, watched)
         if histograms:
-            return summary.gradient_statistics(grads, watched, histograms=True)
-        return summary.gradient_statistics(grads, watched), None
+            return tensorflow_ops.gradient_statistics(grads, watched, histograms=True)
+        return tensorflow_ops.gradient_statistics(grads, watched), None
 
     return probe
 

@@ -35,172 +35,14 @@ import weakref
 
 import tensorflow as tf
 
-from tensorboard_gradients.format import columns, metadata, statistics
-from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
+from tensorboard_gradients.capture import tensorflow_ops
+from tensorboard_gradients.capture.tensorflow_ops import gradient_statistics
+from tensorboard_gradients.format import columns, metadata
+from tensorboard_gradients.format.layout import LayoutTags, MissingGradientWarnings
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["gradients", "gradient_statistics", "write_statistics"]
-
-
-class TensorFlowOps(statistics.ArrayOps):
-    """`statistics` adapter for TensorFlow (runs on the tensors' device, traceable)."""
-
-    @staticmethod
-    def computation_dtype(dtypes):
-        return tf.float64 if any(tf.as_dtype(d) == tf.float64 for d in dtypes) else tf.float32
-
-    to_float = staticmethod(lambda x, dtype: tf.cast(x, dtype))
-    constant = staticmethod(lambda value, like: tf.cast(value, like.dtype))
-    numel = staticmethod(lambda x: tf.cast(tf.size(x), x.dtype))
-    sum = staticmethod(tf.reduce_sum)
-    count = staticmethod(lambda mask, like: tf.reduce_sum(tf.cast(mask, like.dtype)))
-    max = staticmethod(lambda x, initial: tf.maximum(tf.reduce_max(x), initial))
-    min = staticmethod(lambda x, initial: tf.minimum(tf.reduce_min(x), initial))
-    abs = staticmethod(tf.abs)
-    sqrt = staticmethod(tf.sqrt)
-    floor = staticmethod(tf.floor)
-    log10 = staticmethod(lambda x: tf.math.log(x) / tf.math.log(tf.constant(10, x.dtype)))
-    isnan = staticmethod(tf.math.is_nan)
-    isinf = staticmethod(tf.math.is_inf)
-    isfinite = staticmethod(tf.math.is_finite)
-    where = staticmethod(tf.where)
-    maximum = staticmethod(tf.maximum)
-    minimum = staticmethod(tf.minimum)
-
-    @staticmethod
-    def clip(x, low, high):
-        return tf.clip_by_value(x, tf.cast(low, x.dtype), tf.cast(high, x.dtype))
-
-    @staticmethod
-    def bincount(indices, length, like):
-        # A segment sum, not tf.math.bincount: DenseBincount has no XLA kernel.
-        indices = tf.cast(tf.reshape(indices, [-1]), tf.int32)
-        return tf.math.unsorted_segment_sum(tf.ones_like(indices, like.dtype), indices, length)
-
-    stack = staticmethod(tf.stack)
-    all = staticmethod(tf.reduce_all)
-    cond = staticmethod(tf.cond)
-
-
-def _variable_name(variable):
-    if isinstance(variable, str):
-        return variable
-    # Keras 3 `.name` is just "kernel" (not unique); `.path` is "dense_3/kernel".
-    return getattr(variable, "path", None) or variable.name
-
-
-def _has_value(variable):
-    return not isinstance(variable, str)
-
-
-def _variable_shape(variable, gradient):
-    if _has_value(variable):
-        return tuple(variable.shape)
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tuple(tf.get_static_value(gradient.dense_shape))
-    return tuple(gradient.shape)
-
-
-def _layout(gradients, variables):
-    if len(gradients) != len(variables):
-        raise ValueError(
-            f"got {len(gradients)} gradients for {len(variables)} variables; pass them in the "
-            "same order, as from tape.gradient(loss, variables)"
-        )
-    if not variables:
-        raise ValueError("no variables to log gradients for")
-    return Layout.create(
-        [_variable_name(v) for v in variables],
-        [_variable_shape(v, g) for v, g in zip(variables, gradients)],
-        with_weights=all(_has_value(v) for v in variables),
-    )
-
-
-def _summed_rows(gradient, dtype, table_rows):
-    """An IndexedSlices gradient's rows with repeated indices summed, without densifying.
-
-    Sort-based rather than `tf.unique` so that it compiles under XLA: XLA needs a static segment
-    count, so the summed matrix may carry trailing all-zero rows, which the statistics count as
-    the zeros they stand for (``size`` is the dense size, absent entries are zeros anyway).
-    """
-    indices = tf.reshape(gradient.indices, [-1])
-    order = tf.argsort(indices)
-    sorted_indices = tf.gather(indices, order)
-    starts_row = tf.concat(
-        [tf.ones([1], tf.bool), tf.not_equal(sorted_indices[1:], sorted_indices[:-1])], 0
-    )
-    segments = tf.cumsum(tf.cast(starts_row, tf.int32)) - 1
-    lookups = indices.shape[0]
-    segment_count = (
-        tf.minimum(tf.size(indices), table_rows)
-        if lookups is None or table_rows is None
-        else min(lookups, table_rows)
-    )
-    return tf.math.unsorted_segment_sum(
-        tf.gather(tf.cast(gradient.values, dtype), order), segments, segment_count
-    )
-
-
-def _entries(gradients, variables, dtype):
-    """Per variable None or (present values, dense size); sparse rows de-duplicated, not densified."""
-    entries = []
-    for gradient, variable in zip(gradients, variables):
-        if gradient is None:
-            entries.append(None)
-        elif isinstance(gradient, tf.IndexedSlices):
-            # Embedding gradients repeat a row once per lookup: sum repeats before any norm.
-            dense_shape = (
-                tf.constant(tuple(variable.shape), tf.int64)
-                if _has_value(variable)
-                else tf.cast(gradient.dense_shape, tf.int64)
-            )
-            table_rows = variable.shape[0] if _has_value(variable) else None
-            entries.append(
-                (_summed_rows(gradient, dtype, table_rows), tf.reduce_prod(dense_shape))
-            )
-        else:
-            gradient = tf.convert_to_tensor(gradient)
-            entries.append((tf.cast(gradient, dtype), tf.size(gradient, out_type=tf.int64)))
-    return entries
-
-
-def _dtype(gradients):
-    return TensorFlowOps.computation_dtype(
-        [g.dtype for g in gradients if g is not None]
-    )
-
-
-def gradient_statistics(gradients, variables, histograms=False):
-    """Computes the statistics matrix (and optionally the histogram matrix) without writing.
-
-    Pure computation on the gradients' device: usable inside ``jit_compile=True`` functions for
-    dense gradients. Write the result with `write_statistics`.
-
-    Returns:
-      ``stats`` (``[variables, stats]``), or ``(stats, histogram_counts)`` if `histograms`.
-    """
-    gradients, variables = list(gradients), list(variables)
-    _layout(gradients, variables)
-    dtype = _dtype(gradients)
-    entries = _entries(gradients, variables, dtype)
-    weights = (
-        [tf.cast(tf.convert_to_tensor(v), dtype) for v in variables]
-        if all(_has_value(v) for v in variables)
-        else None
-    )
-    stats = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype)
-    if not histograms:
-        return stats
-    return stats, statistics.histogram_matrix(TensorFlowOps, entries, dtype)
-
-
-def _histogram_counts(gradients, variables):
-    """Only the histogram matrix: histogram steps must not recompute the stats matrix."""
-    dtype = _dtype(gradients)
-    return statistics.histogram_matrix(TensorFlowOps, _entries(gradients, variables, dtype), dtype)
 
 
 # Per default writer (weakly held): which tag each variable layout goes to under each name.
@@ -243,7 +85,7 @@ def write_statistics(
       `writer`, unless the step was dropped).
     """
     variables = list(variables)
-    layout = _layout([None] * len(variables), variables)
+    layout = tensorflow_ops.layout_of([None] * len(variables), variables)
     if writer is not None:
         counts = None if histogram_counts is None else lambda: histogram_counts
         return _write_with(writer, layout, step, description, stats, counts,
@@ -352,18 +194,18 @@ def gradients(
       ValueError: gradients and variables differ in length, or are empty.
     """
     gradients, variables = list(gradients), list(variables)
-    layout = _layout(gradients, variables)
+    layout = tensorflow_ops.layout_of(gradients, variables)
     _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
     if writer is not None:
         return _write_with(writer, layout, step, description,
-                           gradient_statistics(gradients, variables),
-                           lambda: _histogram_counts(gradients, variables), histograms)
+                           tensorflow_ops.gradient_statistics(gradients, variables),
+                           lambda: tensorflow_ops.histogram_counts(gradients, variables), histograms)
     return _write(
         layout,
         name,
         step,
         description,
-        lambda: gradient_statistics(gradients, variables),
-        lambda: _histogram_counts(gradients, variables),
+        lambda: tensorflow_ops.gradient_statistics(gradients, variables),
+        lambda: tensorflow_ops.histogram_counts(gradients, variables),
         histograms,
     )

@@ -51,8 +51,8 @@ import torch
 
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.format import columns, metadata, statistics
-from tensorboard_gradients.format.writer import GradientWriter
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
+from tensorboard_gradients.format.writer import GradientWriter
 
 logger = logging.getLogger(__name__)
 
@@ -120,21 +120,20 @@ class TorchOps(statistics.ArrayOps):
         # The sum of squared deviations is variance * count; `torch.var` is a stable one-kernel
         # pass per tensor (3x faster on CPU than `var_mean`, which also returns the mean).
         variance = stacked(torch.var(v, correction=0) for v in values)
-        return torch.stack(
-            [
-                count,
-                torch.zeros_like(count),  # NaN entries: counted by the masked pass only
-                count,
-                torch.maximum(-minimum, maximum),  # abs_max
-                stacked(v.sum() for v in values),
-                stacked(torch._foreach_norm(values, 2)) ** 2,
-                stacked(torch._foreach_norm(values, 1)),
-                minimum,
-                maximum,
-                count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
-                variance * count,
-            ],
-            dim=1,
+        return statistics.stack_reductions(
+            cls,
+            axis=1,
+            present=count,
+            nan=torch.zeros_like(count),  # counted by the masked pass only
+            finite=count,
+            abs_max=torch.maximum(-minimum, maximum),
+            sum=stacked(v.sum() for v in values),
+            sum_squares=stacked(torch._foreach_norm(values, 2)) ** 2,
+            sum_abs=stacked(torch._foreach_norm(values, 1)),
+            min=minimum,
+            max=maximum,
+            zeros=count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
+            m2=variance * count,
         )
 
     @classmethod
@@ -290,12 +289,12 @@ class GradientMonitor:
             return True
         stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
         writer.write_statistics(step, self._layout, stats, counts)
-        writer.write_scalars(step, self._scalars(stats, total_norm, scaler))
+        writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
         return True
 
     @staticmethod
-    def _scalars(stats, total_norm, scaler):
-        norms = stats[:, columns.GRADIENT_STATS.index("l2_norm")]
+    def _scalars(layout, stats, total_norm, scaler):
+        norms = stats[:, columns.position(layout.stats, "l2_norm")]
         scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
         if total_norm is not None:
             scalars["global_norm_before_clipping"] = float(total_norm)

@@ -77,6 +77,14 @@ UPDATE_STATS = tuple(s.name for s in STATS if s.group == UPDATE)
 DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
 
 
+def stats_for(with_weights: bool, with_updates: bool) -> Tuple[str, ...]:
+    """The columns of a stats matrix, in order, for a writer that knows the variables' values
+    (``with_weights``) and sees the optimizer's update (``with_updates``)."""
+    return (
+        GRADIENT_STATS + (WEIGHT_STATS if with_weights else ()) + (UPDATE_STATS if with_updates else ())
+    )
+
+
 def position(stats: Sequence[str], name: str) -> int:
     """The column of stat ``name`` in a matrix whose columns are ``stats`` (a tag's layout)."""
     try:

@@ -66,9 +66,7 @@ class Layout:
             variables=tuple(names),
             layers=tuple(layer_of(v) for v in names),
             shapes=tuple(None if s is None else tuple(int(d) for d in s) for s in shapes),
-            stats=columns.GRADIENT_STATS
-            + (columns.WEIGHT_STATS if with_weights else ())
-            + (columns.UPDATE_STATS if with_updates else ()),
+            stats=columns.stats_for(with_weights, with_updates),
         )
 
 

@@ -86,8 +86,8 @@ def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
     """The shape of one logged matrix of a tag (``()`` for epoch marks)."""
     if parsed.kind == metadata.KIND_EPOCHS:
         return ()
-    columns = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
-    return (len(parsed.layout.variables), columns)
+    width = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
+    return (len(parsed.layout.variables), width)
 
 
 class DamagedPointError(ValueError):

@@ -37,7 +37,7 @@ class ArrayOps:
 
     @classmethod
     def fast_reduction_rows(cls, values):
-        """``[len(values), 11]``: the `_fast_reductions` row of each array (none missing)."""
+        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array (none missing)."""
         return cls.stack([_fast_reductions(cls, v) for v in values])
 
     @classmethod
@@ -96,8 +96,38 @@ class NumpyOps(ArrayOps):
 
 # Per-variable reductions (one small vector each) that `_finalize` turns into the stats of all
 # variables at once: a few big reductions per variable, the arithmetic on [variables] vectors.
-_PRESENT, _NAN, _FINITE, _ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _MIN, _MAX, _ZEROS, _M2 = range(11)
-_NUM_REDUCTIONS = 11
+# Found by name (`stack_reductions`, `_column`), never by position: an adapter with its own fast
+# path (PyTorch) names each one it computes.
+REDUCTIONS = (
+    "present",  # entries given (the dense size minus a sparse gradient's absent rows)
+    "nan",  # NaN entries
+    "finite",  # finite entries
+    "abs_max",  # largest finite |entry|
+    "sum",  # the sums below are of entries / abs_max (`_scale_sums`): no overflow
+    "sum_squares",
+    "sum_abs",
+    "min",
+    "max",
+    "zeros",  # entries exactly 0
+    "m2",  # sum of squared deviations from the mean (two-pass; see the module)
+)
+_REDUCTION_INDEX = {name: index for index, name in enumerate(REDUCTIONS)}
+# Sums that overflow or turn NaN when an entry is not finite: the fast pass is trusted only when
+# all of these are finite.
+_CHECKED_REDUCTIONS = ("abs_max", "sum", "sum_squares", "sum_abs", "m2")
+
+
+def stack_reductions(ops, axis=0, **reductions):
+    """The `REDUCTIONS`, given by name, stacked in their order: one vector (``axis=0``, values of
+    one variable) or a ``[variables, reductions]`` matrix (``axis=1``, vectors over variables)."""
+    if set(reductions) != set(REDUCTIONS):
+        raise ValueError(f"reductions {sorted(reductions)} are not {sorted(REDUCTIONS)}")
+    return ops.stack([reductions[name] for name in REDUCTIONS], axis=axis)
+
+
+def _column(reductions, name):
+    """``[variables]``: one reduction of a ``[variables, reductions]`` matrix."""
+    return reductions[:, _REDUCTION_INDEX[name]]
 
 
 def _fast_reductions(ops, values):
@@ -112,33 +142,32 @@ def _fast_reductions(ops, values):
     infinity = ops.constant(np.inf, like)
     total = ops.sum(values)
     deviations = values - total / ops.maximum(count, ops.constant(1, like))
-    return ops.stack(
-        [
-            count,
-            like,
-            count,
-            ops.max(magnitude, initial=like),
-            total,
-            ops.sum(values * values),
-            ops.sum(magnitude),
-            ops.min(values, initial=infinity),
-            ops.max(values, initial=-infinity),
-            ops.count(values == like, like=like),
-            ops.sum(deviations * deviations),
-        ]
+    return stack_reductions(
+        ops,
+        present=count,
+        nan=like,
+        finite=count,
+        abs_max=ops.max(magnitude, initial=like),
+        sum=total,
+        sum_squares=ops.sum(values * values),
+        sum_abs=ops.sum(magnitude),
+        min=ops.min(values, initial=infinity),
+        max=ops.max(values, initial=-infinity),
+        zeros=ops.count(values == like, like=like),
+        m2=ops.sum(deviations * deviations),
     )
 
 
 def _scale_sums(ops, reductions):
     """Divides the sum columns of `_fast_reductions` rows by each variable's abs_max."""
-    columns = [reductions[:, index] for index in range(_NUM_REDUCTIONS)]
-    abs_max = columns[_ABS_MAX]
+    by_name = {name: _column(reductions, name) for name in REDUCTIONS}
+    abs_max = by_name["abs_max"]
     scale = ops.where(abs_max > ops.constant(0, abs_max), abs_max, ops.constant(1, abs_max))
-    columns[_SUM] = columns[_SUM] / scale
-    columns[_SUM_SQUARES] = columns[_SUM_SQUARES] / scale / scale
-    columns[_SUM_ABS] = columns[_SUM_ABS] / scale
-    columns[_M2] = columns[_M2] / scale / scale
-    return ops.stack(columns, axis=1)
+    by_name["sum"] = by_name["sum"] / scale
+    by_name["sum_squares"] = by_name["sum_squares"] / scale / scale
+    by_name["sum_abs"] = by_name["sum_abs"] / scale
+    by_name["m2"] = by_name["m2"] / scale / scale
+    return stack_reductions(ops, axis=1, **by_name)
 
 
 def _masked_reductions(ops, values):
@@ -157,65 +186,64 @@ def _masked_reductions(ops, values):
     finite_count = ops.count(finite, like=like)
     total = ops.sum(scaled)
     deviations = ops.where(finite, scaled - total / ops.maximum(finite_count, ops.constant(1, like)), like)
-    return ops.stack(
-        [
-            ops.numel(values),
-            ops.count(ops.isnan(values), like=like),
-            finite_count,
-            abs_max,
-            total,
-            ops.sum(scaled * scaled),
-            ops.sum(ops.abs(scaled)),
-            ops.min(ops.where(finite, values, infinity), initial=infinity),
-            ops.max(ops.where(finite, values, -infinity), initial=-infinity),
-            ops.count(values == like, like=like),
-            ops.sum(deviations * deviations),
-        ]
+    return stack_reductions(
+        ops,
+        present=ops.numel(values),
+        nan=ops.count(ops.isnan(values), like=like),
+        finite=finite_count,
+        abs_max=abs_max,
+        sum=total,
+        sum_squares=ops.sum(scaled * scaled),
+        sum_abs=ops.sum(ops.abs(scaled)),
+        min=ops.min(ops.where(finite, values, infinity), initial=infinity),
+        max=ops.max(ops.where(finite, values, -infinity), initial=-infinity),
+        zeros=ops.count(values == like, like=like),
+        m2=ops.sum(deviations * deviations),
     )
 
 
 def _finalize(ops, reductions, sizes):
-    """`columns.GRADIENT_STATS` columns from stacked `_reductions` ([variables, 11]) and sizes."""
-    column = lambda index: reductions[:, index]  # noqa: E731
+    """The `columns.GRADIENT_STATS` by name, each a ``[variables]`` vector, from the
+    ``[variables, REDUCTIONS]`` matrix and the dense sizes."""
+    column = lambda name: _column(reductions, name)  # noqa: E731
     zero = ops.constant(0, sizes)
     one = ops.constant(1, sizes)
     nan = ops.constant(np.nan, sizes)
-    abs_max = column(_ABS_MAX)
+    abs_max = column("abs_max")
     scale = ops.where(abs_max > zero, abs_max, one)
-    nan_count = column(_NAN)
-    inf_count = column(_PRESENT) - column(_FINITE) - nan_count
-    implicit_zeros = sizes - column(_PRESENT)  # absent rows of a sparse gradient
-    finite_count = column(_FINITE) + implicit_zeros
+    nan_count = column("nan")
+    inf_count = column("present") - column("finite") - nan_count
+    implicit_zeros = sizes - column("present")  # absent rows of a sparse gradient
+    finite_count = column("finite") + implicit_zeros
     divisor = ops.maximum(finite_count, one)
-    mean_scaled = column(_SUM) / divisor
+    mean_scaled = column("sum") / divisor
     # The absent entries of a sparse gradient are a second group: count Z, mean 0, M2 0.
     _, _, m2_scaled = combine_moments(
         ops,
-        (column(_FINITE), column(_SUM) / ops.maximum(column(_FINITE), one), column(_M2)),
+        (column("finite"), column("sum") / ops.maximum(column("finite"), one), column("m2")),
         (implicit_zeros, zero, zero),
     )
     variance_scaled = m2_scaled / divisor
     has_implicit_zeros = implicit_zeros > zero
-    minimum = ops.where(has_implicit_zeros, ops.minimum(column(_MIN), zero), column(_MIN))
-    maximum = ops.where(has_implicit_zeros, ops.maximum(column(_MAX), zero), column(_MAX))
+    minimum = ops.where(has_implicit_zeros, ops.minimum(column("min"), zero), column("min"))
+    maximum = ops.where(has_implicit_zeros, ops.maximum(column("max"), zero), column("max"))
     no_finite = finite_count <= zero
     undefined_without_finite = lambda value: ops.where(no_finite, nan, value)  # noqa: E731
-    return ops.stack(
-        [
-            scale * ops.sqrt(column(_SUM_SQUARES)),  # l2_norm: an empty sum is 0
-            undefined_without_finite(scale * mean_scaled),
-            undefined_without_finite(scale * ops.sqrt(variance_scaled)),
-            undefined_without_finite(minimum),
-            undefined_without_finite(maximum),
-            undefined_without_finite(abs_max),
-            undefined_without_finite(scale * (column(_SUM_ABS) / divisor)),  # no overflow first
-            ops.where(sizes > zero, (column(_ZEROS) + implicit_zeros) / ops.maximum(sizes, one), nan),
-            nan_count,
-            inf_count,
-            sizes,
-        ],
-        axis=1,
-    )
+    stats = {
+        "l2_norm": scale * ops.sqrt(column("sum_squares")),  # an empty sum is 0
+        "mean": undefined_without_finite(scale * mean_scaled),
+        "std": undefined_without_finite(scale * ops.sqrt(variance_scaled)),
+        "min": undefined_without_finite(minimum),
+        "max": undefined_without_finite(maximum),
+        "abs_max": undefined_without_finite(abs_max),
+        "mean_abs": undefined_without_finite(scale * (column("sum_abs") / divisor)),  # no overflow
+        "zero_fraction": ops.where(
+            sizes > zero, (column("zeros") + implicit_zeros) / ops.maximum(sizes, one), nan),
+        "nan_count": nan_count,
+        "inf_count": inf_count,
+        "size": sizes,
+    }
+    return stats
 
 
 def combine_moments(ops, first, second):
@@ -236,11 +264,11 @@ def combine_moments(ops, first, second):
 
 
 def statistics_matrix(ops, gradients, weights, dtype):
-    """The ``[variables, stats]`` matrix of one step, in `metadata` column order.
+    """The ``[variables, stats]`` matrix of one step, columns `columns.stats_for` (no update).
 
     Args:
       ops: the array library adapter (`NumpyOps`, the TensorFlow one, ...).
-      gradients: per variable, None (missing: a row of NaN, see `metadata`) or a pair
+      gradients: per variable, None (missing: a row of NaN, see `format.metadata`) or a pair
         ``(present values, dense size)`` with values in `dtype`; the dense size exceeds the
         present entries for a sparse gradient, whose absent entries are exact zeros.
       weights: per variable values in `dtype` for the `weight_l2_norm` column, or None.
@@ -249,7 +277,7 @@ def statistics_matrix(ops, gradients, weights, dtype):
     """
     like = ops.to_float(0, dtype)
     nan = ops.constant(np.nan, like)
-    missing_row = ops.stack([nan] * _NUM_REDUCTIONS)
+    missing_row = ops.stack([nan] * len(REDUCTIONS))
     sizes = ops.stack([nan if g is None else ops.constant(g[1], like) for g in gradients])
 
     def stacked(reduce):
@@ -261,21 +289,22 @@ def statistics_matrix(ops, gradients, weights, dtype):
         present_rows = iter(range(len(present)))
         rows = ops.stack([missing_row if g is None else rows[next(present_rows)] for g in gradients])
     fast = _scale_sums(ops, rows)
-    checked = ops.stack([fast[:, c] for c in (_ABS_MAX, _SUM, _SUM_SQUARES, _SUM_ABS, _M2)], axis=1)
+    checked = ops.stack([_column(fast, name) for name in _CHECKED_REDUCTIONS], axis=1)
     trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
     # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
     reductions = ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions))
     stats = _finalize(ops, reductions, sizes)
-    if not weights:
-        return stats
-    # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
-    weight_norms = ops.sqrt(ops.square_sums(weights))
-    weight_norms = ops.where(sizes == sizes, weight_norms, nan)  # a missing row is NaN throughout
-    return ops.stack([stats[:, i] for i in range(len(columns.GRADIENT_STATS))] + [weight_norms], axis=1)
+    if weights:
+        # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
+        weight_norms = ops.sqrt(ops.square_sums(weights))
+        # A missing row is NaN throughout.
+        stats["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, nan)
+    names = columns.stats_for(with_weights=bool(weights), with_updates=False)
+    return ops.stack([stats[name] for name in names], axis=1)
 
 
 def variable_histogram(ops, values, size):
-    """Counts of |g| in the fixed `metadata` histogram columns (absent sparse entries are zeros)."""
+    """Counts of |g| in the fixed `columns` histogram bins (absent sparse entries are zeros)."""
     magnitude = ops.abs(values)
     finite = ops.isfinite(values)
     positive = ops.where(finite, magnitude > ops.constant(0, magnitude), False)
