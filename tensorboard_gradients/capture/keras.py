@@ -281,13 +281,13 @@ class GradientMonitor(keras.callbacks.Callback):
             self._last_histogram_step = step
 
     def _write_probe(self):
-        from tensorboard_gradients.capture import keras_recorder
+        from tensorboard_gradients.capture import keras_probe  # imports TensorFlow
 
         if self._probe_function is None:
-            self._probe_function = keras_recorder.probe_function(
+            self._probe_function = keras_probe.probe_function(
                 self.model, self._recorder.watched, histograms=bool(self.histograms_every_n_steps)
             )
-        stats, counts = keras_recorder.run_probe(self.model, self._probe_function, self._probe)
+        stats, counts = keras_probe.run_probe(self.model, self._probe_function, self._probe)
         layout = Layout.create(
             self._layout.variables, self._layout.shapes, with_weights=True
         )

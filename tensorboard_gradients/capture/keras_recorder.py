@@ -23,12 +23,15 @@ What the statistics describe:
   passes to its ``assign``/``assign_add``/``assign_sub`` (plus the decoupled weight decay the
   optimizer applied just before), so no copy of the weights is kept. Not available with several
   replicas, where updates run per device.
+
+Longer than this project's other modules on purpose: `StepRecorder` is one traced train step's
+worth of state (the ring buffer, the ``apply`` hook and the update hooks share it); split across
+files, one step's logic could no longer be read in one place.
 """
 
 import math
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tensorboard_gradients.capture import tensorflow_ops
@@ -64,14 +67,6 @@ def _tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
-def _sum_of_squares(gradient, dtype, table_rows=None):
-    if isinstance(gradient, tf.IndexedSlices):
-        values = tensorflow_ops.summed_rows(gradient, dtype, table_rows)
-    else:
-        values = tf.cast(gradient, dtype)
-    return tf.reduce_sum(tf.square(values))
-
-
 # The host reads the buffers once this many steps have been recorded (or an epoch ends): one
 # device-to-host sync per 16 recorded steps instead of one per step.
 RECORDED_STEPS_PER_READ = 16
@@ -84,18 +79,6 @@ def buffer_capacity(steps_per_execution, every_n_steps):
 
 def _rows(variable):
     return variable.shape[0] if len(variable.shape) else None
-
-
-def _divide(gradient, scale):
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            gradient.values / tf.cast(scale, gradient.values.dtype),
-            gradient.indices,
-            gradient.dense_shape,
-        )
-    return gradient / tf.cast(scale, gradient.dtype)
 
 
 class StepRecorder:
@@ -251,9 +234,9 @@ class StepRecorder:
 
     def _unscale(self, grads):
         if self._loss_scaled:
-            grads = [_divide(g, self._optimizer.dynamic_scale) for g in grads]
+            grads = [tensorflow_ops.divided(g, self._optimizer.dynamic_scale) for g in grads]
         if self._inner.loss_scale_factor is not None:
-            grads = [_divide(g, self._inner.loss_scale_factor) for g in grads]
+            grads = [tensorflow_ops.divided(g, self._inner.loss_scale_factor) for g in grads]
         return grads
 
     def _record(self, grads, variables):
@@ -329,7 +312,7 @@ class StepRecorder:
         for variable, gradient in zip(variables, grads):
             if gradient is None or (watched_stats is not None and id(variable) in self._watched_ids):
                 continue
-            squares.append(_sum_of_squares(gradient, dtype, _rows(variable)))
+            squares.append(tensorflow_ops.sum_of_squares(gradient, dtype, _rows(variable)))
         total = tf.add_n(squares)
         if watched_stats is None:
             return tf.sqrt(total)
@@ -383,7 +366,7 @@ class StepRecorder:
             # calling us, so w_before = current / (1 - c) and the decay moved them by -c/(1-c) * current.
             c = tf.cast(inner.learning_rate, dtype) * tf.cast(inner.weight_decay, dtype)
             delta = tf.convert_to_tensor(delta) - c / (1 - c) * current
-        return _sum_of_squares(delta, dtype, _rows(watched))
+        return tensorflow_ops.sum_of_squares(delta, dtype, _rows(watched))
 
     # --- host side ----------------------------------------------------------------------------
 
@@ -412,33 +395,3 @@ class StepRecorder:
                 (int(step), histograms[i]) for i, step in enumerate(histogram_steps) if step >= 0
             ]
         return self.completed_steps(), rows, histogram_rows
-
-
-def probe_function(model, watched, histograms):
-    """A traced function: statistics of the compiled loss' gradients on one fixed batch."""
-
-    @tf.function
-    def probe(x, y, sample_weight):
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-        grads = tape.gradient(loss, watched)
-        if histograms:
-            return tensorflow_ops.gradient_statistics(grads, watched, histograms=True)
-        return tensorflow_ops.gradient_statistics(grads, watched), None
-
-    return probe
-
-
-def run_probe(model, function, batch):
-    """Runs `probe_function` with the model's states (BatchNorm, RNG seeds, metrics) restored."""
-    state = list({id(v): v for v in model.non_trainable_variables + model.metrics_variables}.values())
-    saved = [np.array(v) for v in state]
-    try:
-        stats, counts = function(*batch)
-    finally:
-        for variable, value in zip(state, saved):
-            variable.assign(value)
-    return np.asarray(stats), None if counts is None else np.asarray(counts)

@@ -173,3 +173,27 @@ def histogram_counts(gradients, variables):
     return statistics.histogram_matrix(
         TensorFlowOps, statistics_inputs(gradients, variables, dtype), dtype
     )
+
+
+def sum_of_squares(gradient, dtype, table_rows=None):
+    """The sum of squared entries of a dense or ``IndexedSlices`` gradient (repeated rows summed
+    first, as `statistics_inputs` does); NaN/Inf propagate."""
+    if isinstance(gradient, tf.IndexedSlices):
+        values = summed_rows(gradient, dtype, table_rows)
+    else:
+        values = tf.cast(gradient, dtype)
+    return tf.reduce_sum(tf.square(values))
+
+
+def divided(gradient, scale):
+    """A dense or ``IndexedSlices`` gradient divided by ``scale`` (None stays None): how loss-scaled
+    gradients are unscaled, in the gradient's own dtype as Keras does."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values / tf.cast(scale, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return gradient / tf.cast(scale, gradient.dtype)
