@@ -291,3 +291,50 @@ def test_alerts_sorted_by_severity_then_first_step():
     assert alerts[0].first_step == 2500 and alerts[-1].severity == "warning"
     assert all(set(a.to_json()) >= {"kind", "variable", "layer", "first_step", "last_step",
                                     "value", "severity", "message"} for a in alerts)
+
+
+def test_rule_registry_and_thresholds_agree():
+    fields = {f.name: f for f in dataclasses.fields(analysis.Thresholds)}
+    parameters = [p for rule in analysis.RULES for p in rule.parameters]
+    assert tuple(parameters) == analysis.PARAMETERS
+    assert [p.name for p in parameters] == list(fields)  # every field owned by exactly one rule
+    for parameter in parameters:
+        assert fields[parameter.name].default == parameter.default
+        assert fields[parameter.name].type is parameter.type in (int, float)
+        assert parameter.label and parameter.doc.strip()
+        assert f"{parameter.name} = " in analysis.Thresholds.__doc__
+    assert analysis.KINDS == tuple(dict.fromkeys(rule.kind for rule in analysis.RULES))
+    assert len({rule.name for rule in analysis.RULES}) == len(analysis.RULES)
+    assert {rule.cell_class for rule in analysis.RULES} - {None} == {
+        analysis.VANISHING, analysis.EXPLODING, analysis.NONFINITE
+    }
+
+
+def test_the_tabs_form_parameters_and_class_descriptions():
+    form = {p.name: p.label for p in analysis.PARAMETERS if p.in_form}
+    assert form == {
+        "vanishing_norm": "vanishing below (norm)",
+        "exploding_norm": "exploding above (norm)",
+        "depth_ratio": "vanishing by depth below (x output layers)",
+        "spike_zscore": "spike at robust z-score",
+        "sustain_steps": "sustained for (logged steps)",
+    }
+    assert set(analysis.CLASS_DESCRIPTIONS) == set(analysis.CLASSES)
+    assert analysis.CLASS_DESCRIPTIONS["missing"] == "no gradient at this step"
+    assert analysis.CLASS_DESCRIPTIONS["nonfinite"] == "NaN/Inf in the gradient"
+
+
+def test_a_rule_is_found_by_kind_and_raises_only_that_kind():
+    assert [rule.name for rule in analysis.rules.of_kind("exploding")] == ["exploding", "spike"]
+    assert analysis.rules.of_kind("no such kind") == ()
+    for kind in analysis.KINDS:
+        assert analysis.rules.of_kind(kind), kind
+    norms, variables = deep_net()
+    norms[100:140, :4] *= 1e-5
+    series = make_series(norms, variables)
+    (vanishing,) = analysis.rules.of_kind("vanishing")
+    builder = analysis.alerts.AlertBuilder(series)
+    vanishing.alerts(analysis.evidence.Evidence(series, analysis.Thresholds(), analysis.RULES),
+                     builder)
+    assert builder.by_urgency() == analysis.diagnose(series)
+    assert {a.kind for a in builder.alerts} == {"vanishing"}

@@ -1,0 +1,15 @@
+"""The cell classes of the heatmap: their codes, their order of alarm and their tooltip texts."""
+
+# Cell classes, ordered from least to most alarming: merging cells keeps the largest code.
+CLASSES = ("missing", "ok", "vanishing", "exploding", "nonfinite")
+MISSING, OK, VANISHING, EXPLODING, NONFINITE = range(len(CLASSES))
+
+# One line per class for the tab's tooltip (which rules produce each class: `rules.RULES`).
+CLASS_DESCRIPTIONS = {
+    "missing": "no gradient at this step",
+    "ok": "ok (no rule fired)",
+    "vanishing": "vanishing (norm below the floor, or far below the output-side layers, "
+                 "for several logged steps)",
+    "exploding": "exploding (norm above the ceiling, or a spike against its running median)",
+    "nonfinite": "NaN/Inf in the gradient",
+}

@@ -1,0 +1,34 @@
+"""The registry: every diagnosis rule, in order. One module per rule.
+
+The order is the order of `Thresholds` fields (each rule's `Rule.parameters` in turn), of
+`KINDS` and of alerts that tie in the sort (same severity, first step and variable). It is not
+an order of evaluation: a rule asks `Evidence` for the findings it depends on.
+
+To add a rule: write ``rules/<name>.py`` with a `Rule` subclass (and its `Parameter`s), then
+add one instance here.
+"""
+
+from typing import Tuple
+
+from tensorboard_gradients.analysis.rule import Rule
+from tensorboard_gradients.analysis.rules import (
+    dead, exploding, nonfinite, spike, update_ratio, vanishing,
+)
+
+RULES: Tuple[Rule, ...] = (
+    nonfinite.Nonfinite(),
+    exploding.Exploding(),
+    spike.Spike(),
+    vanishing.Vanishing(),
+    dead.Dead(),
+    update_ratio.UpdateRatio(),
+)
+
+PARAMETERS = tuple(parameter for rule in RULES for parameter in rule.parameters)
+
+KINDS = tuple(dict.fromkeys(rule.kind for rule in RULES))
+
+
+def of_kind(kind: str) -> Tuple[Rule, ...]:
+    """The rules whose alerts have this `Alert.kind` (e.g. ``exploding``: exploding and spike)."""
+    return tuple(rule for rule in RULES if rule.kind == kind)

@@ -1,0 +1,37 @@
+"""The non-finite rule: a gradient with any NaN/Inf entry (class ``nonfinite``, critical alerts).
+
+Every other rule leaves these cells alone: their statistics cover only the finite entries.
+"""
+
+import numpy as np
+
+from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.classes import NONFINITE
+from tensorboard_gradients.analysis.rule import Rule
+
+
+class Nonfinite(Rule):
+    name = "nonfinite"
+    kind = "nonfinite"
+    cell_class = NONFINITE
+
+    def cells(self, evidence):
+        series = evidence.series
+        with np.errstate(invalid="ignore"):
+            return ~evidence.missing & (
+                (series.stat("nan_count") > 0) | (series.stat("inf_count") > 0)
+            )
+
+    def alerts(self, evidence, builder):
+        """Every variable with NaN/Inf; those hit at the run's first non-finite step say so."""
+        nonfinite = evidence.cells(self)
+        entries = evidence.series.stat("nan_count") + evidence.series.stat("inf_count")
+        steps_hit = np.flatnonzero(nonfinite.any(axis=1))
+        for row in flagged_columns(nonfinite):
+            at_first = nonfinite[steps_hit[0], row]
+            builder.add(
+                self.kind, "count", "critical", nonfinite[:, row], entries[:, row], np.max, 0,
+                lambda v, at_first=at_first: f"gradient had up to {v:.0f} NaN/Inf entries"
+                + (" (among the first non-finite gradients of the run)" if at_first else ""),
+                row=row,
+            )

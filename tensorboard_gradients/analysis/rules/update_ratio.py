@@ -1,0 +1,79 @@
+"""The update-ratio rule: a kernel whose update/weight ratio lies far outside the healthy band
+over the run (info alerts; no cell class: it judges the run's median, not single steps).
+"""
+
+import warnings
+
+import numpy as np
+
+from tensorboard_gradients.analysis.rule import Parameter, Rule
+
+UPDATE_RATIO_LOW = Parameter(
+    "update_ratio_low", 1e-5, float, "update/weight ratio below", doc="""
+Together with ``update_ratio_high``: the update/weight ratio ``||w_new - w_old|| / ||w||``
+of a healthy layer is around 1e-3 (CS231n notes, "Neural Networks Part 3"; Karpathy's
+makemore part 3 plots its log10 per layer). Two decades either side is "far outside": a
+variable whose median ratio over the run lies outside [1e-5, 1e-1] is barely learning or
+being rewritten every step.
+
+Judged for kernels only (variables of 2+ dimensions), as Karpathy's plot does: biases
+and normalisation scales start at 0 or 1, so their early ratios are large by
+construction and say nothing about the learning rate.
+
+Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both). When only
+weights are known, the gradient/weight ratio is judged against this band divided by
+``reference_learning_rate`` - the update an SGD step would make.
+""")
+
+UPDATE_RATIO_HIGH = Parameter(
+    "update_ratio_high", 1e-1, float, "update/weight ratio above", doc="""
+The upper end of that band (see ``update_ratio_low``).
+""")
+
+REFERENCE_LEARNING_RATE = Parameter(
+    "reference_learning_rate", 1e-2, float, "learning rate for gradient/weight", doc="""
+The SGD learning rate assumed for that gradient/weight fallback (Keras SGD's default).
+""")
+
+
+class UpdateRatio(Rule):
+    name = "update_ratio"
+    kind = "update_ratio"
+    parameters = (UPDATE_RATIO_LOW, UPDATE_RATIO_HIGH, REFERENCE_LEARNING_RATE)
+
+    def check(self, thresholds):
+        if thresholds.update_ratio_low >= thresholds.update_ratio_high:
+            raise ValueError("threshold update_ratio_low must be below update_ratio_high")
+
+    def alerts(self, evidence, builder):
+        series, limits = evidence.series, evidence.thresholds
+        available = series.available_stats
+        if "update_weight_ratio" in available:
+            ratios, rule, scale = series.stat("update_weight_ratio"), "update/weight", 1.0
+        elif "grad_weight_ratio" in available:
+            ratios, rule = series.stat("grad_weight_ratio"), "gradient/weight"
+            scale = 1.0 / limits.reference_learning_rate
+        else:
+            return
+        # A NaN/Inf step's ratio describes no update.
+        ratios = np.where(evidence.nonfinite, np.nan, ratios)
+        what = f"{rule} ratio"
+        low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            medians = np.nanmedian(ratios, axis=0)
+        for row, median in enumerate(medians):
+            shape = series.shapes[row]
+            if shape is None or len(shape) < 2 or not np.isfinite(median) or low <= median <= high:
+                continue
+            too_low = median < low
+            with np.errstate(invalid="ignore"):
+                mask = ratios[:, row] < low if too_low else ratios[:, row] > high
+            builder.add(
+                self.kind, rule, "info", mask, ratios[:, row], lambda _: median,
+                low if too_low else high,
+                lambda v, too_low=too_low: f"median {what} {v:.3g} is "
+                + (f"below {low:g} (barely learning)" if too_low else f"above {high:g} (weights "
+                   "rewritten every step)"),
+                row=row,
+            )
