@@ -1,67 +1,42 @@
-// The Gradients tab: pickers, the heatmap, alerts, details, thresholds and their URL hash.
+// The Gradients tab's controller: its state (run, tag, stat, axis, zoom, thresholds) and the URL
+// hash that holds it, the plugin's answers it fetches, and which view shows what. The views are
+// the toolbar, the heatmap, the alerts panel and the details; the vocabulary (class and severity
+// colours, stat labels) comes with the thresholds' defaults before anything is drawn.
 
-import { getJson, lossTag, routeUrl } from "./api.js";
+import { alertRowFinder, rowSeverities } from "./alerts.js";
+import { renderAlerts } from "./alerts_panel.js";
+import { getJson, lossTag } from "./api.js";
 import { makeScale } from "./colormap.js";
 import { decodeHeatmap, toNumber } from "./decode.js";
+import { renderDetails } from "./details.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatStep, formatValue } from "./format.js";
-import { formatHash, parseHash, resolvedAxis, thresholdParams } from "./hash_state.js";
-import { nearestIndex, renderDetails } from "./details.js";
+import { formatHash, parseHash, resolvedAxis, thresholdParams, withRunAndTag } from "./hash_state.js";
 import { HeatmapView } from "./heatmap_view.js";
-import { dataProblems, problemLine, problemsSummary } from "./problems.js";
+import { nearestIndex } from "./layout.js";
+import { renderEmpty, renderProblems, renderStatus } from "./notices.js";
+import { Toolbar } from "./toolbar.js";
+import { Vocabulary } from "./vocabulary.js";
 
-const STAT_LABELS = {
-  l2_norm: "L2 norm",
-  mean_abs: "mean |g|",
-  abs_max: "max |g|",
-  std: "std",
-  zero_fraction: "zero fraction",
-  nan_count: "NaN count",
-  inf_count: "Inf count",
-  grad_weight_ratio: "gradient / weight",
-  update_weight_ratio: "update / weight",
-  update_l2_norm: "update L2 norm",
-  weight_l2_norm: "weight L2 norm",
-  mean: "mean",
-  min: "min",
-  max: "max",
-};
-// The thresholds offered in the form (every one is also accepted in the hash).
-const EDITABLE_THRESHOLDS = [
-  ["vanishing_norm", "vanishing below (norm)"],
-  ["exploding_norm", "exploding above (norm)"],
-  ["depth_ratio", "vanishing by depth below (x output layers)"],
-  ["spike_zscore", "spike at robust z-score"],
-  ["sustain_steps", "sustained for (logged steps)"],
-];
-const SEVERITY_RANK = { critical: 0, warning: 1, info: 2 };
 const REFRESH_MS = 30000;
 const HOVER_STATS_DELAY_MS = 150;
-
-const KERAS_SNIPPET = `from tensorboard_gradients.keras import GradientMonitor
-model.fit(x, y, callbacks=[GradientMonitor(log_dir="logs")])`;
-const LOOP_SNIPPET = `from tensorboard_gradients import summary
-with writer.as_default(step=step):
-    summary.gradients(grads, model.trainable_variables)`;
 
 export class App {
   constructor(root) {
     this.root = root;
     this.status = el("div", { class: "status", role: "status" });
-    this.toolbar = el("div", { class: "toolbar" });
-    this.thresholdForm = el("form", { class: "thresholds", hidden: true });
-    this.problemsPanel = el("details", { class: "problems", open: true, hidden: true, "data-testid": "data-problems" });
-    this.view = new HeatmapView({
-      onSelect: (row, column) => this.selectCell(row, column),
-      onHover: (cell) => this.hoverCell(cell),
-      onZoom: (zoom) => this.update({ zoom }),
-      onResize: () => this.refetchIfWider(),
+    this.toolbar = new Toolbar({
+      onChange: (changes) => this.update(changes),
+      onThreshold: (name, text) => this.setThreshold(name, text),
+      onPng: () => this.downloadPng(),
     });
+    this.problemsPanel = el("details", { class: "problems", open: true, hidden: true, "data-testid": "data-problems" });
     this.alertsPanel = el("section", { class: "alerts", "aria-label": "Alerts" });
     this.detailsPanel = el("section", { class: "details", hidden: true, "aria-label": "Details" });
     this.main = el("div", { class: "main" });
     replaceChildren(root, el("div", { class: "gradients-app" },
-      this.toolbar, this.thresholdForm, this.status, this.problemsPanel, this.main));
+      this.toolbar.root, this.toolbar.form, this.status, this.problemsPanel, this.main));
+    this.view = null; // the heatmap, made once the vocabulary has come
     this.matrix = null;
     this.selected = null;
     this.loadToken = 0;
@@ -70,36 +45,33 @@ export class App {
   async start() {
     this.setStatus("Loading…", "loading");
     try {
-      const [defaults, runs] = await Promise.all([getJson("thresholds"), getJson("runs")]);
-      this.defaults = defaults.defaults;
+      const [thresholds, runs] = await Promise.all([getJson("thresholds"), getJson("runs")]);
+      this.defaults = thresholds.defaults;
+      this.vocabulary = new Vocabulary(thresholds.vocabulary);
       this.runs = runs;
     } catch (error) {
       this.showError(error);
       return;
     }
-    this.state = parseHash(window.location.hash, Object.keys(this.defaults));
-    if (!this.pickRunAndTag()) {
-      this.showEmpty();
+    this.vocabulary.applyTo(this.root);
+    const state = withRunAndTag(parseHash(window.location.hash, Object.keys(this.defaults)), this.runs);
+    if (!state) {
+      this.setStatus("");
+      renderEmpty(this.main, this.runs);
       setTimeout(() => this.start(), REFRESH_MS); // training may not have logged anything yet
       return;
     }
+    this.state = state;
+    this.view = new HeatmapView(this.vocabulary, {
+      onSelect: (row, column) => this.selectCell(row, column),
+      onHover: (cell) => this.hoverCell(cell),
+      onZoom: (zoom) => this.update({ zoom }),
+      onResize: () => this.refetchIfWider(),
+    });
     window.addEventListener("hashchange", () => this.onHashChange());
     setInterval(() => this.refreshIfGrown(), REFRESH_MS);
-    this.renderProblems();
+    renderProblems(this.problemsPanel, this.runs);
     await this.load();
-  }
-
-  /** Keeps the hash's run/tag when they exist, else the first run/tag with data. */
-  pickRunAndTag() {
-    const usable = Object.entries(this.runs).flatMap(([run, tags]) =>
-      Object.entries(tags).filter(([, info]) => !info.error && info.steps > 0).map(([tag]) => [run, tag]));
-    if (!usable.length) return false;
-    const wanted = usable.find(([run, tag]) => run === this.state.run && tag === this.state.tag)
-      || usable.find(([run]) => run === this.state.run) || usable[0];
-    [this.state.run, this.state.tag] = wanted;
-    const stats = this.info().stats;
-    if (!stats.includes(this.state.stat)) this.state.stat = "l2_norm";
-    return true;
   }
 
   info() {
@@ -110,82 +82,12 @@ export class App {
     return resolvedAxis(this.state, this.info());
   }
 
-  setStatus(text, kind = "info") {
-    replaceChildren(this.status, text ? el("span", { class: `status-${kind}` }, text) : null);
+  setStatus(text, kind) {
+    renderStatus(this.status, text, kind);
   }
 
   showError(error) {
     this.setStatus(`Could not load gradients: ${error.message}`, "error");
-  }
-
-  showEmpty() {
-    this.setStatus("");
-    replaceChildren(this.main, el("div", { class: "empty", "data-testid": "empty-state" },
-      el("h2", {}, "No gradient data yet"),
-      dataProblems(this.runs).map((problem) => el("p", { class: `status-${problem.severity}` }, problemLine(problem))),
-      el("p", {}, "Log per-layer gradient statistics and they appear here. From Keras model.fit:"),
-      el("pre", {}, KERAS_SNIPPET),
-      el("p", {}, "From a custom TensorFlow training loop:"),
-      el("pre", {}, LOOP_SNIPPET),
-      el("p", {}, "PyTorch, JAX or numpy: tensorboard_gradients.GradientWriter (see the README).")));
-  }
-
-  /** Names every tag that cannot be read or lost steps as damaged, whichever run is shown. */
-  renderProblems() {
-    const problems = dataProblems(this.runs);
-    this.problemsPanel.hidden = !problems.length;
-    replaceChildren(this.problemsPanel, el("summary", {}, problemsSummary(problems)),
-      el("ul", {}, problems.map((problem) =>
-        el("li", { class: `problem problem-${problem.severity}` }, problemLine(problem)))));
-  }
-
-  renderToolbar() {
-    const select = (label, value, options, onchange, testid) => el("label", {}, label,
-      el("select", { "data-testid": testid, onchange: (event) => onchange(event.target.value) },
-        options.map(([v, text]) => el("option", { value: v, selected: v === value }, text))));
-    const runs = Object.keys(this.runs).filter((run) =>
-      Object.values(this.runs[run]).some((info) => !info.error && info.steps > 0));
-    const tags = Object.keys(this.runs[this.state.run]).filter((tag) => !this.runs[this.state.run][tag].error);
-    const info = this.info();
-    const axis = el("div", { class: "segmented", role: "group", "aria-label": "Columns" },
-      ["step", "epoch"].map((value) => el("button", {
-        type: "button", "aria-pressed": String(this.axis() === value), disabled: value === "epoch" && !info.epochs,
-        title: value === "epoch" && !info.epochs ? "this run has no epoch marks" : null,
-        onclick: () => this.update({ axis: value, zoom: null }),
-      }, value === "step" ? "Steps" : "Epochs")));
-    const csv = el("a", {
-      class: "button", download: "", "data-testid": "download-csv",
-      href: routeUrl("export", { run: this.state.run, tag: this.state.tag, format: "csv" }),
-    }, "CSV");
-    const png = el("button", { type: "button", class: "button", onclick: () => this.downloadPng() }, "PNG");
-    const zoom = this.state.zoom ? el("button", {
-      type: "button", class: "button", "data-testid": "reset-zoom", onclick: () => this.update({ zoom: null }),
-    }, `Steps ${formatStep(this.state.zoom[0])}–${formatStep(this.state.zoom[1])} ✕`) : null;
-    const thresholds = el("button", {
-      type: "button", class: "button", "aria-expanded": String(!this.thresholdForm.hidden),
-      onclick: () => { this.thresholdForm.hidden = !this.thresholdForm.hidden; this.renderToolbar(); },
-    }, "Thresholds");
-    replaceChildren(this.toolbar,
-      select("Run", this.state.run, runs.map((r) => [r, r]), (run) => this.update({ run, tag: null, zoom: null }), "run-picker"),
-      select("Tag", this.state.tag, tags.map((t) => [t, t]), (tag) => this.update({ tag, zoom: null }), "tag-picker"),
-      select("Stat", this.state.stat, info.stats.filter((s) => STAT_LABELS[s]).map((s) => [s, STAT_LABELS[s]]),
-        (stat) => this.update({ stat }), "stat-picker"),
-      axis, zoom, thresholds, csv, png,
-      el("span", { class: "hint" }, this.axis() === "step" ? "Drag across the heatmap to zoom into steps." : ""));
-    this.renderThresholdForm();
-  }
-
-  renderThresholdForm() {
-    const inputs = EDITABLE_THRESHOLDS.map(([name, label]) => el("label", {}, label,
-      el("input", {
-        name, type: "number", step: "any", min: "0", "data-testid": `threshold-${name}`,
-        placeholder: String(this.defaults[name]),
-        value: this.state.thresholds[name] ?? "",
-        onchange: (event) => this.setThreshold(name, event.target.value),
-      })));
-    replaceChildren(this.thresholdForm, inputs,
-      el("button", { type: "button", class: "button", onclick: () => this.update({ thresholds: {} }) },
-        "Reset to defaults"));
   }
 
   setThreshold(name, text) {
@@ -202,14 +104,9 @@ export class App {
 
   /** Applies a state change: hash, toolbar, data. */
   update(changes) {
-    Object.assign(this.state, changes);
-    if (changes.run !== undefined || changes.tag !== undefined) {
-      if (!this.state.tag || !this.runs[this.state.run][this.state.tag]) {
-        this.state.tag = Object.keys(this.runs[this.state.run]).find((t) => !this.runs[this.state.run][t].error);
-      }
-      this.selected = null;
-    }
-    this.pickRunAndTag();
+    const next = { ...this.state, ...changes };
+    if (changes.run !== undefined || changes.tag !== undefined) this.selected = null;
+    this.state = withRunAndTag(next, this.runs) || next;
     this.writeHash();
     return this.load();
   }
@@ -224,15 +121,18 @@ export class App {
   onHashChange() {
     const state = parseHash(window.location.hash, Object.keys(this.defaults));
     if (formatHash(state) === formatHash(this.state)) return;
-    this.state = state;
-    if (this.pickRunAndTag()) this.load();
+    const shown = withRunAndTag(state, this.runs);
+    this.state = shown || state;
+    if (shown) this.load();
   }
 
   async load() {
     const token = ++this.loadToken;
     this.drawn = false;
     this.seriesCache = new Map();
-    this.renderToolbar();
+    this.toolbar.render({
+      state: this.state, runs: this.runs, axis: this.axis(), vocabulary: this.vocabulary, defaults: this.defaults,
+    });
     if (!this.main.contains(this.view.root)) {
       replaceChildren(this.main, this.view.root, el("div", { class: "side" }, this.alertsPanel, this.detailsPanel));
     }
@@ -255,22 +155,21 @@ export class App {
       return;
     }
     if (token !== this.loadToken) return; // a newer request superseded this one
-    const matrix = decodeHeatmap(body);
+    const vocabulary = this.vocabulary;
+    const matrix = decodeHeatmap(body, vocabulary);
     this.matrix = matrix;
     this.alerts = alerts.alerts;
-    const rows = new Map(matrix.variables.map((v, i) => [v, i]));
-    const rowSeverity = new Map();
-    for (const alert of this.alerts) {
-      for (const row of this.alertRows(alert, rows)) {
-        const current = rowSeverity.get(row);
-        if (current === undefined || SEVERITY_RANK[alert.severity] < SEVERITY_RANK[current]) rowSeverity.set(row, alert.severity);
-      }
-    }
-    const ceiling = matrix.stat === "l2_norm" ? Number(this.thresholds().exploding_norm) : Infinity;
-    this.view.setData(matrix, makeScale(matrix.values, matrix.stat, ceiling), rowSeverity, matrix.epochs);
+    const rowsOf = alertRowFinder(matrix);
+    const rowSeverity = rowSeverities(this.alerts, rowsOf, (severity) => vocabulary.severityRank(severity));
+    const scale = makeScale(matrix.values, vocabulary.statScale(matrix.stat),
+      vocabulary.scaleCeiling(matrix.stat, this.thresholds()));
+    this.view.setData(matrix, scale, rowSeverity, matrix.epochs);
     this.loadLoss(token);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
-    this.renderAlerts(rows);
+    renderAlerts(this.alertsPanel, {
+      alerts: this.alerts, vocabulary,
+      onPick: (alert) => this.view.highlightAlert(rowsOf(alert), alert.first_step, alert.last_step),
+    });
     const notes = [...matrix.damage];
     if (matrix.sampled) notes.push(matrix.sampled);
     else if (matrix.downsampled) notes.push("Several steps per column: each column shows its worst cell.");
@@ -305,28 +204,6 @@ export class App {
   /** The rule thresholds in force: the plugin's defaults with the URL's overrides. */
   thresholds() {
     return { ...this.defaults, ...this.state.thresholds };
-  }
-
-  alertRows(alert, rows) {
-    if (alert.variable !== null && rows.has(alert.variable)) return [rows.get(alert.variable)];
-    if (alert.layer !== null) return this.matrix.layers.flatMap((layer, row) => (layer === alert.layer ? [row] : []));
-    return [];
-  }
-
-  renderAlerts(rows) {
-    const firstNonfinite = this.alerts.filter((a) => a.kind === "nonfinite").sort((a, b) => a.first_step - b.first_step)[0];
-    const items = this.alerts.map((alert) => el("li", { class: `alert severity-${alert.severity}` },
-      el("button", {
-        type: "button", class: "alert-button", "data-testid": "alert",
-        onclick: () => this.view.highlightAlert(this.alertRows(alert, rows), alert.first_step, alert.last_step),
-      },
-      el("span", { class: "alert-kind" }, `${alert.severity} · ${alert.kind}`),
-      el("span", { class: "alert-message" }, alert.message))));
-    replaceChildren(this.alertsPanel,
-      el("h2", {}, this.alerts.length ? `Alerts (${this.alerts.length})` : "No alerts"),
-      firstNonfinite ? el("p", { class: "first-nonfinite", "data-testid": "first-nonfinite" },
-        `First NaN/Inf gradient: step ${formatStep(firstNonfinite.first_step)} in ${firstNonfinite.variable}`) : null,
-      el("ol", { class: "alert-list" }, items));
   }
 
   /** Adds the hovered cell's key stats to the tooltip (after a short pause on the cell). */
@@ -376,7 +253,9 @@ export class App {
       if (this.info().histograms) {
         histogram = await getJson("histogram", { ...common, variable_index: row, step }).catch(() => null);
       }
-      renderDetails(this.detailsPanel, { series, stat: this.state.stat, step, thresholds: this.thresholds(), histogram });
+      renderDetails(this.detailsPanel, {
+        series, stat: this.state.stat, step, thresholds: this.thresholds(), histogram, vocabulary: this.vocabulary,
+      });
       if (!keepView) this.detailsPanel.scrollIntoView({ block: "nearest" });
     } catch (error) {
       replaceChildren(this.detailsPanel, el("p", { class: "status-error" }, `Could not load details: ${error.message}`));
@@ -390,7 +269,7 @@ export class App {
       const runs = await getJson("runs");
       const before = this.info();
       this.runs = runs;
-      this.renderProblems();
+      renderProblems(this.problemsPanel, this.runs);
       const after = runs[this.state.run] && runs[this.state.run][this.state.tag];
       if (after && (after.steps !== before.steps || after.variables !== before.variables)) await this.load();
     } catch {

@@ -1,5 +1,6 @@
 // Colour scales for the heatmap (pure, no DOM): a perceptually uniform, colour-blind-safe map
-// (viridis) over log10 of the value, and the colours that mark cells by class.
+// (viridis), over log10 of the value for magnitudes. The colours that mark cells by class are the
+// vocabulary's (vocabulary.js), chosen outside viridis.
 
 // matplotlib's viridis at 10 evenly spaced points; linear interpolation between them stays within
 // a few RGB units of the full 256-entry table.
@@ -8,15 +9,9 @@ const VIRIDIS = [
   [31, 158, 137], [53, 183, 121], [110, 206, 88], [181, 222, 43], [253, 231, 37],
 ];
 
-/** Colours that do not occur in viridis, for cells whose class matters more than their value. */
-export const CLASS_COLORS = Object.freeze({
-  nonfinite: [255, 45, 85], // NaN/Inf: saturated red, absent from viridis (missing: empty)
-  // Hatching over the value's colour, so the class reads without the colour bar and without
-  // colour vision: vanishing "\\" in pale cyan (vanishing values sit at the dark end of the
-  // map), exploding "//" in dark red (exploding values sit at the bright yellow end).
-  vanishingHatch: [200, 240, 255],
-  explodingHatch: [150, 0, 20],
-});
+// The tab's accent blue, for canvas lines that must read on the panels of both themes and on
+// viridis (the selection, a series); the stylesheet's --accent is the same blue in light mode.
+export const ACCENT = "#1a73e8";
 
 /** viridis(t) for t in [0, 1] -> [r, g, b]. */
 export function viridis(t) {
@@ -35,21 +30,6 @@ export function colorTable(size = 256) {
   return table;
 }
 
-// How each stat is scaled: magnitudes on log10, fractions and counts linearly.
-const STAT_KINDS = {
-  zero_fraction: "fraction",
-  nan_count: "count",
-  inf_count: "count",
-  size: "count",
-  mean: "linear",
-  min: "linear",
-  max: "linear",
-};
-
-export function statKind(stat) {
-  return STAT_KINDS[stat] || "log";
-}
-
 function percentile(sorted, q) {
   if (sorted.length === 0) return NaN;
   const position = (sorted.length - 1) * q;
@@ -59,9 +39,10 @@ function percentile(sorted, q) {
 }
 
 /**
- * A scale for one matrix of values of `stat`.
+ * A scale for one matrix of values of a stat whose scale kind (vocabulary.statScale) is `kind`:
+ * "log" (magnitudes), "linear" (signed values), "fraction" ([0, 1]) or "count" (from 0).
  *
- * Log scales span the 1st-99th percentile of log10 of the finite positive values (one exploding
+ * Log scales span the 1st-99th percentile of log10 of the finite positive values (one huge
  * cell would otherwise flatten every other row; the class colours and outlines still show it),
  * at least one decade wide, and never above `ceiling` when one is given (the exploding
  * threshold: cells above it are hatched anyway, and a run that blew up to 1e15 for its last
@@ -69,8 +50,7 @@ function percentile(sorted, q) {
  * [0, 1] (clamped), or NaN for values the colour map does not show (NaN, Inf, and zero or
  * negative values on a log scale).
  */
-export function makeScale(values, stat, ceiling = Infinity) {
-  const kind = statKind(stat);
+export function makeScale(values, kind, ceiling = Infinity) {
   const finite = [];
   let smallest = Infinity;
   let largest = -Infinity;

@@ -18,14 +18,15 @@ function base64Bytes(text) {
 
 /**
  * The `heatmap` route's answer as a matrix: `values` (Float32Array) and `classes` (Uint8Array,
- * indexes into `classNames`), row-major `[rows][columns]`, from either encoding.
+ * indexes into `classNames`), row-major `[rows][columns]`, from either encoding. The codes are
+ * those of `vocabulary` (worse is later, see vocabulary.js), whatever order the answer used.
  */
-export function decodeHeatmap(body) {
+export function decodeHeatmap(body, vocabulary) {
   const rows = body.variables.length;
   const columns = body.steps.length;
+  const classNames = vocabulary.classNames;
   let values;
   let classes;
-  let classNames;
   if (body.encoding === "base64") {
     const [shapeRows, shapeColumns] = body.shape;
     if (shapeRows !== rows || shapeColumns !== columns) {
@@ -37,10 +38,11 @@ export function decodeHeatmap(body) {
     const view = new DataView(valueBytes.buffer); // little-endian whatever the machine
     for (let i = 0; i < values.length; i++) values[i] = view.getFloat32(i * 4, true);
     classes = base64Bytes(body.classes);
-    classNames = body.class_names;
+    const codes = body.class_names.map((name) => vocabulary.classCode(name));
+    if (codes.some((code, i) => code !== i)) {
+      for (let i = 0; i < classes.length; i++) classes[i] = codes[classes[i]];
+    }
   } else {
-    classNames = ["missing", "ok", "vanishing", "exploding", "nonfinite"];
-    const codes = new Map(classNames.map((name, i) => [name, i]));
     const fits = (matrix) => matrix.length === rows && matrix.every((row) => row.length === columns);
     if (!fits(body.values) || !fits(body.classes)) {
       throw new Error("heatmap values do not fill its rows x columns");
@@ -49,8 +51,7 @@ export function decodeHeatmap(body) {
     classes = new Uint8Array(rows * columns);
     body.values.forEach((row, r) => row.forEach((v, c) => { values[r * columns + c] = toNumber(v); }));
     body.classes.forEach((row, r) => row.forEach((name, c) => {
-      if (!codes.has(name)) throw new Error(`unknown cell class ${JSON.stringify(name)}`);
-      classes[r * columns + c] = codes.get(name);
+      classes[r * columns + c] = vocabulary.classCode(name);
     }));
   }
   if (classes.length !== rows * columns) throw new Error("heatmap classes do not fill its rows x columns");

@@ -1,27 +1,19 @@
-// The detail panel of one selected cell: that variable's stat over the steps (log y axis,
-// thresholds drawn), every stat at the selected step, and its distribution there when histograms
-// were logged.
+// The details panel of one selected cell: that variable's stat over the steps (log y axis for
+// magnitudes, the norm thresholds drawn in their classes' colours), every stat at the selected
+// step, and its distribution there when histograms were logged.
 
-import { statKind } from "./colormap.js";
+import { ACCENT } from "./colormap.js";
 import { toNumber } from "./decode.js";
-import { el, replaceChildren } from "./dom.js";
+import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { formatStep, formatValue } from "./format.js";
-import { chartRange, niceTicks } from "./layout.js";
+import { chartRange, nearestIndex, niceTicks } from "./layout.js";
 
 const CHART_WIDTH = 560;
 const CHART_HEIGHT = 180;
 const MARGIN = { left: 56, right: 10, top: 10, bottom: 24 };
 
-/** The nearest index of `step` in a sorted array of steps. */
-export function nearestIndex(steps, step) {
-  let best = 0;
-  for (let i = 1; i < steps.length; i++) {
-    if (Math.abs(steps[i] - step) < Math.abs(steps[best] - step)) best = i;
-  }
-  return best;
-}
-
-export function renderDetails(panel, { series, stat, step, thresholds, histogram }) {
+/** Fills `panel` for the cell at `step` of `series` (the `series` answer of its variable). */
+export function renderDetails(panel, { series, stat, step, thresholds, histogram, vocabulary }) {
   const values = (series.stats[stat] || []).map(toNumber);
   const index = nearestIndex(series.steps, step);
   const title = el("h3", { class: "details-title" }, series.variable);
@@ -29,7 +21,7 @@ export function renderDetails(panel, { series, stat, step, thresholds, histogram
     `layer ${series.layer} · shape ${series.shape ? `[${series.shape.join(", ")}]` : "unknown"} · ` +
     `step ${formatStep(series.steps[index])} · ${series.classes[index]}`);
   const chart = el("canvas", { class: "series-chart", "data-testid": "series-chart" });
-  drawSeries(chart, series.steps, values, stat, series.steps[index], thresholds);
+  drawSeries(chart, { steps: series.steps, values, stat, selectedStep: series.steps[index], thresholds, vocabulary });
   const rows = Object.entries(series.stats).map(([name, column]) =>
     el("tr", {}, el("th", {}, name), el("td", {}, formatValue(toNumber(column[index])))));
   const table = el("table", { class: "stats-table" }, el("tbody", {}, rows));
@@ -39,31 +31,23 @@ export function renderDetails(panel, { series, stat, step, thresholds, histogram
   panel.hidden = false;
 }
 
-function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
-  const ratio = window.devicePixelRatio || 1;
-  canvas.width = CHART_WIDTH * ratio;
-  canvas.height = CHART_HEIGHT * ratio;
-  canvas.style.width = `${CHART_WIDTH}px`;
-  canvas.style.height = `${CHART_HEIGHT}px`;
-  const context = canvas.getContext("2d");
-  context.setTransform(ratio, 0, 0, ratio, 0, 0);
+function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, vocabulary }) {
+  const context = sizeCanvas(canvas, CHART_WIDTH, CHART_HEIGHT, window.devicePixelRatio || 1);
   const style = getComputedStyle(canvas);
   context.font = `11px ${style.fontFamily}`;
   context.fillStyle = style.color;
   context.strokeStyle = style.color;
-  const logScale = statKind(stat) === "log";
+  const logScale = vocabulary.statScale(stat) === "log";
   const y = (v) => (logScale ? (v > 0 ? Math.log10(v) : NaN) : v);
-  const limits = logScale && stat === "l2_norm"
-    ? [["vanishing", thresholds.vanishing_norm], ["exploding", thresholds.exploding_norm]]
-      .filter(([, limit]) => limit > 0) : [];
+  const limits = logScale ? vocabulary.normLimits(stat, thresholds) : [];
   const range = steps.length ? chartRange(values.map(y).filter(Number.isFinite),
-    limits.map(([, limit]) => Math.log10(limit))) : null;
+    limits.map(({ value }) => Math.log10(value))) : null;
   if (!range) {
     context.fillText("no finite values to plot", MARGIN.left, CHART_HEIGHT / 2);
     return;
   }
   const [low, high, shownLines] = range;
-  const lines = limits.filter(([, limit]) => shownLines.includes(Math.log10(limit)));
+  const lines = limits.filter(({ value }) => shownLines.includes(Math.log10(value)));
   const plotWidth = CHART_WIDTH - MARGIN.left - MARGIN.right;
   const plotHeight = CHART_HEIGHT - MARGIN.top - MARGIN.bottom;
   const first = steps[0];
@@ -78,16 +62,16 @@ function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
   context.textAlign = "center";
   context.textBaseline = "top";
   for (const tick of niceTicks(first, last, 5)) context.fillText(formatStep(tick), px(tick), CHART_HEIGHT - 18);
-  for (const [name, limit] of lines) {
-    context.strokeStyle = name === "exploding" ? "#f29900" : "#12b5cb";
+  for (const { value, color } of lines) {
+    context.strokeStyle = color;
     context.setLineDash([4, 3]);
     context.beginPath();
-    context.moveTo(MARGIN.left, py(Math.log10(limit)));
-    context.lineTo(CHART_WIDTH - MARGIN.right, py(Math.log10(limit)));
+    context.moveTo(MARGIN.left, py(Math.log10(value)));
+    context.lineTo(CHART_WIDTH - MARGIN.right, py(Math.log10(value)));
     context.stroke();
   }
   context.setLineDash([]);
-  context.strokeStyle = "#1a73e8";
+  context.strokeStyle = ACCENT;
   context.lineWidth = 1.5;
   context.beginPath();
   let drawing = false;
@@ -102,8 +86,9 @@ function drawSeries(canvas, steps, values, stat, selectedStep, thresholds) {
     drawing = true;
   });
   context.stroke();
-  // Non-finite steps as red ticks at the top, so they are never just a gap in the line.
-  context.fillStyle = "#ff2d55";
+  // Non-finite steps as ticks at the top, in the non-finite class's colour, so they are never
+  // just a gap in the line.
+  context.fillStyle = vocabulary.nonfiniteClass?.accent ?? style.color;
   values.forEach((value, i) => {
     if (!Number.isFinite(value)) context.fillRect(px(steps[i]) - 1, MARGIN.top, 2, 6);
   });

@@ -1,5 +1,6 @@
-// A tiny DOM builder. Text always goes in as text (variable names come from user models, and
-// `<img src=x onerror=...>` must render as those characters), never as HTML.
+// A tiny DOM builder, and canvas sizing for sharp drawing at any device pixel ratio. Text always
+// goes in as text (variable names come from user models, and `<img src=x onerror=...>` must
+// render as those characters), never as HTML.
 
 /** `el("div", {class: "x", onclick: f}, "text", child, ...)`. */
 export function el(tag, attributes = {}, ...children) {
@@ -20,4 +21,20 @@ export function el(tag, attributes = {}, ...children) {
 /** Replaces a node's children. */
 export function replaceChildren(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+/**
+ * Sizes `canvas` to width x height CSS px at `ratio` device pixels per CSS px (its pixels are
+ * only reset when that changes) and returns its 2D context, drawing in CSS px.
+ */
+export function sizeCanvas(canvas, width, height, ratio) {
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  const pixelWidth = Math.round(width * ratio);
+  const pixelHeight = Math.round(height * ratio);
+  if (canvas.width !== pixelWidth) canvas.width = pixelWidth;
+  if (canvas.height !== pixelHeight) canvas.height = pixelHeight;
+  const context = canvas.getContext("2d");
+  context.setTransform(ratio, 0, 0, ratio, 0, 0);
+  return context;
 }

@@ -1,4 +1,5 @@
-// The view's state in the URL hash, so a link reproduces what the user saw (pure, no DOM).
+// The view's state in the URL hash, so a link reproduces what the user saw, and what of it the
+// plugin's `runs` answer can show (pure, no DOM).
 //
 //   #run=train&tag=gradients&stat=l2_norm&axis=epoch&zoom=100-2000&t.exploding_norm=100
 //
@@ -64,6 +65,26 @@ export function formatHash(state) {
 /** The plugin query parameters for a state's threshold overrides. */
 export function thresholdParams(state) {
   return Object.fromEntries(Object.entries(state.thresholds || {}).map(([k, v]) => [k, String(v)]));
+}
+
+/** Whether a tag of the `runs` answer has something to show: readable, with logged steps. */
+export function hasData(info) {
+  return !info.error && info.steps > 0;
+}
+
+/**
+ * `state` with a run and tag that have data: the state's own when they do, else its run's first
+ * tag with data, else the first with data of any run; its stat if that tag has it, else the
+ * default one. Null while no tag has data (training may not have logged anything yet).
+ */
+export function withRunAndTag(state, runs) {
+  const usable = Object.entries(runs).flatMap(([run, tags]) =>
+    Object.entries(tags).filter(([, info]) => hasData(info)).map(([tag]) => [run, tag]));
+  if (!usable.length) return null;
+  const [run, tag] = usable.find(([r, t]) => r === state.run && t === state.tag)
+    || usable.find(([r]) => r === state.run) || usable[0];
+  const stat = runs[run][tag].stats.includes(state.stat) ? state.stat : DEFAULT_STATE.stat;
+  return { ...state, run, tag, stat };
 }
 
 // Runs with at most this many logged steps per epoch open on the layer-by-epoch view.

@@ -1,39 +1,35 @@
-// The heatmap on canvas: cells (rasterised, see raster.js), row labels with alert markers, the
-// step axis with epoch boundaries, a colour bar in real units, hover crosshair + tooltip, and
-// click to select. No DOM node per cell: 1,000 x 10,000 stays responsive.
+// The heatmap's cells on canvas (rasterised, see raster.js) with its axes (axes.js) and legend
+// (legend.js) around them, and what the pointer does over the cells: hover crosshair and tooltip,
+// click to select, drag across steps to zoom, a clicked alert's cells outlined. No DOM node per
+// cell: 1,000 x 10,000 stays responsive.
 
-import { CLASS_COLORS, viridis } from "./colormap.js";
-import { el, replaceChildren } from "./dom.js";
-import { ellipsize, formatStep, formatStepRange, formatValue } from "./format.js";
-import { columnOfStep, gridLayout, layerGroups, niceTicks } from "./layout.js";
-import { rasterize } from "./raster.js";
+import { HeatmapAxes } from "./axes.js";
+import { ACCENT } from "./colormap.js";
+import { el, replaceChildren, sizeCanvas } from "./dom.js";
+import { formatStepRange, formatValue } from "./format.js";
+import { columnOfStep, gridLayout } from "./layout.js";
+import { Legend } from "./legend.js";
+import { classPaints, rasterize } from "./raster.js";
 
-const LABEL_WIDTH = 240;
-const AXIS_HEIGHT = 28;
-const MIN_LABEL_ROW = 10; // CSS px a row needs for its own label
-const SEVERITY_COLORS = { critical: "#d93025", warning: "#f29900", info: "#1a73e8" };
+const MIN_DRAG = 5; // CSS px a drag must cover to zoom rather than click
+const HOVER_COLOR = "rgba(255,255,255,0.85)";
+const DRAG_COLOR = "rgba(26, 115, 232, 0.25)";
+const EPOCH_LINE_COLOR = "rgba(255,255,255,0.7)";
 
 export class HeatmapView {
-  constructor({ onSelect, onHover, onZoom, onResize } = {}) {
-    this.onSelect = onSelect || (() => {});
-    this.onHover = onHover || (() => {});
-    this.onZoom = onZoom || (() => {});
-    this.onResize = onResize || (() => {});
-    this.labels = el("canvas", { class: "labels", "aria-hidden": "true" });
+  constructor(vocabulary, { onSelect, onHover, onZoom, onResize }) {
+    this.vocabulary = vocabulary;
+    this.paints = classPaints(vocabulary.classes);
+    Object.assign(this, { onSelect, onHover, onZoom, onResize });
+    this.axes = new HeatmapAxes(vocabulary);
+    this.legend = new Legend(vocabulary);
     this.cells = el("canvas", { class: "cells", "data-testid": "heatmap-canvas" });
     this.overlay = el("canvas", { class: "overlay" });
-    this.axis = el("canvas", { class: "axis", "aria-hidden": "true" });
-    this.lossLabel = el("div", { class: "loss-label" });
-    this.loss = el("canvas", { class: "loss", "data-testid": "loss-curve", hidden: true });
-    this.lossPoints = null;
     this.tooltip = el("div", { class: "tooltip", role: "tooltip", hidden: true });
-    this.colorbar = el("div", { class: "colorbar" });
     this.plot = el("div", { class: "plot" }, this.cells, this.overlay, this.tooltip);
-    this.root = el(
-      "div", { class: "heatmap" },
-      el("div", { class: "grid" }, this.lossLabel, this.loss, this.labels, this.plot, this.axis),
-      this.colorbar,
-    );
+    const { lossLabel, loss, labels, axis } = this.axes;
+    this.root = el("div", { class: "heatmap" },
+      el("div", { class: "grid" }, lossLabel, loss, labels, this.plot, axis), this.legend.root);
     this.matrix = null;
     this.hover = null;
     this.selected = null;
@@ -63,7 +59,7 @@ export class HeatmapView {
     this.overlay.addEventListener("mouseup", (event) => {
       const drag = this.drag;
       this.drag = null;
-      if (drag && Math.abs(drag.x - drag.startX) > 5) {
+      if (drag && Math.abs(drag.x - drag.startX) > MIN_DRAG) {
         this.#zoomTo(Math.min(drag.startX, drag.x), Math.max(drag.startX, drag.x));
         return;
       }
@@ -95,9 +91,8 @@ export class HeatmapView {
 
   /** A loss curve to align above the step axis: [[wall_time, step, value], ...] or null. */
   setLoss(points, tag) {
-    this.lossPoints = points && points.length ? points : null;
-    this.lossTag = tag;
-    this.#drawLoss();
+    this.axes.setLoss(points, tag);
+    this.axes.drawLoss(this.matrix, this.plotWidth(), window.devicePixelRatio || 1);
   }
 
   /** Extra tooltip lines for `cell` (key stats fetched by the app), if it is still hovered. */
@@ -116,9 +111,8 @@ export class HeatmapView {
     this.#drawOverlay();
     const first = Math.min(...rows);
     if (Number.isFinite(first)) {
-      const grid = this.#grid();
       this.root.scrollIntoView({ block: "nearest" });
-      this.plot.parentElement.scrollTop = grid.rowRange(first)[0];
+      this.plot.parentElement.scrollTop = this.#grid().rowRange(first)[0];
     }
   }
 
@@ -134,19 +128,18 @@ export class HeatmapView {
     const ratio = window.devicePixelRatio || 1;
     const width = this.plotWidth();
     const height = Math.max(160, Math.min(matrix.rows * 14, Math.max(320, window.innerHeight * 0.6)));
-    for (const canvas of [this.cells, this.overlay]) size(canvas, width, height, ratio);
-    size(this.labels, LABEL_WIDTH, height, ratio);
-    size(this.axis, width, AXIS_HEIGHT, ratio);
+    const context = sizeCanvas(this.cells, width, height, ratio);
+    sizeCanvas(this.overlay, width, height, ratio);
     const started = performance.now();
     const pixelWidth = Math.round(width * ratio);
     const pixelHeight = Math.round(height * ratio);
-    const pixels = rasterize(matrix, this.scale, pixelWidth, pixelHeight);
-    this.cells.getContext("2d").putImageData(new ImageData(pixels, pixelWidth, pixelHeight), 0, 0);
-    this.#drawEpochs(width, height, ratio);
-    this.#drawLabels(height, ratio);
-    this.#drawAxis(width, ratio);
-    this.#drawLoss();
-    this.#drawColorbar();
+    const pixels = rasterize(matrix, this.scale, pixelWidth, pixelHeight, this.paints);
+    context.putImageData(new ImageData(pixels, pixelWidth, pixelHeight), 0, 0);
+    this.#drawEpochs(context, width, height);
+    this.axes.drawLabels(matrix, this.rowSeverity, height, ratio);
+    this.axes.drawAxis(matrix, width, ratio);
+    this.axes.drawLoss(matrix, width, ratio);
+    this.legend.draw(this.scale, matrix.stat);
     this.#drawOverlay();
     this.lastDrawMs = performance.now() - started;
     this.root.dataset.drawMs = this.lastDrawMs.toFixed(1);
@@ -175,15 +168,16 @@ export class HeatmapView {
     }
     const [row, column] = cell;
     const m = this.matrix;
-    const cls = m.className(row, column);
+    const cls = this.vocabulary.classOf(m.className(row, column));
+    const color = this.vocabulary.classVar(cls.name, "tooltip");
+    const range = formatStepRange(m.steps[column], m.lastSteps[column]);
     replaceChildren(
       this.tooltip,
       el("div", { class: "tip-variable" }, m.variables[row]),
       el("div", {}, `layer ${m.layers[row]}`),
-      el("div", {}, m.epochIndex ? `epoch ${m.epochIndex[column]} · ${formatStepRange(m.steps[column], m.lastSteps[column])}`
-        : formatStepRange(m.steps[column], m.lastSteps[column])),
+      el("div", {}, m.epochIndex ? `epoch ${m.epochIndex[column]} · ${range}` : range),
       el("div", {}, `${m.stat}: ${formatValue(m.value(row, column))}`),
-      el("div", { class: `tip-class class-${cls}` }, CLASS_TEXT[cls] || cls),
+      el("div", { class: "tip-class", style: color && `color: ${color}` }, cls.description),
       this.tooltipExtra = el("div", { class: "tip-extra" }),
     );
     this.tooltip.hidden = false;
@@ -202,28 +196,14 @@ export class HeatmapView {
     context.setTransform(ratio, 0, 0, ratio, 0, 0);
     const grid = this.#grid();
     context.clearRect(0, 0, grid.width, grid.height);
-    if (this.highlight) {
-      const m = this.matrix;
-      let first = columnOfStep(m.steps, m.lastSteps, this.highlight.firstStep);
-      let last = columnOfStep(m.steps, m.lastSteps, this.highlight.lastStep);
-      if (first < 0) first = 0;
-      if (last < 0) last = m.columns - 1;
-      context.strokeStyle = "#d93025";
-      context.lineWidth = 2;
-      for (const row of this.highlight.rows) {
-        const [top, bottom] = grid.rowRange(row);
-        const left = grid.columnRange(first)[0];
-        const right = grid.columnRange(last)[1];
-        context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
-      }
-    }
-    if (this.drag && Math.abs(this.drag.x - this.drag.startX) > 5) {
-      context.fillStyle = "rgba(26, 115, 232, 0.25)";
+    if (this.highlight) this.#drawHighlight(context, grid);
+    if (this.drag && Math.abs(this.drag.x - this.drag.startX) > MIN_DRAG) {
+      context.fillStyle = DRAG_COLOR;
       const left = Math.min(this.drag.startX, this.drag.x);
       context.fillRect(left, 0, Math.abs(this.drag.x - this.drag.startX), grid.height);
       return;
     }
-    for (const [cell, color] of [[this.selected, "#1a73e8"], [this.hover, "rgba(255,255,255,0.85)"]]) {
+    for (const [cell, color] of [[this.selected, ACCENT], [this.hover, HOVER_COLOR]]) {
       if (!cell) continue;
       const [row, column] = cell;
       const [top, bottom] = grid.rowRange(row);
@@ -240,12 +220,28 @@ export class HeatmapView {
     }
   }
 
-  #drawEpochs(width, height, ratio) {
+  // The clicked alert's rows over its steps, outlined.
+  #drawHighlight(context, grid) {
+    const m = this.matrix;
+    let first = columnOfStep(m.steps, m.lastSteps, this.highlight.firstStep);
+    let last = columnOfStep(m.steps, m.lastSteps, this.highlight.lastStep);
+    if (first < 0) first = 0;
+    if (last < 0) last = m.columns - 1;
+    context.strokeStyle = this.vocabulary.urgentColor;
+    context.lineWidth = 2;
+    for (const row of this.highlight.rows) {
+      const [top, bottom] = grid.rowRange(row);
+      const left = grid.columnRange(first)[0];
+      const right = grid.columnRange(last)[1];
+      context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
+    }
+  }
+
+  // Dashed lines where epochs start, on the step axis.
+  #drawEpochs(context, width, height) {
     const m = this.matrix;
     if (!this.epochs.length || m.epochIndex) return;
-    const context = this.cells.getContext("2d");
-    context.setTransform(ratio, 0, 0, ratio, 0, 0);
-    context.strokeStyle = "rgba(255,255,255,0.7)";
+    context.strokeStyle = EPOCH_LINE_COLOR;
     context.setLineDash([3, 3]);
     const grid = gridLayout(m.rows, m.columns, width, height);
     for (const start of this.epochs) {
@@ -259,155 +255,4 @@ export class HeatmapView {
     }
     context.setLineDash([]);
   }
-
-  #drawLabels(height, ratio) {
-    const m = this.matrix;
-    const context = this.labels.getContext("2d");
-    context.setTransform(ratio, 0, 0, ratio, 0, 0);
-    context.clearRect(0, 0, LABEL_WIDTH, height);
-    const style = getComputedStyle(this.root);
-    context.font = `12px ${style.fontFamily}`;
-    context.fillStyle = style.color;
-    context.textBaseline = "middle";
-    const grid = gridLayout(m.rows, m.columns, 1, height);
-    const measure = (text) => context.measureText(text).width;
-    const markerSpace = 14;
-    const perRow = grid.rowHeight >= MIN_LABEL_ROW;
-    const groups = perRow ? m.variables.map((v, row) => ({ text: v, first: row, last: row }))
-      : layerGroups(m.layers).map((g) => ({ text: g.layer, first: g.first, last: g.last }));
-    for (const group of groups) {
-      const top = grid.rowRange(group.first)[0];
-      const bottom = grid.rowRange(group.last)[1];
-      if (bottom - top < MIN_LABEL_ROW) continue;
-      context.fillText(ellipsize(group.text, LABEL_WIDTH - markerSpace - 6, measure), markerSpace, (top + bottom) / 2);
-    }
-    // Alert markers: a row with alerts gets a dot in the gutter, coloured by its worst severity.
-    for (const [row, severity] of this.rowSeverity) {
-      const [top, bottom] = grid.rowRange(row);
-      context.fillStyle = SEVERITY_COLORS[severity];
-      context.beginPath();
-      context.arc(6, (top + bottom) / 2, Math.max(1.5, Math.min(4, (bottom - top) / 2)), 0, 2 * Math.PI);
-      context.fill();
-    }
-  }
-
-  #drawAxis(width, ratio) {
-    const m = this.matrix;
-    const context = this.axis.getContext("2d");
-    context.setTransform(ratio, 0, 0, ratio, 0, 0);
-    context.clearRect(0, 0, width, AXIS_HEIGHT);
-    if (!m.columns) return;
-    const style = getComputedStyle(this.root);
-    context.font = `11px ${style.fontFamily}`;
-    context.fillStyle = style.color;
-    context.strokeStyle = style.color;
-    context.textAlign = "center";
-    context.textBaseline = "top";
-    const grid = gridLayout(m.rows, m.columns, width, 1);
-    if (m.epochIndex) {
-      const every = Math.max(1, Math.ceil((m.columns * 40) / width));
-      for (let c = 0; c < m.columns; c += every) {
-        const x = (grid.columnRange(c)[0] + grid.columnRange(c)[1]) / 2;
-        context.fillText(`epoch ${m.epochIndex[c]}`, x, 6);
-      }
-      return;
-    }
-    const ticks = niceTicks(m.steps[0], m.lastSteps[m.columns - 1], Math.max(2, Math.floor(width / 90)));
-    for (const step of ticks) {
-      const x = this.#stepX(step, grid);
-      if (x === null) continue;
-      context.beginPath();
-      context.moveTo(x, 0);
-      context.lineTo(x, 4);
-      context.stroke();
-      context.fillText(formatStep(step), Math.min(width - 20, Math.max(20, x)), 6);
-    }
-  }
-
-  // The x of a step on the step axis (inside its column, by its place in the column's range).
-  #stepX(step, grid) {
-    const m = this.matrix;
-    const column = columnOfStep(m.steps, m.lastSteps, step);
-    if (column < 0) return null;
-    const [left, right] = grid.columnRange(column);
-    const span = Math.max(1, m.lastSteps[column] - m.steps[column] + 1);
-    return left + ((step - m.steps[column] + 0.5) / span) * (right - left);
-  }
-
-  #drawLoss() {
-    const m = this.matrix;
-    const points = this.lossPoints;
-    const shown = Boolean(points && m && m.columns && !m.epochIndex);
-    this.loss.hidden = !shown;
-    replaceChildren(this.lossLabel, shown ? this.lossTag : null);
-    if (!shown) return;
-    const ratio = window.devicePixelRatio || 1;
-    const width = this.plotWidth();
-    const height = 70;
-    size(this.loss, width, height, ratio);
-    const context = this.loss.getContext("2d");
-    context.setTransform(ratio, 0, 0, ratio, 0, 0);
-    context.clearRect(0, 0, width, height);
-    const grid = gridLayout(m.rows, m.columns, width, 1);
-    const visible = points
-      .map(([, step, value]) => [this.#stepX(step, grid), Number(value)])
-      .filter(([x, v]) => x !== null && Number.isFinite(v));
-    if (!visible.length) return;
-    const low = Math.min(...visible.map(([, v]) => v));
-    const high = Math.max(...visible.map(([, v]) => v));
-    const y = (v) => 4 + (1 - (v - low) / (high - low || 1)) * (height - 8);
-    context.strokeStyle = getComputedStyle(this.root).getPropertyValue("--accent") || "#1a73e8";
-    context.lineWidth = 1.5;
-    context.beginPath();
-    visible.forEach(([x, v], i) => (i ? context.lineTo(x, y(v)) : context.moveTo(x, y(v))));
-    context.stroke();
-    context.fillStyle = getComputedStyle(this.root).color;
-    context.font = `11px ${getComputedStyle(this.root).fontFamily}`;
-    context.textBaseline = "top";
-    context.fillText(formatValue(high), 4, 2);
-    context.textBaseline = "bottom";
-    context.fillText(formatValue(low), 4, height - 2);
-  }
-
-  #drawColorbar() {
-    const scale = this.scale;
-    const bar = el("canvas", { class: "colorbar-gradient", width: 200, height: 10 });
-    const context = bar.getContext("2d");
-    for (let x = 0; x < 200; x++) {
-      context.fillStyle = `rgb(${viridis(x / 199).join(",")})`;
-      context.fillRect(x, 0, 1, 10);
-    }
-    const unit = scale.kind === "log" ? " (log scale)" : "";
-    const chip = (color, text, hatch) => el("span", { class: "legend-item" },
-      el("span", { class: `chip${hatch ? ` hatch-${hatch}` : ""}`, style: color ? `background: rgb(${color.join(",")})` : null }),
-      text);
-    replaceChildren(
-      this.colorbar,
-      el("span", { class: "colorbar-label" }, formatValue(scale.domain[0])),
-      bar,
-      el("span", { class: "colorbar-label" }, formatValue(scale.domain[1])),
-      el("span", { class: "colorbar-unit" }, `${this.matrix.stat}${unit}`),
-      chip(viridis(0.1), "vanishing", "vanishing"),
-      chip(viridis(0.9), "exploding", "exploding"),
-      chip(CLASS_COLORS.nonfinite, "NaN/Inf"),
-      chip(null, "no gradient", "missing"),
-    );
-  }
-}
-
-const CLASS_TEXT = {
-  ok: "ok",
-  vanishing: "vanishing",
-  exploding: "exploding",
-  nonfinite: "NaN/Inf in the gradient",
-  missing: "no gradient at this step",
-};
-
-function size(canvas, width, height, ratio) {
-  canvas.style.width = `${width}px`;
-  canvas.style.height = `${height}px`;
-  const pixelWidth = Math.round(width * ratio);
-  const pixelHeight = Math.round(height * ratio);
-  if (canvas.width !== pixelWidth) canvas.width = pixelWidth;
-  if (canvas.height !== pixelHeight) canvas.height = pixelHeight;
 }

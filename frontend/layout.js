@@ -1,5 +1,5 @@
-// Geometry of the heatmap (pure, no DOM): which cell is under a pixel, where rows and layer
-// groups sit, which columns a step range covers.
+// Geometry of the heatmap and its charts (pure, no DOM): which cell is under a pixel, where rows
+// and layer groups sit, which column holds a step and where on the axis it is, ticks, ranges.
 
 /**
  * Row and column placement of a `rows` x `columns` matrix in a `width` x `height` plot area.
@@ -53,6 +53,25 @@ export function columnOfStep(firstSteps, lastSteps, step) {
     else return middle;
   }
   return -1;
+}
+
+/** The x of `step` on a step axis laid out by `grid`: inside its column, by its place in the
+ * column's step range (null when no column holds it). */
+export function stepX(firstSteps, lastSteps, step, grid) {
+  const column = columnOfStep(firstSteps, lastSteps, step);
+  if (column < 0) return null;
+  const [left, right] = grid.columnRange(column);
+  const span = Math.max(1, lastSteps[column] - firstSteps[column] + 1);
+  return left + ((step - firstSteps[column] + 0.5) / span) * (right - left);
+}
+
+/** The index of the step nearest to `step` in a sorted array of steps. */
+export function nearestIndex(steps, step) {
+  let best = 0;
+  for (let i = 1; i < steps.length; i++) {
+    if (Math.abs(steps[i] - step) < Math.abs(steps[best] - step)) best = i;
+  }
+  return best;
 }
 
 /** Evenly spaced "nice" tick values (1, 2, 5 x 10^k) covering [low, high], at most ~`count`. */

@@ -1,31 +1,46 @@
 // The heatmap's pixels (pure, no DOM): matrix + scale -> RGBA, ready for `putImageData`.
 //
 // When several cells fall on one pixel (more rows or columns than pixels), the pixel shows the
-// worst of them, as the backend does when it merges steps: one exploding cell among thousands
-// still colours its pixel.
+// worst of them, as the backend does when it merges steps: one alarming cell among thousands
+// still colours its pixel. What each class looks like comes from the vocabulary (`classPaints`).
 
-import { CLASS_COLORS, colorTable } from "./colormap.js";
+import { colorTable } from "./colormap.js";
 
 const LEVELS = 256;
 const TABLE = colorTable(LEVELS);
 const HATCH_SPACING = 4; // device pixels between hatch lines
 
-/** Class codes by name for a decoded matrix's `classNames`. */
-function codes(classNames) {
-  return Object.fromEntries(classNames.map((name, code) => [name, code]));
+/**
+ * How to paint each class, indexed by class code, from the vocabulary's classes (in their
+ * worse-is-later order, which `decodeHeatmap` gives the codes): `empty` (left transparent),
+ * `fill` (RGB replacing the value's colour), `hatch` (`{rgb, dx, dy}`: pixel (x, y) is on a
+ * stripe when `(x * dx + y * dy) % HATCH_SPACING === 0`, the stripes CSS draws for the same
+ * `angle` in a repeating-linear-gradient, at multiples of 45 degrees), `extreme` (+1: a merged
+ * cell keeps the largest value of the class, -1 the smallest, 0 the first).
+ */
+export function classPaints(classes) {
+  return classes.map((cls) => {
+    const radians = ((cls.hatch ? cls.hatch.angle : 0) * Math.PI) / 180;
+    return {
+      empty: Boolean(cls.empty),
+      fill: cls.fill || null,
+      // The stripes run across the gradient's direction (sin a, -cos a) in screen coordinates.
+      hatch: cls.hatch ? { rgb: cls.hatch.rgb, dx: Math.round(Math.sin(radians)), dy: Math.round(-Math.cos(radians)) } : null,
+      extreme: { high: 1, low: -1 }[cls.extreme] || 0,
+    };
+  });
 }
 
-// Folds cells into one representative: the worst class (the backend's order, analysis.CLASSES:
-// a larger code is worse) and, among cells of that class, the most extreme value (max when
-// exploding or non-finite, min when vanishing, the first one otherwise).
-function makeFolder(code) {
-  const keepLargest = new Set([code.exploding, code.nonfinite]);
+// Folds cells into one representative: the worst class (the larger code) and, among cells of
+// that class, its most extreme value.
+function makeFolder(paints) {
+  const extreme = Int8Array.from(paints, (paint) => paint.extreme);
   return function fold(state, cls, value) {
     if (cls > state.cls) {
       state.cls = cls;
       state.value = value;
     } else if (cls === state.cls) {
-      if (keepLargest.has(cls) ? value > state.value : cls === code.vanishing && value < state.value) {
+      if (extreme[cls] > 0 ? value > state.value : extreme[cls] < 0 && value < state.value) {
         state.value = value;
       }
     }
@@ -53,20 +68,19 @@ function cellSpan(pixel, pixels, cells) {
 
 /**
  * RGBA pixels (`Uint8ClampedArray`, width x height x 4) of a decoded matrix (see decode.js)
- * drawn with `scale` (colormap.makeScale) into a width x height plot area.
+ * drawn with `scale` (colormap.makeScale) and `paints` (classPaints) into a width x height plot.
  */
-export function rasterize(matrix, scale, width, height) {
+export function rasterize(matrix, scale, width, height, paints) {
   const pixels = new Uint8ClampedArray(width * height * 4);
   const { rows, columns } = matrix;
   if (!rows || !columns || !width || !height) return pixels;
-  const code = codes(matrix.classNames);
-  const fold = makeFolder(code);
+  const fold = makeFolder(paints);
   const bandClass = new Int16Array(columns);
   const bandValue = new Float64Array(columns);
   const columnSpans = Array.from({ length: width }, (_, x) => cellSpan(x, width, columns));
   const pixelClass = new Int16Array(width);
   const rowColors = new Uint8ClampedArray(width * 4); // one pixel row of the current band
-  const hatched = []; // x of the band's vanishing / exploding pixels
+  const hatched = []; // x of the band's hatched pixels
   const state = { cls: -1, value: NaN };
   let previousBand = "";
   for (let y = 0; y < height; y++) {
@@ -81,29 +95,26 @@ export function rasterize(matrix, scale, width, height) {
         state.value = NaN;
         const [firstColumn, endColumn] = columnSpans[x];
         for (let c = firstColumn; c < endColumn; c++) fold(state, bandClass[c], bandValue[c]);
-        const cls = state.cls;
-        pixelClass[x] = cls;
-        if (cls === code.missing) continue; // transparent: the empty background shows
-        if (cls === code.nonfinite) {
-          rowColors.set(CLASS_COLORS.nonfinite, x * 4);
+        const paint = paints[state.cls];
+        pixelClass[x] = state.cls;
+        if (paint.empty) continue; // transparent: the empty background shows
+        if (paint.fill) {
+          rowColors.set(paint.fill, x * 4);
         } else {
           const t = scale.position(state.value);
           const level = (Number.isNaN(t) ? 0 : Math.round(t * (LEVELS - 1))) * 4;
           rowColors[x * 4] = TABLE[level];
           rowColors[x * 4 + 1] = TABLE[level + 1];
           rowColors[x * 4 + 2] = TABLE[level + 2];
-          if (cls === code.vanishing || cls === code.exploding) hatched.push(x);
         }
+        if (paint.hatch) hatched.push(x);
         rowColors[x * 4 + 3] = 255;
       }
     }
     pixels.set(rowColors, y * width * 4);
     for (const x of hatched) {
-      if (pixelClass[x] === code.vanishing ? (x + y) % HATCH_SPACING === 0
-        : (x - y + height * HATCH_SPACING) % HATCH_SPACING === 0) {
-        const hatch = pixelClass[x] === code.vanishing ? CLASS_COLORS.vanishingHatch : CLASS_COLORS.explodingHatch;
-        pixels.set(hatch, (y * width + x) * 4);
-      }
+      const { hatch } = paints[pixelClass[x]];
+      if ((x * hatch.dx + y * hatch.dy) % HATCH_SPACING === 0) pixels.set(hatch.rgb, (y * width + x) * 4);
     }
   }
   return pixels;

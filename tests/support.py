@@ -15,16 +15,18 @@ import urllib.request
 
 import numpy as np
 
+from tensorboard_gradients.server.vocabulary import CLASS_STYLES
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LAUNCH_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-# The tab's colours for cell classes (frontend/colormap.js).
-NONFINITE_RGB = (255, 45, 85)
-VANISHING_HATCH_RGB = (200, 240, 255)
-EXPLODING_HATCH_RGB = (150, 0, 20)
+# The tab's colours for cell classes: the plugin's vocabulary, which the tab paints with.
+NONFINITE_RGB = tuple(CLASS_STYLES["nonfinite"]["fill"])
+VANISHING_HATCH_RGB = tuple(CLASS_STYLES["vanishing"]["hatch"]["rgb"])
+EXPLODING_HATCH_RGB = tuple(CLASS_STYLES["exploding"]["hatch"]["rgb"])
 
 
 def get_json(url, timeout=10):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from tensorboard_gradients.server.vocabulary import CLASS_STYLES, SEVERITY_COLORS
 from support import (
-    CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard, has_color,
-    row_band,
+    CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard, get_json,
+    has_color, row_band,
 )
 
 pytest.importorskip("playwright.sync_api")
@@ -167,6 +168,59 @@ def test_the_nan_step_is_flagged_and_called_out(browser, server, artifacts):
     tab.close()
 
 
+def _css_rgb(color):
+    """"#d93025" or [217, 48, 37] as the browser computes it: "rgb(217, 48, 37)"."""
+    channels = color if isinstance(color, list) else [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "rgb({}, {}, {})".format(*channels)
+
+
+def test_the_tab_paints_with_the_served_vocabulary(browser, server):
+    served = get_json(f"{server}/data/plugin/gradients/thresholds")["vocabulary"]
+    assert {c["name"]: {k: c[k] for k in CLASS_STYLES[c["name"]]} for c in served["classes"]} == CLASS_STYLES
+    assert {s["name"]: s["color"] for s in served["severities"]} == SEVERITY_COLORS
+    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients&axis=step")
+    tab.wait_drawn()
+    alerts = tab.wait_alerts()
+    page = tab.page
+    nonfinite = CLASS_STYLES["nonfinite"]
+    # The stylesheet's colours: custom properties on the tab's root, from the served answer.
+    variable = "(name) => getComputedStyle(window.gradientsApp.root).getPropertyValue(name).trim()"
+    assert page.evaluate(variable, "--class-nonfinite-fill") == _css_rgb(nonfinite["fill"])
+    for name, color in SEVERITY_COLORS.items():
+        assert page.evaluate(variable, f"--severity-{name}") == color
+    # Each alert is edged in its severity's colour; the callout is in the NaN alerts' one.
+    edges = page.locator("[data-testid=alert]").evaluate_all(
+        "(buttons) => buttons.map((b) => getComputedStyle(b).borderLeftColor)")
+    assert edges == [_css_rgb(SEVERITY_COLORS[alert["severity"]]) for alert in alerts]
+    callout = page.locator("[data-testid=first-nonfinite]")
+    assert nonfinite["label"] in callout.inner_text()
+    assert callout.evaluate("(p) => getComputedStyle(p).color") == _css_rgb(SEVERITY_COLORS["critical"])
+    # The legend's chips: the fill, and the hatch stripes in their colours.
+    chip = "(label) => { const item = [...document.querySelectorAll('.legend-item')].find((i) => i.textContent === label); " \
+           "const s = getComputedStyle(item.querySelector('.chip')); return [s.backgroundColor, s.backgroundImage]; }"
+    assert page.evaluate(chip, nonfinite["label"])[0] == _css_rgb(nonfinite["fill"])
+    for name in ("vanishing", "exploding"):
+        assert _css_rgb(CLASS_STYLES[name]["hatch"]["rgb"]) in page.evaluate(chip, CLASS_STYLES[name]["label"])[1]
+    # On canvas: the NaN cells in the fill, each row's alert dot in its most urgent severity's colour.
+    assert has_color(tab.pixels(), nonfinite["fill"])
+    rows = page.evaluate("[...window.gradientsApp.view.rowSeverity]")
+    labels = tab.pixels("canvas.labels")
+    height = labels.shape[0]
+    count = page.evaluate("window.gradientsApp.matrix.rows")
+    assert rows
+    for row, severity in rows:
+        dot = labels[int(height * (row + 0.5) / count), 6, :3].tolist()
+        assert _css_rgb(dot) == _css_rgb(SEVERITY_COLORS[severity])
+    # The tooltip names a NaN cell's class in the class's tooltip colour.
+    steps = page.evaluate("window.gradientsApp.matrix.steps")
+    box = tab.canvas_box()
+    page.mouse.move(box["x"] + box["width"] * (steps.index(NAN_STEP) + 0.5) / len(steps), box["y"] + 5)
+    tip = page.locator(".tip-class")
+    tip.wait_for(state="visible")
+    assert tip.evaluate("(t) => getComputedStyle(t).color") == _css_rgb(nonfinite["tooltip"])
+    tab.close()
+
+
 def test_thresholds_change_the_highlighting_and_survive_a_reload(browser, server):
     tab = Tab(browser, server, f"#run={HEALTHY}&tag=gradients")
     tab.wait_drawn()
@@ -298,4 +352,37 @@ def test_damaged_runs_are_named_while_the_healthy_run_draws(browser, tmp_path):
         tab.wait_drawn()
         assert tab.page.evaluate("window.gradientsApp.matrix.columns") == expected["bomb"]
         assert "refused as damaged" in tab.page.locator(".status-warning").inner_text()
+        tab.close()
+
+
+def test_a_statistic_the_tab_does_not_know_is_offered_and_drawn(browser, tmp_path):
+    """A newer writer's column reaches the picker under its own name, and a known one under the
+    served label: the tab keeps no list of statistics of its own."""
+    from tensorboard_gradients.format import columns
+    from tensorboard_gradients.format.layout import Layout
+
+    newer = Layout.create(["dense/kernel", "dense/bias"], [(3, 2), (2,)], with_weights=False)
+    newer = Layout(newer.variables, newer.layers, newer.shapes,
+                   newer.stats + ("sign_agreement",))
+    with tg.GradientWriter(str(tmp_path / "newer")) as writer:
+        for step in range(4):
+            stats = np.ones((2, len(newer.stats)), np.float32)
+            stats[:, [columns.position(newer.stats, c) for c in ("nan_count", "inf_count")]] = 0
+            stats[:, -1] = 0.25 * (step + 1)
+            writer.write_statistics(step, newer, stats)
+    with TensorBoard(tmp_path) as tensorboard:
+        tensorboard.wait_for_steps({"newer": 4})
+        tab = Tab(browser, tensorboard.base, "#run=newer&tag=gradients")
+        tab.wait_drawn()
+        picker = tab.page.locator("[data-testid=stat-picker]")
+        offered = dict(picker.locator("option").evaluate_all(
+            "options => options.map(o => [o.value, o.textContent])"))
+        assert offered["sign_agreement"] == "sign_agreement"
+        assert offered["l2_norm"] == columns.BY_NAME["l2_norm"].label
+        assert "size" not in offered  # not a heatmap (`Stat.heatmap`)
+        picker.select_option("sign_agreement")
+        tab.page.wait_for_function("location.hash.includes('stat=sign_agreement')")
+        tab.page.wait_for_function("window.gradientsApp.matrix && window.gradientsApp.matrix.stat"
+                                   " === 'sign_agreement' && window.gradientsApp.drawn")
+        assert len(np.unique(tab.pixels().reshape(-1, 4), axis=0)) > 2, "the heatmap is drawn"
         tab.close()

@@ -3,13 +3,16 @@
 import csv
 import io
 import json
+import pathlib
 import urllib.parse
 
 import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients.server import data_access, plugin
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format import columns
+from tensorboard_gradients.server import answers, data_access, plugin, vocabulary
 
 BASE = "/data/plugin/gradients/"
 STEPS = 60
@@ -59,7 +62,7 @@ def test_runs(client):
     status, runs = get(client, "runs")
     assert status == 200
     assert runs["train"]["gradients"] == {  # "damaged"/"damage" only when there is some
-        "variables": 3, "steps": STEPS, "stats": list(tg.metadata.GRADIENT_STATS),
+        "variables": 3, "steps": STEPS, "stats": list(columns.GRADIENT_STATS),
         "histograms": True, "epochs": 3, "sampled": None,
     }
     assert runs["plain"]["gradients"]["histograms"] is False
@@ -89,7 +92,7 @@ def test_heatmap_shape_and_non_finite_encoding(client):
 
 
 def test_heatmap_columns_are_bounded_by_default(client, monkeypatch):
-    monkeypatch.setattr(plugin, "MAX_COLUMNS", 7)
+    monkeypatch.setattr(answers, "MAX_COLUMNS", 7)
     _, bounded = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
                      exploding_norm="999")  # a new query: not an answer kept from another test
     _, asked = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
@@ -101,7 +104,7 @@ def test_heatmap_columns_are_bounded_by_default(client, monkeypatch):
 
 
 def test_a_json_heatmap_merges_to_a_bounded_number_of_cells(client, monkeypatch):
-    monkeypatch.setattr(plugin, "MAX_JSON_CELLS", 3 * 4)  # 3 variables: at most 4 columns
+    monkeypatch.setattr(answers, "MAX_JSON_CELLS", 3 * 4)  # 3 variables: at most 4 columns
     params = dict(run="train", tag="gradients", stat="l2_norm", max_steps=30, exploding_norm="998")
     _, listed = get(client, "heatmap", **params)
     assert len(listed["steps"]) == 4 and listed["downsampled"]
@@ -162,7 +165,7 @@ def test_series(client):
     assert status == 200
     assert body["layer"] == "dense" and body["shape"] == [3, 3]
     assert body["steps"] == list(range(STEPS))
-    assert set(body["stats"]) == set(tg.metadata.GRADIENT_STATS)
+    assert set(body["stats"]) == set(columns.GRADIENT_STATS)
     assert body["stats"]["nan_count"][NAN_STEP] == 1
     assert body["stats"]["l2_norm"][NAN_STEP] == pytest.approx(np.sqrt(8))
     assert body["classes"][NAN_STEP] == "nonfinite" and body["epochs"] == [0, 20, 40]
@@ -342,15 +345,21 @@ class _TooBigForOneRead(Exception):
         return self._Code()
 
 
-def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(served):
-    """The Rust data server's gRPC answer is capped at 256 MiB; that needs ~440 MB on disk to
-    reproduce, so this test stands a provider in front of the real one that fails like gRPC."""
+@pytest.fixture(scope="module")
+def provider(served):
+    """The Python loader's data provider over `served`, as TensorBoard makes it."""
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
     multiplexer.AddRunsFromDirectory(served)
     multiplexer.Reload()
-    real = data_provider.MultiplexerDataProvider(multiplexer, served)
+    return data_provider.MultiplexerDataProvider(multiplexer, served)
+
+
+def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(provider):
+    """The Rust data server's gRPC answer is capped at 256 MiB; that needs ~440 MB on disk to
+    reproduce, so this test stands a provider in front of the real one that fails like gRPC."""
+    real = provider
 
     class CappedProvider:
         def list_tensors(self, ctx, **kwargs):
@@ -459,4 +468,96 @@ def test_thresholds_route_lists_every_override_with_its_default(client):
     assert status == 200
     assert list(body["defaults"]) == list(tg.Thresholds.names())
     assert body["defaults"]["exploding_norm"] == 1e3 and body["defaults"]["sustain_steps"] == 5
+    assert body["vocabulary"] == vocabulary.vocabulary()
     assert get(client, "thresholds", x="1")[0] == 400
+
+
+def test_the_vocabulary_covers_every_stat_class_severity_and_threshold_in_table_order():
+    served = vocabulary.vocabulary()
+    json.dumps(served, allow_nan=False)  # JSON as served
+    assert [s["name"] for s in served["stats"]] == [s.name for s in columns.STATS]
+    assert [c["name"] for c in served["classes"]] == list(analysis.CLASSES)
+    assert [s["name"] for s in served["severities"]] == list(analysis.SEVERITIES)
+    assert [t["name"] for t in served["thresholds"]] == list(tg.Thresholds.names())
+    assert set(vocabulary.CLASS_STYLES) == set(analysis.CLASSES)
+    assert set(vocabulary.SEVERITY_COLORS) == set(analysis.SEVERITIES)
+    for stat in served["stats"]:
+        assert set(stat) == {"name", "label", "scale", "group", "description", "heatmap"}
+        assert stat["scale"] in (columns.LOG, columns.LINEAR, columns.FRACTION, columns.COUNT)
+    for cls in served["classes"]:
+        assert set(cls) == {"name", "description", "label", "fill", "hatch", "accent", "tooltip",
+                            "legend", "empty", "extreme", "norm_threshold", "nonfinite"}
+        assert cls["description"] and cls["label"]
+        assert cls["norm_threshold"] is None or cls["norm_threshold"] in tg.Thresholds.names()
+    assert sum(cls["nonfinite"] for cls in served["classes"]) == 1
+    assert [cls["name"] for cls in served["classes"] if cls["empty"]] == ["missing"]
+    defaults = tg.Thresholds()
+    for threshold in served["thresholds"]:
+        assert threshold["default"] == getattr(defaults, threshold["name"])
+        assert threshold["label"] and threshold["description"]
+    served["classes"][-1]["fill"][0] = 0  # a copy: the styles themselves stay
+    assert vocabulary.CLASS_STYLES["nonfinite"]["fill"] == [255, 45, 85]
+
+
+def test_the_node_tests_use_the_served_vocabulary():
+    """frontend/test/ builds the tab's vocabulary from a copy of the served one: kept equal here,
+    so the Node tests of the tab can never test a vocabulary the plugin does not serve."""
+    copy = pathlib.Path(__file__).parents[1] / "frontend" / "test" / "served_vocabulary.json"
+    assert json.loads(copy.read_text(encoding="utf-8")) == vocabulary.vocabulary(), (
+        "regenerate it: python -m tensorboard_gradients.server.vocabulary > " + str(copy))
+
+
+def test_no_class_colour_occurs_in_the_viridis_map_the_values_use():
+    """A filled class cell never reads as a value: its colour is far from every viridis colour
+    (the tab's map, frontend/colormap.js: matplotlib's viridis, whose hues run from dark purple
+    through blue and green to yellow)."""
+    viridis = np.array([[68, 1, 84], [72, 40, 120], [62, 73, 137], [49, 104, 142], [38, 130, 142],
+                        [31, 158, 137], [53, 183, 121], [110, 206, 88], [181, 222, 43],
+                        [253, 231, 37]], dtype=float)
+    steps = np.linspace(0, 1, 32)[:, None]
+    fine = np.concatenate([a + (b - a) * steps for a, b in zip(viridis[:-1], viridis[1:])])
+    for name, style in vocabulary.CLASS_STYLES.items():
+        if style["fill"] is not None:
+            distance = np.min(np.linalg.norm(fine - np.array(style["fill"], float), axis=1))
+            assert distance > 100, (name, distance)
+
+
+def test_the_answers_are_plain_data_without_http(client, provider):
+    """The data-returning layer: each route's dict from the data access object, no request."""
+    from tensorboard import context
+
+    data = data_access.GradientData(provider)
+    ctx = context.RequestContext()
+
+    def as_served(route, **params):  # what the route sends, decoded
+        return get(client, route, **params)[1]
+
+    def as_json(answer):
+        return json.loads(json.dumps(answer, allow_nan=False))
+
+    assert as_json(answers.runs_overview(data, ctx, "")) == as_served("runs")
+    loaded = data.series(ctx, "", "train", "gradients")
+    lowered = tg.Thresholds(exploding_norm=2)
+    heatmap = answers.heatmap_answer(
+        data, loaded, answers.HeatmapQuery("l2_norm", max_steps=7, thresholds=lowered))
+    assert heatmap["classes"][0][0] == "exploding" and len(heatmap["steps"]) == 7
+    assert as_json(heatmap) == as_served("heatmap", run="train", tag="gradients", stat="l2_norm",
+                                         max_steps=7, exploding_norm=2)
+    by_epoch = answers.HeatmapQuery("nan_count", by_epoch=True, packed=True)
+    assert as_json(answers.heatmap_answer(data, loaded, by_epoch)) == as_served(
+        "heatmap", run="train", tag="gradients", stat="nan_count", axis="epoch",
+        encoding="base64")
+    with pytest.raises(data_access.UnknownError, match="no stat 'nope'"):
+        answers.heatmap_answer(data, loaded, answers.HeatmapQuery("nope"))
+    assert as_json(answers.alerts_answer(data, loaded, tg.Thresholds())) == as_served(
+        "alerts", run="train", tag="gradients")
+    series = answers.series_answer(data, loaded, 2, tg.Thresholds())
+    assert series["variable"] == "out/kernel" and series["classes"][INF_STEP] == "exploding"
+    assert as_json(series) == as_served("series", run="train", tag="gradients", variable_index=2)
+    histogram = answers.histogram_answer(data, ctx, "", "train", "gradients", 0, 38)
+    assert histogram["step"] == NAN_STEP
+    assert histogram == as_served("histogram", run="train", tag="gradients", variable_index=0,
+                                  step=38)
+    with pytest.raises(data_access.UnknownError, match="no histograms"):
+        answers.histogram_answer(data, ctx, "", "plain", "gradients", 0, 0)
+    assert answers.thresholds_answer() == as_served("thresholds")

@@ -272,17 +272,17 @@ def test_the_decode_guard_changes_make_ndarray_only_inside_the_plugins_reads():
     import collections
     import threading
 
-    from tensorboard_gradients.server import data_access
+    from tensorboard_gradients.server import decode_guard
 
-    data_access.install_decode_guard()
+    decode_guard.install_decode_guard()
     guarded = tensor_util.make_ndarray
-    data_access.install_decode_guard()
+    decode_guard.install_decode_guard()
     assert tensor_util.make_ndarray is guarded  # installed once, however many plugins load
     splat = tensor_proto(1, [3, 2], float_val=[2.0])  # 1: DT_FLOAT
     np.testing.assert_array_equal(tensor_util.make_ndarray(splat), np.full((3, 2), 2.0))
     refusals = collections.Counter()
     elsewhere = []
-    with data_access._decoding_as((2, 11), refusals):
+    with decode_guard.decoding_as((2, 11), refusals):
         assert tensor_util.make_ndarray(splat) is None
         thread = threading.Thread(target=lambda: elsewhere.append(tensor_util.make_ndarray(splat)))
         thread.start()
@@ -295,24 +295,25 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
                                                                              monkeypatch):
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from tensorboard_gradients.server import data_access
+    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.damage import RunDamage
 
     path = write_crafted_run(tmp_path / "growing", stats_content())
     scans = []
-    real_scan = data_access._scan_records
-    monkeypatch.setattr(data_access, "_scan_records",
+    real_scan = integrity._scan_records
+    monkeypatch.setattr(integrity, "_scan_records",
                         lambda *args: scans.append(args[1].offset) or real_scan(*args))
-    integrity = data_access.EventFileIntegrity(str(tmp_path))
-    assert integrity.run("growing") == data_access.RunDamage()
-    assert integrity.run("growing") == data_access.RunDamage() and scans == [0]  # unchanged
+    checker = integrity.EventFileIntegrity(str(tmp_path))
+    assert checker.run("growing") == RunDamage()
+    assert checker.run("growing") == RunDamage() and scans == [0]  # unchanged
     size = tmp_path.joinpath("growing", path.rsplit("/", 1)[1]).stat().st_size
     event = event_pb2.Event(step=42, summary=summary_pb2.Summary(
         value=[summary_value(TAG, crafted_matrix(42))]))
     append_record(path, event.SerializeToString(), valid_checksum=False)
-    damage = integrity.run("growing")
+    damage = checker.run("growing")
     assert scans == [0, size]  # only the new bytes
     assert damage.steps_of(TAG) == {42} and "fails its checksum" in damage.messages_for(TAG)[0]
-    assert integrity.run("..") == data_access.RunDamage()  # nothing outside the logdir
+    assert checker.run("..") == RunDamage()  # nothing outside the logdir
 
 
 def test_damage_to_the_histograms_and_epoch_marks_of_a_tag_is_named_on_the_tag(tmp_path,

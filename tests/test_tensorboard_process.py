@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from tensorboard_gradients import analysis
 
 STEPS = 150  # more than either loader keeps per tag by default (10 Python, 100 Rust)
 NAN_STEP = 123
@@ -103,6 +104,8 @@ def test_every_step_reaches_the_plugin_through_both_loaders(logdir, load_fast):
         assert runs["tf_run"]["gradients"]["stats"][-2:] == ["weight_l2_norm", "grad_weight_ratio"]
 
         route = base + "/data/plugin/gradients/"
+        vocabulary = _get_json(route + "thresholds")["vocabulary"]
+        assert [c["name"] for c in vocabulary["classes"]] == list(analysis.CLASSES)
         heatmap = _get_json(route + "heatmap?run=numpy_run&tag=gradients&stat=l2_norm")
         assert heatmap["steps"] == list(range(STEPS)) and not heatmap["downsampled"]
         assert heatmap["classes"][1][NAN_STEP] == "nonfinite"

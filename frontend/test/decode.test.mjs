@@ -2,6 +2,8 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { decodeHeatmap, toNumber } from "../decode.js";
+import { Vocabulary } from "../vocabulary.js";
+import { CLASS_NAMES, SERVED, VOCABULARY } from "./vocabulary_fixture.mjs";
 
 const base = {
   run: "train", tag: "gradients", stat: "l2_norm", variables: ["a/kernel", "b/kernel"],
@@ -22,7 +24,7 @@ test("JSON lists decode to a row-major matrix", () => {
     ...base,
     values: [[1, "NaN", 3], ["Infinity", 5, 6]],
     classes: [["ok", "nonfinite", "ok"], ["exploding", "vanishing", "missing"]],
-  });
+  }, VOCABULARY);
   assert.equal(matrix.rows, 2);
   assert.equal(matrix.columns, 3);
   assert.ok(Number.isNaN(matrix.value(0, 1)));
@@ -38,8 +40,8 @@ test("base64 typed arrays decode to the same matrix", () => {
   const classes = Buffer.from(Uint8Array.from([1, 4, 1, 3, 2, 0])).toString("base64");
   const matrix = decodeHeatmap({
     ...base, encoding: "base64", shape: [2, 3], values, classes,
-    class_names: ["missing", "ok", "vanishing", "exploding", "nonfinite"],
-  });
+    class_names: CLASS_NAMES,
+  }, VOCABULARY);
   assert.equal(matrix.value(0, 2), 3);
   assert.equal(matrix.value(1, 0), Infinity);
   assert.ok(Number.isNaN(matrix.value(0, 1)));
@@ -48,11 +50,28 @@ test("base64 typed arrays decode to the same matrix", () => {
 });
 
 test("inconsistent answers are errors, not a wrong picture", () => {
-  assert.throws(() => decodeHeatmap({ ...base, values: [[1, 2]], classes: [["ok", "ok"]] }), /fill/);
+  assert.throws(() => decodeHeatmap({ ...base, values: [[1, 2]], classes: [["ok", "ok"]] }, VOCABULARY), /fill/);
   assert.throws(() => decodeHeatmap({
     ...base, values: [[1, 2, 3], [4, 5, 6]], classes: [["ok", "ok", "bad"], ["ok", "ok", "ok"]],
-  }), /unknown cell class/);
+  }, VOCABULARY), /unknown cell class/);
   assert.throws(() => decodeHeatmap({
     ...base, encoding: "base64", shape: [3, 3], values: "", classes: "", class_names: [],
-  }), /shape/);
+  }, VOCABULARY), /shape/);
+  assert.throws(() => decodeHeatmap({
+    ...base, encoding: "base64", shape: [2, 3], values: Buffer.alloc(24).toString("base64"),
+    classes: Buffer.alloc(6).toString("base64"), class_names: ["missing", "melting"],
+  }, VOCABULARY), /unknown cell class "melting"/);
+});
+
+test("codes follow the vocabulary's order, whatever order the answer used", () => {
+  const worstFirst = new Vocabulary({ ...SERVED, classes: [...SERVED.classes].reverse() });
+  const classes = Buffer.from(Uint8Array.from([1, 4, 1, 3, 2, 0])).toString("base64");
+  const matrix = decodeHeatmap({
+    ...base, encoding: "base64", shape: [2, 3], values: Buffer.alloc(24).toString("base64"), classes,
+    class_names: CLASS_NAMES,
+  }, worstFirst);
+  assert.deepEqual(matrix.classNames, [...CLASS_NAMES].reverse());
+  assert.deepEqual([...matrix.classes], [3, 0, 3, 1, 2, 4]);
+  assert.equal(matrix.className(0, 1), "nonfinite");
+  assert.equal(matrix.className(1, 2), "missing");
 });

@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { DEFAULT_STATE, formatHash, parseHash, resolvedAxis, thresholdParams } from "../hash_state.js";
+import {
+  DEFAULT_STATE, formatHash, hasData, parseHash, resolvedAxis, thresholdParams, withRunAndTag,
+} from "../hash_state.js";
 
 const NAMES = ["exploding_norm", "vanishing_norm", "sustain_steps"];
 
@@ -50,4 +52,23 @@ test("the axis: the user's choice, else epochs for runs with short epochs", () =
   assert.equal(resolvedAxis({ axis: "epoch" }, longEpochs), "epoch");
   assert.equal(resolvedAxis({ axis: "epoch" }, { epochs: 0, steps: 10 }), "step");
   assert.equal(formatHash({ ...DEFAULT_STATE, run: "r", axis: "step" }), "#run=r&axis=step");
+});
+
+test("the run and tag shown: the hash's when they have data, else the nearest that has", () => {
+  const info = (steps, stats = ["l2_norm", "mean_abs"]) => ({ steps, stats });
+  const runs = {
+    empty: { gradients: info(0) },
+    broken: { gradients: { ...info(5), error: "unreadable" } },
+    a: { gradients: info(5), probe: info(3, ["l2_norm"]) },
+    b: { gradients: info(2) },
+  };
+  assert.ok(hasData(runs.a.gradients) && !hasData(runs.empty.gradients) && !hasData(runs.broken.gradients));
+  const pick = (state) => withRunAndTag({ ...DEFAULT_STATE, ...state }, runs);
+  assert.deepEqual([pick({ run: "a", tag: "probe" }).run, pick({ run: "a", tag: "probe" }).tag], ["a", "probe"]);
+  assert.equal(pick({ run: "b", tag: "probe" }).tag, "gradients");
+  assert.equal(pick({ run: "empty" }).run, "a");
+  assert.equal(pick({ run: "broken" }).run, "a");
+  assert.equal(pick({ run: "a", tag: "gradients", stat: "mean_abs" }).stat, "mean_abs");
+  assert.equal(pick({ run: "a", tag: "probe", stat: "mean_abs" }).stat, "l2_norm");
+  assert.equal(withRunAndTag(DEFAULT_STATE, { empty: runs.empty }), null);
 });

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { chartRange, columnOfStep, gridLayout, layerGroups, niceTicks } from "../layout.js";
+import { chartRange, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX } from "../layout.js";
 
 test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
   const grid = gridLayout(1000, 500, 1000, 600);
@@ -30,6 +30,21 @@ test("the column of a step in merged columns", () => {
   assert.equal(columnOfStep(first, last, 25), 2);
   assert.equal(columnOfStep(first, last, 26), -1);
   assert.equal(columnOfStep([], [], 3), -1);
+});
+
+test("a step's place on the axis, inside its merged column", () => {
+  const grid = gridLayout(1, 3, 300, 10);
+  assert.equal(stepX([0, 10, 20], [9, 19, 29], 0, grid), 5);
+  assert.equal(stepX([0, 10, 20], [9, 19, 29], 15, grid), 155);
+  assert.equal(stepX([0, 10, 20], [9, 19, 29], 30, grid), null);
+  assert.equal(stepX([0, 1], [0, 1], 1, gridLayout(1, 2, 100, 10)), 75);
+});
+
+test("the nearest logged step", () => {
+  assert.equal(nearestIndex([0, 10, 20], 14), 1);
+  assert.equal(nearestIndex([0, 10, 20], 16), 2);
+  assert.equal(nearestIndex([0, 10, 20], 5), 0); // ties: the earlier step
+  assert.equal(nearestIndex([7], 100), 0);
 });
 
 test("nice ticks", () => {

@@ -4,7 +4,8 @@ Every statistic is one `Stat` row of `STATS`: its name (the metadata's ``stats``
 column's key everywhere), what the tab calls it, how the tab scales its colours, and when it is
 there. Writers, the reader, the analysis, the plugin and the tab (which receives this table from
 the ``thresholds`` route, see `server.vocabulary`) all find a column by name here; none of them
-counts positions. A new statistic is a row here plus its formula in `statistics`.
+counts positions. A new statistic is a row here (``since`` the next minor format version, which
+`metadata.FORMAT_VERSION` then names) plus its formula in `statistics`.
 
 Stats-matrix columns are, in order: `GRADIENT_STATS` (always), `WEIGHT_STATS` (when the
 variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update).
@@ -38,6 +39,9 @@ class Stat:
     description: str
     inputs: Tuple[str, ...] = ()  # DERIVED: (numerator, denominator)
     heatmap: bool = True  # offered as a heatmap in the tab (``size`` is constant: shown in details)
+    # The format version that added it (`metadata.FORMAT_VERSION`). Readers require only the
+    # format-1.0 gradient stats (`REQUIRED_STATS`): files written before a stat existed lack it.
+    since: Tuple[int, int] = (1, 0)
 
 
 # Finite statistics are over the finite entries only; the counts say how many entries were NaN /
@@ -60,7 +64,7 @@ STATS = (
          "L2 norm of the variable's values (before the update), over all entries"),
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
     Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
-         "L2 norm of the optimizer's update of the step"),
+         "L2 norm of the optimizer's update of the step", since=(1, 1)),
     # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
     # real relative size (healthy around 1e-3, see `analysis.Thresholds`).
     Stat("grad_weight_ratio", "gradient / weight", LOG, DERIVED,
@@ -75,6 +79,8 @@ WEIGHT_STATS = tuple(s.name for s in STATS if s.group == WEIGHT)
 UPDATE_STATS = tuple(s.name for s in STATS if s.group == UPDATE)
 # name -> (numerator stat, denominator stat)
 DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
+# What every stats tag holds, whichever version wrote it: what readers and the analysis rely on.
+REQUIRED_STATS = tuple(s.name for s in STATS if s.group == GRADIENT and s.since == (1, 0))
 
 
 def stats_for(with_weights: bool, with_updates: bool) -> Tuple[str, ...]:

@@ -151,7 +151,7 @@ def parse_plugin_data(content: bytes) -> PluginData:
     Every fact a reader relies on is checked here: the version is ``[major, minor]`` (integers,
     ``1 <= major``), ``kind`` and ``name`` are strings, ``variables`` are unique strings with as
     many ``layers`` (strings) and ``shapes`` (null or lists of sizes); a stats tag's ``stats`` are
-    unique strings including every name of `GRADIENT_STATS`; a histograms tag has
+    unique strings including every name of `columns.REQUIRED_STATS`; a histograms tag has
     `HISTOGRAM_BINS` string ``bins`` and increasing finite ``log10_edges`` around them. Names
     must be valid Unicode (no lone surrogates), so they can be printed and served.
 
@@ -212,7 +212,7 @@ def _validated_plugin_data(content: bytes) -> PluginData:
     shapes = _shapes(data.get("shapes"), len(variables))
     if kind == KIND_STATS:
         stats = _unique(_strings(data, "stats"), "stats")
-        absent = [s for s in columns.GRADIENT_STATS if s not in stats]
+        absent = [s for s in columns.REQUIRED_STATS if s not in stats]
         _require(not absent, f"'stats' lacks {', '.join(absent)}")
         return PluginData(
             kind=kind,

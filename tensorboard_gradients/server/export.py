@@ -8,11 +8,18 @@ float64); non-finite values are ``nan``, ``inf``, ``-inf`` (what pandas, numpy a
 
 import csv
 import io
+import re
 from typing import Iterator
 
 import numpy as np
 
 _STEPS_PER_CHUNK = 64
+
+
+def csv_filename(series) -> str:
+    """``<run>_<tag>.csv`` with anything but letters, digits and ``._-`` replaced (a header
+    value and a file name on the user's disk)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{series.run}_{series.tag}") + ".csv"
 
 
 def csv_chunks(series) -> Iterator[str]:

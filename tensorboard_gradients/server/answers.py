@@ -1,0 +1,230 @@
+"""What each route answers, as plain data: callable without HTTP (TensorBoard's ``*_impl``).
+
+Each function takes the data access object (`data_access.GradientData`), the loaded series
+where the answer is about one (`GradientData.series`), and parsed parameters, and returns the
+JSON-ready dict the route sends: numbers encoded by `encoding` (non-finite values as strings),
+before the JSON text and gzip. Errors are exceptions, which `responses` maps to status codes:
+`data_access.UnknownError` (404), `ValueError` (400). The routes (`plugin`) parse the query,
+load, call these and respond; a test calls them directly.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+import numpy as np
+
+from tensorboard_gradients import analysis
+from tensorboard_gradients.server import encoding, heatmap, vocabulary
+from tensorboard_gradients.server.data_access import (
+    GradientData,
+    Loaded,
+    UnknownError,
+    UnreadableTagError,
+)
+
+# A heatmap's columns, at most and by default: more than any screen shows. The work and the
+# answer scale with columns x variables, so the bound is what keeps one request cheap.
+MAX_COLUMNS = 10_000
+# JSON lists cost about 1 us and 100 bytes of memory per cell to encode (base64 a few ns and 5
+# bytes): 10,000 columns of 1,000 variables took 14 s and 650 MB, so a JSON answer merges its
+# columns to stay within this many cells.
+MAX_JSON_CELLS = 1_000_000
+
+
+def runs_overview(data: GradientData, ctx, experiment) -> dict:
+    """``{run: {tag: overview}}`` of every stats tag: sizes, stat names and which extras
+    (histograms, epochs) exist.
+
+    A tag that cannot be read (metadata this version cannot read, data that cannot be decoded)
+    is listed with an ``"error"`` message; every other tag is served as usual.
+    """
+    tags = data.tags(ctx, experiment)
+    result = {}
+    for run, tag in data.listed_tags(tags):
+        result.setdefault(run, {})[tag] = _tag_overview(data, ctx, experiment, run, tag, tags)
+    return result
+
+
+def _tag_overview(data, ctx, experiment, run, tag, tags) -> dict:
+    try:
+        loaded = data.series(ctx, experiment, run, tag, tags)
+    except UnreadableTagError as error:
+        return {"variables": 0, "steps": 0, "stats": [], "histograms": False, "epochs": 0,
+                "error": error.reason}
+    series = loaded.series
+    overview = {
+        "variables": len(series.variables),
+        "steps": len(series.steps),
+        "stats": list(series.available_stats),
+        "histograms": data.has_histograms(tags, run, tag),
+        "epochs": 0 if series.epoch_starts is None else len(series.epoch_starts),
+        "sampled": loaded.sampled,
+    }
+    if loaded.damaged or loaded.damage:  # like "error": only there when there is some
+        overview.update(_damage_fields(loaded))
+    return overview
+
+
+def _damage_fields(loaded: Loaded) -> dict:
+    return {"damaged": loaded.damaged, "damage": list(loaded.damage)}
+
+
+def _epochs(series):
+    return None if series.epoch_starts is None else series.epoch_starts.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class HeatmapQuery:
+    """The parameters of a heatmap; equal queries get the same answer (a key of what is kept).
+
+    ``max_steps``: at most that many columns (None: `MAX_COLUMNS`); ``by_epoch``: one column
+    per epoch; ``packed``: the matrix as typed arrays (`encoding.packed_matrix`);
+    ``step_range``: ``(first, last)`` logged steps, inclusive (a zoom).
+    """
+
+    stat: str
+    max_steps: Optional[int] = None
+    by_epoch: bool = False
+    packed: bool = False
+    step_range: Optional[Tuple[int, int]] = None
+    thresholds: analysis.Thresholds = dataclasses.field(default_factory=analysis.Thresholds)
+
+    def bounded(self, loaded: Loaded) -> "HeatmapQuery":
+        """The same query with ``max_steps`` as answered for this series (`UnknownError` for a
+        stat it does not have). Idempotent."""
+        series = loaded.series
+        if self.stat not in series.available_stats:
+            raise UnknownError(
+                f"no stat {self.stat!r} in run {series.run!r}, tag {series.tag!r}; "
+                f"have {', '.join(series.available_stats)}"
+            )
+        max_steps = self.max_steps or MAX_COLUMNS
+        if not self.packed:
+            max_steps = min(max_steps, max(1, MAX_JSON_CELLS // max(1, len(series.variables))))
+        # Any bound at or above the logged steps is the same answer: one kept copy of it.
+        max_steps = min(max_steps, max(1, len(series.steps)))
+        return dataclasses.replace(self, max_steps=max_steps)
+
+
+def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> dict:
+    """The layer x step matrix of one stat, coloured by `analysis.classify`.
+
+    ``values``/``classes`` are ``[variable][column]`` (rows in model order). With more logged
+    steps than ``max_steps`` (at most and by default `MAX_COLUMNS`), consecutive steps merge
+    into one column by the never-hide-the-worst rule (`heatmap.merge`); ``steps``/
+    ``last_steps`` give each column's step range. JSON answers merge to at most
+    `MAX_JSON_CELLS` cells (``downsampled`` says so); base64 ones are exactly as asked.
+    ``by_epoch`` makes one column per epoch (adds ``epoch_index``; `heatmap.NoEpochsError`, a
+    ValueError, without epoch marks). ``packed`` packs ``values``/``classes`` as typed arrays
+    (`encoding.packed_matrix`). ``step_range`` zooms into a step range; cells keep the classes
+    judged on the whole run.
+    ``sampled`` explains when TensorBoard could not deliver every logged step (else null);
+    ``damaged``/``damage`` count and explain logged steps left out as damaged.
+    """
+    query = query.bounded(loaded)
+    series = loaded.series
+    classes = data.analysis(loaded, query.thresholds).classes
+    matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
+                           query.step_range)
+    payload = {
+        "run": series.run,
+        "tag": series.tag,
+        "stat": query.stat,
+        "variables": list(series.variables),
+        "layers": list(series.layers),
+        "steps": matrix.steps.tolist(),
+        "last_steps": matrix.last_steps.tolist(),
+        "wall_times": encoding.floats(matrix.wall_times),
+        "epochs": _epochs(series),
+        "downsampled": matrix.downsampled or loaded.sampled is not None,
+        "sampled": loaded.sampled,
+        **_damage_fields(loaded),
+    }
+    if query.packed:
+        payload.update(encoding.packed_matrix(matrix.values, matrix.classes))
+    else:
+        payload.update(values=encoding.floats(matrix.values),
+                       classes=encoding.class_names(matrix.classes))
+    if query.by_epoch:
+        payload["epoch_index"] = matrix.epoch_index.tolist()
+    return payload
+
+
+def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
+    """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
+    ``sampled`` and ``damaged``/``damage`` as in the heatmap."""
+    encoded = [
+        dict(alert.to_json(), value=encoding.floats(alert.value),
+             threshold=encoding.floats(alert.threshold))
+        for alert in data.analysis(loaded, thresholds).alerts
+    ]
+    return {"alerts": encoded, "sampled": loaded.sampled, **_damage_fields(loaded)}
+
+
+def series_answer(data: GradientData, loaded: Loaded, row: int,
+                  thresholds: analysis.Thresholds) -> dict:
+    """Every stat of the variable of ``row`` over the logged steps, with its cell classes."""
+    series = loaded.series
+    shape = series.shapes[row]
+    return {
+        "run": series.run,
+        "tag": series.tag,
+        "variable": series.variables[row],
+        "variable_index": row,
+        "layer": series.layers[row],
+        "shape": None if shape is None else list(shape),
+        "steps": series.steps.tolist(),
+        "wall_times": encoding.floats(series.wall_times),
+        "stats": {
+            name: encoding.floats(series.stat(name)[:, row]) for name in series.available_stats
+        },
+        "classes": encoding.class_names(data.analysis(loaded, thresholds).classes[:, row]),
+        "epochs": _epochs(series),
+    }
+
+
+def histogram_answer(data: GradientData, ctx, experiment, run: str, tag: str, row: int,
+                     step: int, tags=None) -> dict:
+    """One variable's log10|g| histogram at the logged step nearest ``step`` (ties: earlier).
+
+    ``counts`` follow ``bins`` (labels) and ``log10_edges`` as in `metadata` (exact zeros,
+    below/above the edges, NaN and Inf have their own bins). ``row`` is the variable's row in
+    the stats tag (the heatmap's), whose rows the histograms share; `UnknownError` when no
+    histograms were logged or they are left out (logged for other variables, see
+    `reader.histograms_mismatch`). ``tags``: `GradientData.tags` when the caller has it.
+    """
+    tags = data.tags(ctx, experiment) if tags is None else tags
+    variables = data.stats_tag(tags, run, tag).parsed.layout.variables
+    histograms = data.histograms(ctx, experiment, run, tag, tags)
+    index = _nearest_index(histograms.steps, step)
+    return {
+        "run": run,
+        "tag": tag,
+        "variable": variables[row],
+        "variable_index": row,
+        "requested_step": step,
+        "step": int(histograms.steps[index]),
+        "wall_time": float(histograms.wall_times[index]),
+        "bins": list(histograms.bin_labels),
+        "log10_edges": list(histograms.log10_edges),
+        "counts": encoding.floats(histograms.counts[index, row]),
+        "steps": histograms.steps.tolist(),
+    }
+
+
+def _nearest_index(steps: np.ndarray, step: int) -> int:
+    """The index of the logged step nearest ``step`` in sorted ``steps`` (ties: the earlier),
+    in Python integers: int64 arithmetic would overflow for steps far apart."""
+    after = int(np.searchsorted(steps, step))
+    candidates = [i for i in (after - 1, after) if 0 <= i < len(steps)]
+    return min(candidates, key=lambda i: (abs(int(steps[i]) - step), i))
+
+
+def thresholds_answer() -> dict:
+    """``{"defaults": {name: value}, "vocabulary": ...}``: the overridable thresholds and their
+    defaults, and what the tab names and draws (`vocabulary.vocabulary`)."""
+    defaults = analysis.Thresholds()
+    return {
+        "defaults": {n: getattr(defaults, n) for n in analysis.Thresholds.names()},
+        "vocabulary": vocabulary.vocabulary(),
+    }

@@ -1,0 +1,129 @@
+"""The checksum check of a local logdir's event files: records damaged on disk, per run.
+
+TensorBoard's Rust loader serves a record that fails its checksum with its wrong values; its
+Python loader stops reading the file there. So `data_access` asks `EventFileIntegrity` which
+records of a run fail their checksum: the steps of a damaged record that still parses are left
+out of the served series and counted, records that do not parse are reported per file
+(`damage.RunDamage`). Each file is scanned once and then only its new bytes, so a request on
+unchanged files costs one ``stat`` per file.
+"""
+
+import dataclasses
+import os
+import threading
+from typing import Dict, Optional
+
+from tensorboard_gradients.format import event_files
+from tensorboard_gradients.server.damage import NO_DAMAGE, RunDamage, counted
+
+
+@dataclasses.dataclass
+class _FileScan:
+    """What the records of one event file told so far; the next scan resumes at `offset`."""
+
+    size: int = -1
+    mtime_ns: int = -1
+    offset: int = 0
+    damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
+    unreadable: int = 0  # records failing their checksum that do not parse either
+    broken_at: Optional[int] = None  # a record length failing its checksum: nothing after it
+
+
+class EventFileIntegrity:
+    """Checks the record checksums of a local logdir's event files, per run (thread-safe).
+
+    A file is scanned once, then only its new bytes while it grows (one ``stat`` per file when
+    nothing changed); a file that shrank or was rewritten in place is scanned again. Memory is
+    bounded by the largest record, as in `event_files.read_events`, and by what was found.
+    A logdir that is not a local directory (``gs://...``, several logdirs) is not checked.
+    """
+
+    def __init__(self, logdir: Optional[str]):
+        self._root = os.path.realpath(logdir) if logdir and os.path.isdir(logdir) else None
+        self._files: Dict[str, _FileScan] = {}
+        self._lock = threading.Lock()
+
+    def run(self, run: str) -> RunDamage:
+        directory = self._directory(run)
+        if directory is None:
+            return NO_DAMAGE
+        steps, messages = {}, []
+        with self._lock:
+            for name, path in _event_files(directory):
+                try:
+                    scan = self._scanned(path)
+                except FileNotFoundError:
+                    continue  # deleted since it was listed
+                except OSError as error:
+                    messages.append(f"{name} cannot be checked: {error.strerror or error}")
+                    continue
+                for tag, tag_steps in scan.damaged_steps.items():
+                    steps.setdefault(tag, {}).update(dict.fromkeys(tag_steps, name))
+                if scan.unreadable:
+                    messages.append(
+                        f"{counted(scan.unreadable, 'record', 'records')} of {name} "
+                        f"{'fails its' if scan.unreadable == 1 else 'fail their'} checksum and "
+                        "cannot be read: the steps they held are missing"
+                    )
+                if scan.broken_at is not None:
+                    messages.append(
+                        f"{name} is damaged at byte {scan.broken_at} (a record length fails "
+                        "its checksum): nothing after it can be read"
+                    )
+        return RunDamage(steps, tuple(messages)) if steps or messages else NO_DAMAGE
+
+    def _directory(self, run: str) -> Optional[str]:
+        """The run's directory, if it lies inside the logdir (run names are relative paths)."""
+        if self._root is None:
+            return None
+        directory = os.path.realpath(os.path.join(self._root, *run.split("/")))
+        inside = directory == self._root or directory.startswith(self._root + os.sep)
+        return directory if inside and os.path.isdir(directory) else None
+
+    def _scanned(self, path: str) -> _FileScan:
+        status = os.stat(path)
+        scan = self._files.get(path)
+        if scan is not None and (scan.size, scan.mtime_ns) == (status.st_size, status.st_mtime_ns):
+            return scan
+        if scan is None or status.st_size <= scan.size:  # new, shrunk or rewritten in place
+            scan = _FileScan()
+        if scan.broken_at is None:
+            _scan_records(path, scan, status.st_size)
+        # Only once scanned: a read that failed half way resumes at the last record it read.
+        scan.size, scan.mtime_ns = status.st_size, status.st_mtime_ns
+        self._files[path] = scan
+        return scan
+
+
+def _event_files(directory: str):
+    """``(name, path)`` of the event files directly in ``directory``, sorted."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    return sorted(
+        (entry.name, entry.path)
+        for entry in entries
+        if event_files.is_event_file(entry.name) and entry.is_file()
+    )
+
+
+def _scan_records(path: str, scan: _FileScan, size: int):
+    """Reads ``path`` from ``scan.offset`` to ``size``, noting records failing their checksum;
+    a record still being written is left for the next scan."""
+    framing = event_files.ReadDamage()
+    with event_files.open_regular_file(path) as file:
+        for record in event_files.iter_records(file, scan.offset, size, framing):
+            scan.offset = record.end
+            if not record.intact:
+                _note_damaged_record(record.data, scan)
+    scan.broken_at = framing.framing_broken_at
+
+
+def _note_damaged_record(record: bytes, scan: _FileScan):
+    event = event_files.parse_event(record)
+    if event is None:
+        scan.unreadable += 1
+        return
+    for value in event.summary.value:
+        scan.damaged_steps.setdefault(value.tag, set()).add(int(event.step))
