@@ -37,9 +37,9 @@ HOSTILE = INTEGERS + FLOATS + TEXTS
 RUNS = ["good", "bomb", "checksum", "string_tensor", "histograms_fewer_variables",
         "unreadable_record", "version_overflow", "deep_nesting"]
 PATH_PROBES = [
-    "static/../plugin.py", "static/%2e%2e/plugin.py", "static/..%2f..%2fetc/passwd",
+    "static/../cli.py", "static/%2e%2e/cli.py", "static/..%2f..%2fetc/passwd",
     "static/%00", "static/index.js%00.png", "static/" + "a" * 5000, "static/.", "static/..",
-    "static//etc/passwd", "static/%c0%ae%c0%ae/plugin.py", "runs/", "heatmap/x", "static",
+    "static//etc/passwd", "static/%c0%ae%c0%ae/cli.py", "runs/", "heatmap/x", "static",
     "nope", "%ff", "runs%00", "static/index.js?" + "x=1&" * 500,
 ]
 
