@@ -275,6 +275,16 @@ def statistics_matrix(ops, gradients, weights, dtype):
         Unlike the gradient stats, the weight norm is over all entries: corrupted weights show.
       dtype: the computation dtype (`ArrayOps.computation_dtype`).
     """
+    reductions, sizes = reduction_matrix(ops, gradients, dtype)
+    # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
+    weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
+    return statistics_from_reductions(ops, reductions, sizes, weight_norms)
+
+
+def reduction_matrix(ops, gradients, dtype):
+    """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
+    arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
+    it is 0). Rows of the shards of one variable combine with `combine_shards`."""
     like = ops.to_float(0, dtype)
     nan = ops.constant(np.nan, like)
     missing_row = ops.stack([nan] * len(REDUCTIONS))
@@ -292,15 +302,72 @@ def statistics_matrix(ops, gradients, weights, dtype):
     checked = ops.stack([_column(fast, name) for name in _CHECKED_REDUCTIONS], axis=1)
     trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
     # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
-    reductions = ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions))
+    return ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions)), sizes
+
+
+def statistics_from_reductions(ops, reductions, sizes, weight_norms=None):
+    """The ``[variables, stats]`` matrix from `reduction_matrix` rows (or `combine_shards`'),
+    the dense sizes and, when known, each variable's weight norm."""
     stats = _finalize(ops, reductions, sizes)
-    if weights:
-        # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
-        weight_norms = ops.sqrt(ops.square_sums(weights))
-        # A missing row is NaN throughout.
-        stats["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, nan)
-    names = columns.stats_for(with_weights=bool(weights), with_updates=False)
+    if weight_norms is not None:
+        nan = ops.constant(np.nan, sizes)
+        stats["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, nan)  # missing: all NaN
+    names = columns.stats_for(with_weights=weight_norms is not None, with_updates=False)
     return ops.stack([stats[name] for name in names], axis=1)
+
+
+def combine_shards(parts, counted):
+    """The `reduction_matrix` rows of whole variables from the rows of their shards (numpy).
+
+    Each statistic combines by its own rule: counts and the scaled sums add (after rescaling
+    every shard's sums to the largest ``abs_max``, so nothing overflows), ``min``/``max``/
+    ``abs_max`` take the extreme, ``m2`` joins by the parallel-variance formula
+    (`combine_moments`) with each shard's mean, never from sums of squares.
+
+    Args:
+      parts: ``[shards, variables, REDUCTIONS]``: one `reduction_matrix` per shard (a rank's
+        local pieces), NaN rows for a shard without a gradient.
+      counted: ``bool[shards, variables]``: whether that shard's row counts. A replica of a
+        shard another row already holds (data-parallel copies, replicated biases) does not.
+
+    Returns:
+      ``[variables, REDUCTIONS]`` float64; a variable with a counted shard lacking a gradient
+      (or no counted shard) is a row of NaN: missing.
+    """
+    parts = np.asarray(parts, dtype=np.float64)
+    counted = np.asarray(counted, dtype=bool)
+    column = lambda name: parts[..., _REDUCTION_INDEX[name]]  # noqa: E731
+    missing = (counted & np.isnan(column("present"))).any(axis=0) | ~counted.any(axis=0)
+    used = counted & ~np.isnan(column("present"))
+    shard_scale = np.where(used & (column("abs_max") > 0), column("abs_max"), 1.0)
+    abs_max = np.where(used, column("abs_max"), 0.0).max(axis=0)
+    ratio = np.where(used, shard_scale / np.where(abs_max > 0, abs_max, 1.0), 0.0)
+    total = lambda values: np.where(used, values, 0.0).sum(axis=0)  # noqa: E731
+    ops = NumpyOps
+    moments = (np.zeros_like(abs_max), np.zeros_like(abs_max), np.zeros_like(abs_max))
+    for shard in range(parts.shape[0]):
+        finite = np.where(used[shard], column("finite")[shard], 0.0)
+        scaled_sum = np.where(used[shard], column("sum")[shard] * ratio[shard], 0.0)
+        shard_moments = (finite, scaled_sum / np.maximum(finite, 1.0),
+                         np.where(used[shard], column("m2")[shard] * ratio[shard] ** 2, 0.0))
+        moments = combine_moments(ops, moments, shard_moments)
+    with np.errstate(invalid="ignore"):
+        combined = stack_reductions(
+            ops,
+            axis=1,
+            present=total(column("present")),
+            nan=total(column("nan")),
+            finite=total(column("finite")),
+            abs_max=abs_max,
+            sum=total(column("sum") * ratio),
+            sum_squares=total(column("sum_squares") * ratio**2),
+            sum_abs=total(column("sum_abs") * ratio),
+            min=np.where(used, column("min"), np.inf).min(axis=0),
+            max=np.where(used, column("max"), -np.inf).max(axis=0),
+            zeros=total(column("zeros")),
+            m2=moments[2],
+        )
+    return np.where(missing[:, None], np.nan, combined)
 
 
 def variable_histogram(ops, values, size):
