@@ -39,6 +39,12 @@ Order of calls in the usual recipes:
   ``backward`` and ``optimizer.step()``.
 * DistributedDataParallel: after ``backward`` the gradients are all-reduced, so every rank holds
   the same ones: only rank 0 computes and writes; the other ranks' ``step()`` returns at once.
+* Sharded parameters (DTensor: FSDP2 ``fully_shard``, tensor parallel, HSDP meshes): every rank
+  reduces its own pieces to a small ``[parameters, k]`` matrix, ONE ``gather`` brings those to
+  rank 0, which combines them by each statistic's rule (`statistics.combine_shards`: replicas
+  counted once) and writes; no parameter is ever gathered whole. Every rank must therefore call
+  ``step()`` at every optimizer step (they do in the usual loop); a rank that skips a call leaves
+  the others waiting in that gather until the process group's timeout.
 """
 
 import functools
@@ -166,6 +172,63 @@ def _unwrapped(model):
             return model
 
 
+@functools.lru_cache(maxsize=None)
+def _dtensor_types():
+    """(DTensor, Partial, Replicate), or None where this PyTorch has no DTensor."""
+    try:
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+    except ImportError:
+        return None
+    return DTensor, Partial, Replicate
+
+
+# A piece is named by its coordinates on the mesh dimensions that shard it (-1 elsewhere), in
+# this many columns of the gathered matrix: meshes of up to 4 dimensions.
+_PIECE_KEY_WIDTH = 4
+
+
+def _local_piece(tensor):
+    """(this rank's piece of a gradient or weight, the key that names the piece).
+
+    Two ranks whose pieces have the same key hold the same values (replicas: DDP/HSDP copies,
+    tensor-parallel replicated biases and norms, a data-parallel submesh repeated along another
+    dimension), so rank 0 counts each key once. The key is the rank's coordinates on the mesh
+    dimensions where the tensor is sharded, -1 on the others; None off the tensor's mesh.
+    Pending partial sums are reduced first (a collective every rank runs in the same order). A
+    plain tensor next to DTensors is replicated: key all -1.
+    """
+    types = _dtensor_types()
+    if types is None or not isinstance(tensor, types[0]):
+        return tensor, (-1,) * _PIECE_KEY_WIDTH
+    _, partial, replicate = types
+    if any(isinstance(p, partial) for p in tensor.placements):
+        tensor = tensor.redistribute(
+            placements=[replicate() if isinstance(p, partial) else p for p in tensor.placements])
+    if len(tensor.placements) > _PIECE_KEY_WIDTH:
+        raise ValueError(f"meshes of more than {_PIECE_KEY_WIDTH} dimensions are not supported")
+    coordinate = tensor.device_mesh.get_coordinate()
+    if coordinate is None:
+        return tensor.to_local(), None
+    # Any placement but Replicate shards (FSDP + TP's `_StridedShard` is not `is_shard()`).
+    key = tuple(-1 if isinstance(p, replicate) else c
+                for c, p in zip(coordinate, tensor.placements))
+    return tensor.to_local(), key + (-1,) * (_PIECE_KEY_WIDTH - len(key))
+
+
+def _counted_pieces(keys):
+    """``bool[ranks, parameters]`` from the gathered piece keys ``[ranks, parameters, width]``
+    (NaN: off the mesh): the first rank holding each distinct piece of a parameter counts."""
+    counted = np.zeros(keys.shape[:2], dtype=bool)
+    for parameter in range(keys.shape[1]):
+        seen = set()
+        for rank in range(keys.shape[0]):
+            key = tuple(keys[rank, parameter])
+            if not np.isnan(key).any() and key not in seen:
+                seen.add(key)
+                counted[rank, parameter] = True
+    return counted
+
+
 def _writes_here():
     """False on DDP ranks other than 0 (their gradients are rank 0's, all-reduced)."""
     distributed = torch.distributed
@@ -242,12 +305,17 @@ class GradientMonitor:
         stats_due = index % self.every_n_steps == 0
         histograms_due = (self.histograms_every_n_steps is not None
                           and index % self.histograms_every_n_steps == 0)
-        if not (stats_due or histograms_due) or not _writes_here():
+        if not (stats_due or histograms_due):
+            return False
+        sharded = _dtensor_types() is not None and any(
+            isinstance(p, _dtensor_types()[0]) for _, p in self._parameters)
+        if not (sharded or _writes_here()):
             return False
         step = index + 1 if step is None else int(step)
         dropped = self.dropped_steps
+        log = self._log_sharded if sharded else self._log
         with torch.no_grad():
-            logged = self._log(step, stats_due, histograms_due, total_norm, scaler)
+            logged = log(step, stats_due, histograms_due, total_norm, scaler)
         return logged and self.dropped_steps == dropped
 
     def _entries(self):
@@ -268,6 +336,62 @@ class GradientMonitor:
             else:
                 entries.append((gradient.to(dtype), gradient.numel()))
         return entries, dtype
+
+    def _log_sharded(self, step, stats_due, histograms_due, total_norm, scaler):
+        """`_log` for DTensor parameters: every rank reduces its pieces, rank 0 combines."""
+        distributed = torch.distributed
+        pieces = [(_local_piece(p.grad) if p.grad is not None else None, _local_piece(p.detach()))
+                  for _, p in self._parameters]
+        self._missing.warn([n for (n, _), (g, _) in zip(self._parameters, pieces) if g is None])
+        present = [g[0] for g, _ in pieces if g is not None]
+        dtype = TorchOps.computation_dtype([g.dtype for g in present] or [torch.float32])
+        device = present[0].device if present else pieces[0][1][0].device
+        ops = ops_for(device)
+        entries = [None if g is None else (g[0].reshape(-1).to(device=device, dtype=dtype),
+                                           g[0].numel()) for g, _ in pieces]
+        if present:
+            reductions, _ = statistics.reduction_matrix(ops, entries, dtype)
+        else:
+            reductions = torch.full((len(entries), len(statistics.REDUCTIONS)), float("nan"))
+        weights = [w.to(device=device, dtype=dtype) for (w, _) in (piece for _, piece in pieces)]
+        keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
+                for _, (_, key) in pieces]
+        columns_sent = [reductions.to(torch.float64).cpu(),
+                        ops.square_sums(weights).to(torch.float64).cpu()[:, None],
+                        torch.tensor(keys, dtype=torch.float64)]
+        if histograms_due:
+            columns_sent.append(
+                statistics.histogram_matrix(ops, entries, dtype).to(torch.float64).cpu())
+        # One collective per logged step, on the small matrix; only rank 0 receives it.
+        sent = torch.cat(columns_sent, dim=1)
+        rank, world = distributed.get_rank(), distributed.get_world_size()
+        received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
+        distributed.gather(sent, received, dst=0)
+        if rank != 0:
+            return False
+        parts = torch.stack(received).numpy()
+        width = len(statistics.REDUCTIONS)
+        counted = _counted_pieces(parts[:, :, width + 1:width + 1 + _PIECE_KEY_WIDTH])
+        combined = statistics.combine_shards(parts[:, :, :width], counted)
+        numel = np.array([p.numel() for _, p in self._parameters], dtype=np.float64)
+        sizes = np.where(np.isnan(combined[:, statistics.REDUCTIONS.index("present")]), np.nan, numel)
+        weight_norms = np.sqrt(np.where(counted, parts[:, :, width], 0.0).sum(axis=0))
+        stored = np.float64 if dtype == torch.float64 else np.float32
+        counts = None
+        if histograms_due:
+            counts = np.where(counted[..., None], parts[:, :, width + 1 + _PIECE_KEY_WIDTH:],
+                              0.0).sum(axis=0)
+        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
+        self._writer = writer
+        if not stats_due:
+            writer.write_histograms(step, self._layout, counts.astype(stored))
+            return True
+        stats = statistics.statistics_from_reductions(
+            statistics.NumpyOps, combined, sizes, weight_norms).astype(stored)
+        writer.write_statistics(step, self._layout, stats,
+                                None if counts is None else counts.astype(stored))
+        writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
+        return True
 
     def _log(self, step, stats_due, histograms_due, total_norm, scaler):
         entries, dtype = self._entries()
@@ -296,8 +420,9 @@ class GradientMonitor:
     def _scalars(layout, stats, total_norm, scaler):
         norms = stats[:, columns.position(layout.stats, "l2_norm")]
         scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
-        if total_norm is not None:
-            scalars["global_norm_before_clipping"] = float(total_norm)
+        if total_norm is not None:  # a DTensor under sharding: its value is the whole norm
+            scalars["global_norm_before_clipping"] = float(
+                total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
         if scaler is not None and scaler.is_enabled():
             scalars["loss_scale"] = float(scaler.get_scale())
         return scalars

@@ -1,0 +1,92 @@
+"""One rank of a small MLP trained under a PyTorch sharding engine with the gradient monitor
+(run by tests/test_torch_sharded.py, one process per rank, gloo on loopback).
+
+Rank 0 also trains an unsharded copy of the same model on the same global batches with the
+monitor: the reference the sharded statistics must equal. It prints, per step, the total norm
+the engine's own ``clip_grad_norm_`` computed and the reference's (JSON lines ``{"step",
+"clip_norm", "reference_norm"}``); ``clip_norm`` is null where PyTorch's ``clip_grad_norm_``
+cannot run on the engine's gradients (tensor parallel leaves plain tensors next to DTensors, and
+FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
+
+Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
+ENGINE: fsdp2 | hsdp | tp | fsdp_tp
+"""
+
+import copy
+import datetime
+import json
+import os
+import sys
+
+engine, rank, world, port, logdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.parallel import (  # noqa: E402
+    ColwiseParallel, RowwiseParallel, parallelize_module,
+)
+
+from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
+
+STEPS, LOCAL_BATCH = 3, 4
+dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 8),
+                            torch.nn.Tanh(), torch.nn.Linear(8, 3))
+reference = copy.deepcopy(model)
+generator = torch.Generator().manual_seed(1)
+inputs = torch.randn(STEPS, world * LOCAL_BATCH, 6, generator=generator)
+targets = torch.randn(STEPS, world * LOCAL_BATCH, 3, generator=generator)
+
+if engine == "fsdp2":
+    mesh = init_device_mesh("cpu", (world,))
+    data_rank, data_ranks = rank, world
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+elif engine == "hsdp":  # replicate x shard: every rank is a data-parallel rank
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    data_rank, data_ranks = rank, world
+    fully_shard(model, mesh=mesh)
+elif engine == "tp":  # one batch, the hidden layers split column- then row-wise
+    mesh = init_device_mesh("cpu", (world,))
+    data_rank, data_ranks = 0, 1
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+elif engine == "fsdp_tp":  # data parallel x tensor parallel
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    data_rank, data_ranks = mesh.get_coordinate()[0], world // 2
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+else:
+    raise SystemExit(f"unknown engine {engine}")
+
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+monitor = GradientMonitor(model, os.path.join(logdir, "sharded"))
+reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+reference_monitor = GradientMonitor(reference, os.path.join(logdir, "reference")) if rank == 0 else None
+per_data_rank = world * LOCAL_BATCH // data_ranks
+for step in range(STEPS):
+    rows = slice(data_rank * per_data_rank, (data_rank + 1) * per_data_rank)
+    torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
+    norm = None
+    if engine in ("fsdp2", "hsdp"):
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+    monitor.step(total_norm=norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    if rank == 0:
+        torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
+        reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=1e9)
+        reference_monitor.step(total_norm=reference_norm)
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        print(json.dumps({"step": step + 1, "clip_norm": None if norm is None else float(value),
+                          "reference_norm": float(reference_norm)}), flush=True)
+monitor.close()
+if reference_monitor:
+    reference_monitor.close()
+dist.destroy_process_group()
