@@ -298,7 +298,8 @@ class GradientMonitor:
 
         Returns:
           True if statistics or histograms were written at this step (False when the schedule
-          skips it, on DDP ranks other than 0, and when the write was dropped: see ``strict``).
+          skips it, on ranks other than 0 (DDP and sharded models), and when the write was
+          dropped: see ``strict``).
         """
         index = self._calls
         self._calls += 1
