@@ -111,7 +111,8 @@ def named_leaves(tree, prefix=()):
 @functools.partial(jax.jit, static_argnames=("histograms",))
 def _matrices(gradients, weights, histograms):
     dtype = JaxOps.computation_dtype([g.dtype for g in gradients])
-    entries = [(g.astype(dtype).reshape(-1), g.size) for g in gradients]
+    # No reshape: a flattened sharded array would be gathered along its mesh axes first.
+    entries = [(g.astype(dtype), g.size) for g in gradients]
     cast_weights = None if weights is None else [w.astype(dtype) for w in weights]
     stats = statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype)
     counts = statistics.histogram_matrix(JaxOps, entries, dtype) if histograms else None
