@@ -182,6 +182,11 @@ def _dtensor_types():
     return DTensor, Partial, Replicate
 
 
+def _is_dtensor(tensor):
+    types = _dtensor_types()
+    return types is not None and isinstance(tensor, types[0])
+
+
 # A piece is named by its coordinates on the mesh dimensions that shard it (-1 elsewhere), in
 # this many columns of the gathered matrix: meshes of up to 4 dimensions.
 _PIECE_KEY_WIDTH = 4
@@ -197,10 +202,9 @@ def _local_piece(tensor):
     Pending partial sums are reduced first (a collective every rank runs in the same order). A
     plain tensor next to DTensors is replicated: key all -1.
     """
-    types = _dtensor_types()
-    if types is None or not isinstance(tensor, types[0]):
+    if not _is_dtensor(tensor):
         return tensor, (-1,) * _PIECE_KEY_WIDTH
-    _, partial, replicate = types
+    _, partial, replicate = _dtensor_types()
     if any(isinstance(p, partial) for p in tensor.placements):
         tensor = tensor.redistribute(
             placements=[replicate() if isinstance(p, partial) else p for p in tensor.placements])
@@ -308,8 +312,7 @@ class GradientMonitor:
                           and index % self.histograms_every_n_steps == 0)
         if not (stats_due or histograms_due):
             return False
-        sharded = _dtensor_types() is not None and any(
-            isinstance(p, _dtensor_types()[0]) for _, p in self._parameters)
+        sharded = any(_is_dtensor(p) for _, p in self._parameters)
         if not (sharded or _writes_here()):
             return False
         step = index + 1 if step is None else int(step)
@@ -354,7 +357,7 @@ class GradientMonitor:
             reductions, _ = statistics.reduction_matrix(ops, entries, dtype)
         else:
             reductions = torch.full((len(entries), len(statistics.REDUCTIONS)), float("nan"))
-        weights = [w.to(device=device, dtype=dtype) for (w, _) in (piece for _, piece in pieces)]
+        weights = [w.to(device=device, dtype=dtype) for _, (w, _) in pieces]
         keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
                 for _, (_, key) in pieces]
         columns_sent = [reductions.to(torch.float64).cpu(),
@@ -380,19 +383,13 @@ class GradientMonitor:
         stored = np.float64 if dtype == torch.float64 else np.float32
         counts = None
         if histograms_due:
-            counts = np.where(counted[..., None], parts[:, :, width + 1 + _PIECE_KEY_WIDTH:],
-                              0.0).sum(axis=0)
-        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
-        self._writer = writer
-        if not stats_due:
-            writer.write_histograms(step, self._layout, counts.astype(stored))
-            return True
-        stats = statistics.statistics_from_reductions(
-            statistics.NumpyOps, combined, sizes, weight_norms).astype(stored)
-        writer.write_statistics(step, self._layout, stats,
-                                None if counts is None else counts.astype(stored))
-        writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
-        return True
+            bins = parts[:, :, width + 1 + _PIECE_KEY_WIDTH:]
+            counts = np.where(counted[..., None], bins, 0.0).sum(axis=0).astype(stored)
+        stats = None
+        if stats_due:
+            stats = statistics.statistics_from_reductions(
+                statistics.NumpyOps, combined, sizes, weight_norms).astype(stored)
+        return self._write(step, stats, counts, total_norm, scaler)
 
     def _log(self, step, stats_due, histograms_due, total_norm, scaler):
         entries, dtype = self._entries()
@@ -404,17 +401,23 @@ class GradientMonitor:
         entries = [None if e is None else (e[0].to(device), e[1]) for e in entries]
         ops = ops_for(device)
         weights = [p.detach().to(device=device, dtype=dtype) for _, p in self._parameters]
-        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
-        self._writer = writer
         counts = None
         if histograms_due:
             counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
-        if not stats_due:
+        stats = None
+        if stats_due:
+            stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
+        return self._write(step, stats, counts, total_norm, scaler)
+
+    def _write(self, step, stats, counts, total_norm, scaler):
+        """Writes one logged step: statistics (with their scalars) and/or histograms."""
+        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
+        self._writer = writer
+        if stats is None:
             writer.write_histograms(step, self._layout, counts)
-            return True
-        stats = statistics.statistics_matrix(ops, entries, weights, dtype).cpu().numpy()
-        writer.write_statistics(step, self._layout, stats, counts)
-        writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
+        else:
+            writer.write_statistics(step, self._layout, stats, counts)
+            writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
         return True
 
     @staticmethod
