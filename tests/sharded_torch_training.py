@@ -9,9 +9,15 @@ cannot run on the engine's gradients (tensor parallel leaves plain tensors next 
 FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
 
 Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
-ENGINE: fsdp2 | hsdp | tp | fsdp_tp
+ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | fsdp1_accumulate
+| fsdp2_skip | fsdp2_misnumbered
+(``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
+``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
+``monitor.step()`` at step 2; ``fsdp2_misnumbered``: rank 1 passes another step number there.
+GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
 """
 
+import contextlib
 import copy
 import datetime
 import json
@@ -24,7 +30,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard  # noqa: E402
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 from torch.distributed.tensor.parallel import (  # noqa: E402
     ColwiseParallel, RowwiseParallel, parallelize_module,
 )
@@ -32,7 +39,7 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
 
 STEPS, LOCAL_BATCH = 3, 4
-dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=float(os.environ.get("GROUP_TIMEOUT_S", 60))))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 8),
                             torch.nn.Tanh(), torch.nn.Linear(8, 3))
@@ -41,12 +48,20 @@ generator = torch.Generator().manual_seed(1)
 inputs = torch.randn(STEPS, world * LOCAL_BATCH, 6, generator=generator)
 targets = torch.randn(STEPS, world * LOCAL_BATCH, 3, generator=generator)
 
-if engine == "fsdp2":
+if engine in ("fsdp2", "fsdp2_accumulate", "fsdp2_skip", "fsdp2_misnumbered"):
     mesh = init_device_mesh("cpu", (world,))
     data_rank, data_ranks = rank, world
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+elif engine in ("fsdp1", "fsdp1_accumulate", "fsdp1_hybrid"):  # FSDP1 wrapping each Linear
+    data_rank, data_ranks = rank, world
+    hybrid = engine == "fsdp1_hybrid"
+    model = FullyShardedDataParallel(
+        model, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), use_orig_params=True,
+        device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD if hybrid else ShardingStrategy.FULL_SHARD,
+        device_mesh=init_device_mesh("cpu", (2, world // 2)) if hybrid else None)
 elif engine == "hsdp":  # replicate x shard: every rank is a data-parallel rank
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     data_rank, data_ranks = rank, world
@@ -70,11 +85,32 @@ reference_monitor = GradientMonitor(reference, os.path.join(logdir, "reference")
 per_data_rank = world * LOCAL_BATCH // data_ranks
 for step in range(STEPS):
     rows = slice(data_rank * per_data_rank, (data_rank + 1) * per_data_rank)
-    torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
+    if engine.endswith("_accumulate"):
+        half = per_data_rank // 2
+        first, second = slice(rows.start, rows.start + half), slice(rows.start + half, rows.stop)
+        if engine == "fsdp2_accumulate":
+            model.set_requires_gradient_sync(False)
+            no_sync = contextlib.nullcontext()
+        else:
+            no_sync = model.no_sync()
+        with no_sync:
+            (torch.nn.functional.mse_loss(model(inputs[step, first]), targets[step, first]) / 2
+             ).backward()
+        if engine == "fsdp2_accumulate":
+            model.set_requires_gradient_sync(True)
+        (torch.nn.functional.mse_loss(model(inputs[step, second]), targets[step, second]) / 2
+         ).backward()
+    else:
+        torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
     norm = None
-    if engine in ("fsdp2", "hsdp"):
+    if engine.startswith("fsdp2") or engine == "hsdp":
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
-    monitor.step(total_norm=norm)
+    elif engine.startswith("fsdp1"):
+        norm = model.clip_grad_norm_(max_norm=1e9)
+    if engine == "fsdp2_misnumbered" and rank == 1 and step == 1:  # a rank with its own count
+        monitor.step(step=101, total_norm=norm)
+    elif not (engine == "fsdp2_skip" and rank == 1 and step == 1):  # a rank that skips a call
+        monitor.step(total_norm=norm)
     optimizer.step()
     optimizer.zero_grad()
     if rank == 0:

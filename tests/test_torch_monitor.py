@@ -283,3 +283,22 @@ def test_the_torch_monitor_never_imports_tensorflow(tmp_path):
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
     assert series_of(tmp_path).steps.tolist() == [1]
+
+
+def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so(tmp_path):
+    from tensorboard_gradients.capture.torch import user_parameter_name
+
+    assert user_parameter_name(
+        "_fsdp_wrapped_module.layers.0._checkpoint_wrapped_module._orig_mod.weight"
+    ) == "layers.0.weight"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    monitor = GradientMonitor(model, tmp_path)
+    # What FSDP1 does to a parameter it shards after the monitor saw it: a 1-D view of this
+    # rank's part, with a gradient of that size.
+    weight = model[0].weight
+    weight.data = weight.data.reshape(-1)[:5]
+    weight.grad = torch.ones(5)
+    model[0].bias.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="0.weight has 5 entries, the parameter had 12 .*"
+                                         "create the GradientMonitor on the wrapped model"):
+        monitor.step()

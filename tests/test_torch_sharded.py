@@ -1,8 +1,11 @@
-"""PyTorch sharded training (FSDP2, HSDP, tensor parallel, FSDP + TP) on CPU ranks over gloo: the
-monitor logs exactly the statistics of the unsharded model on the same global batches, under the
-user's parameter names, written by rank 0 alone, and never hangs (each run under a hard timeout)."""
+"""PyTorch sharded training (FSDP2, HSDP, tensor parallel, FSDP + TP, FSDP1 full and hybrid
+sharding, gradient accumulation) on CPU ranks over gloo: the monitor logs exactly the statistics
+of the unsharded model on the same global batches, under the user's parameter names, written by
+rank 0 alone, and never hangs (each run under a hard timeout); a rank that breaks step with the
+others makes the job fail, not hang or log mixed steps."""
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -24,12 +27,14 @@ def _free_port():
         return str(probe.getsockname()[1])
 
 
-def _train(engine, world, logdir):
-    """Runs every rank; returns rank 0's printed norms. Kills all ranks at the timeout."""
+def _run(engine, world, logdir, group_timeout_s=60):
+    """Runs every rank; returns [(returncode, stdout, stderr)]. Kills all ranks at the timeout."""
     port = _free_port()
+    environment = dict(os.environ, GROUP_TIMEOUT_S=str(group_timeout_s))
     ranks = [
         subprocess.Popen([sys.executable, str(SCRIPT), engine, str(rank), str(world), port,
-                          str(logdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          str(logdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=environment)
         for rank in range(world)
     ]
     outputs = []
@@ -41,13 +46,24 @@ def _train(engine, world, logdir):
     finally:
         for process in ranks:
             process.kill()
-    for rank, (process, (_, stderr)) in enumerate(zip(ranks, outputs)):
-        assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
-    return [json.loads(line) for line in outputs[0][0].splitlines() if line.startswith("{")]
+    return [(process.returncode, *output) for process, output in zip(ranks, outputs)]
+
+
+def _norms(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _train(engine, world, logdir):
+    """Runs every rank, which must succeed; returns rank 0's printed norms."""
+    results = _run(engine, world, logdir)
+    for rank, (returncode, _, stderr) in enumerate(results):
+        assert returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
+    return _norms(results[0][1])
 
 
 @pytest.mark.parametrize("engine,world", [
     ("fsdp2", 2), ("fsdp2", 4), ("hsdp", 4), ("tp", 2), ("fsdp_tp", 4),
+    ("fsdp1", 2), ("fsdp1_hybrid", 4), ("fsdp2_accumulate", 2), ("fsdp1_accumulate", 2),
 ])
 def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
     norms = _train(engine, world, tmp_path)
@@ -70,3 +86,45 @@ def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
         assert logged == pytest.approx(printed["reference_norm"], rel=1e-5)
         if printed["clip_norm"] is not None:
             assert logged == pytest.approx(printed["clip_norm"], rel=1e-5)
+
+
+def test_a_rank_that_skips_a_step_fails_the_job_at_the_group_timeout_instead_of_hanging(tmp_path):
+    # Rank 1 leaves out monitor.step() at step 2: rank 0 waits in the monitor's gather, rank 1 in
+    # FSDP's next collective; the process group's timeout (10 s here) turns that into an error.
+    results = _run("fsdp2_skip", 2, tmp_path, group_timeout_s=10)
+    for rank, (returncode, _, stderr) in enumerate(results):
+        assert returncode != 0 and "Timed out" in stderr, f"rank {rank}:\n{stderr[-3000:]}"
+    # What was logged before is intact: step 1, equal to the reference.
+    runs = tg.read_logdir(str(tmp_path))
+    sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
+    assert list(sharded.steps) == [1]
+    np.testing.assert_allclose(sharded.values, reference.values[:1], rtol=1e-5, atol=1e-7)
+
+
+def test_ranks_logging_different_steps_are_refused_not_mixed(tmp_path):
+    results = _run("fsdp2_misnumbered", 2, tmp_path)
+    for rank, (returncode, _, stderr) in enumerate(results):
+        assert returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
+    assert "step 2 not logged: the ranks sent the gradients of steps [2, 101]" in results[0][2]
+    sharded = tg.read_logdir(str(tmp_path))["sharded"]["gradients"]
+    assert list(sharded.steps) == [1, 3]
+
+
+def test_fsdp1_without_original_parameters_is_refused_with_the_fix(tmp_path):
+    script = tmp_path / "flat.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "from torch.distributed.fsdp import FullyShardedDataParallel\n"
+        "from tensorboard_gradients.torch import GradientMonitor\n"
+        f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{_free_port()}')\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "model = FullyShardedDataParallel(torch.nn.Linear(3, 2), device_id=torch.device('cpu'))\n"
+        "try:\n"
+        "    GradientMonitor(model, 'unused')\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        "dist.destroy_process_group()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrap with use_orig_params=True" in done.stdout

@@ -39,17 +39,27 @@ Order of calls in the usual recipes:
   ``backward`` and ``optimizer.step()``.
 * DistributedDataParallel: after ``backward`` the gradients are all-reduced, so every rank holds
   the same ones: only rank 0 computes and writes; the other ranks' ``step()`` returns at once.
-* Sharded parameters (DTensor: FSDP2 ``fully_shard``, tensor parallel, HSDP meshes): every rank
+* Sharded parameters (DTensor: FSDP2 ``fully_shard``, tensor parallel, HSDP meshes; FSDP1
+  ``FullyShardedDataParallel(..., use_orig_params=True)``, full or hybrid sharding): every rank
   reduces its own pieces to a small ``[parameters, k]`` matrix, ONE ``gather`` brings those to
   rank 0, which combines them by each statistic's rule (`statistics.combine_shards`: replicas
-  counted once) and writes; no parameter is ever gathered whole. Every rank must therefore call
-  ``step()`` at every optimizer step (they do in the usual loop); a rank that skips a call leaves
-  the others waiting in that gather until the process group's timeout.
+  counted once) and writes; no parameter is ever gathered whole. Names are the user's (FSDP1's
+  ``_fsdp_wrapped_module.`` and activation checkpointing's prefixes are dropped). Create the
+  monitor on the wrapped model (FSDP1 replaces each parameter by a view of this rank's part; a
+  monitor made before says so at its first step). With gradient accumulation without sync
+  (FSDP2 ``set_requires_gradient_sync(False)``, FSDP1 ``no_sync()``) call ``step()`` after the
+  last, synchronising ``backward``. Every rank must call ``step()`` at every optimizer step, as
+  in the usual loop: the ranks then agree on the logged steps by construction. A rank that skips
+  a call leaves the others waiting in a collective (the monitor's gather or the engine's next
+  one) until the process group's timeout (``init_process_group(timeout=...)``; NCCL's watchdog)
+  fails the job with a timeout error; ranks that pass different ``step`` numbers are not mixed:
+  rank 0 logs an error and leaves that step out.
 """
 
 import functools
 import logging
 import os
+import re
 from typing import Optional
 
 import numpy as np
@@ -172,6 +182,55 @@ def _unwrapped(model):
             return model
 
 
+# Wrappers that insert themselves into parameter names: FSDP1, activation checkpointing and
+# `torch.compile` on a submodule.
+_WRAPPER_PREFIXES = re.compile(r"(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+
+
+def user_parameter_name(name):
+    """``_fsdp_wrapped_module.0._checkpoint_wrapped_module.weight`` -> ``0.weight``."""
+    return _WRAPPER_PREFIXES.sub("", name)
+
+
+class _Fsdp1Piece:
+    """Where FSDP1 (`FullyShardedDataParallel`, ``use_orig_params=True``) keeps a parameter.
+
+    FSDP1 flattens a module's parameters into one flat parameter, shards that over its process
+    group, and leaves each original parameter (and its ``.grad``) as a 1-D view of this rank's
+    part of it, empty or None where the part is held elsewhere. The full shape is the handle's.
+    """
+
+    def __init__(self, handle, index):
+        info = handle.flat_param._shard_param_infos[index]
+        self.shape = tuple(handle.flat_param._shapes[index])
+        self.in_shard = bool(info.in_shard) or not handle.uses_sharded_strategy
+        # Pieces are named by the rank in the shard group: HYBRID_SHARD's replicas share it;
+        # NO_SHARD keeps whole replicated parameters.
+        self.key = (handle.rank if handle.uses_sharded_strategy else -1,)
+
+
+def _fsdp1_pieces(model):
+    """``{id(parameter): _Fsdp1Piece}`` for the FSDP1 modules in `model` (empty without them)."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return {}
+    pieces = {}
+    for module in model.modules():
+        handle = getattr(module, "_handle", None) if isinstance(
+            module, FullyShardedDataParallel) else None
+        if handle is None:
+            continue
+        if not handle._use_orig_params:
+            raise ValueError(
+                "FullyShardedDataParallel flattens the parameters of each wrapped module into one "
+                "unless it is created with use_orig_params=True: wrap with use_orig_params=True "
+                "so the monitor can see each parameter")
+        for index, parameter in enumerate(handle.flat_param._params):
+            pieces[id(parameter)] = _Fsdp1Piece(handle, index)
+    return pieces
+
+
 @functools.lru_cache(maxsize=None)
 def _dtensor_types():
     """(DTensor, Partial, Replicate), or None where this PyTorch has no DTensor."""
@@ -270,18 +329,21 @@ class GradientMonitor:
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
+        model = _unwrapped(model)
+        self._fsdp1 = _fsdp1_pieces(model)
         self._parameters = [
-            (parameter_name, parameter)
-            for parameter_name, parameter in _unwrapped(model).named_parameters()
-            if parameter.requires_grad and options.selected((parameter_name,), include, exclude)
+            (user_parameter_name(parameter_name), parameter)
+            for parameter_name, parameter in model.named_parameters()
+            if parameter.requires_grad
+            and options.selected((user_parameter_name(parameter_name),), include, exclude)
         ]
         if not self._parameters:
             raise ValueError("no trainable parameter left to watch (check include/exclude and "
                              "requires_grad)")
-        self._layout = Layout.create(
-            [n for n, _ in self._parameters], [tuple(p.shape) for _, p in self._parameters],
-            with_weights=True,
-        )
+        shapes = [self._fsdp1[id(p)].shape if id(p) in self._fsdp1 else tuple(p.shape)
+                  for _, p in self._parameters]
+        self._sizes = np.array([np.prod(shape) for shape in shapes], dtype=np.float64)
+        self._layout = Layout.create([n for n, _ in self._parameters], shapes, with_weights=True)
         self.log_dir = _log_dir(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
@@ -312,7 +374,7 @@ class GradientMonitor:
                           and index % self.histograms_every_n_steps == 0)
         if not (stats_due or histograms_due):
             return False
-        sharded = any(_is_dtensor(p) for _, p in self._parameters)
+        sharded = bool(self._fsdp1) or any(_is_dtensor(p) for _, p in self._parameters)
         if not (sharded or _writes_here()):
             return False
         step = index + 1 if step is None else int(step)
@@ -331,22 +393,36 @@ class GradientMonitor:
             return None, None
         dtype = TorchOps.computation_dtype([g.dtype for g in present])
         entries = []
-        for gradient, (_, parameter) in zip(gradients, self._parameters):
+        for gradient, (name, _), size in zip(gradients, self._parameters, self._sizes):
             if gradient is None:
                 entries.append(None)
             elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
                 values = gradient.coalesce().values()
-                entries.append((values.reshape(-1).to(dtype), parameter.numel()))
+                entries.append((values.reshape(-1).to(dtype), int(size)))
+            elif gradient.numel() != size:
+                raise ValueError(
+                    f"the gradient of {name} has {gradient.numel()} entries, the parameter had "
+                    f"{int(size)} when the monitor was created: a sharding wrapper (FSDP1) was "
+                    "applied afterwards; create the GradientMonitor on the wrapped model")
             else:
                 entries.append((gradient.to(dtype), gradient.numel()))
         return entries, dtype
 
+    def _pieces(self, parameter):
+        """((gradient piece, key) or None, (weight piece, key)) of one parameter on this rank."""
+        fsdp1 = self._fsdp1.get(id(parameter))
+        if fsdp1 is None:
+            gradient = None if parameter.grad is None else _local_piece(parameter.grad)
+            return gradient, _local_piece(parameter.detach())
+        key = (fsdp1.key + (-1,) * _PIECE_KEY_WIDTH)[:_PIECE_KEY_WIDTH] if fsdp1.in_shard else None
+        gradient = None if parameter.grad is None else (parameter.grad, key)
+        return gradient, (parameter.detach(), key)
+
     def _log_sharded(self, step, stats_due, histograms_due, total_norm, scaler):
-        """`_log` for DTensor parameters: every rank reduces its pieces, rank 0 combines."""
+        """`_log` for sharded parameters (DTensor, FSDP1): every rank reduces its pieces, rank 0
+        combines them."""
         distributed = torch.distributed
-        pieces = [(_local_piece(p.grad) if p.grad is not None else None, _local_piece(p.detach()))
-                  for _, p in self._parameters]
-        self._missing.warn([n for (n, _), (g, _) in zip(self._parameters, pieces) if g is None])
+        pieces = [self._pieces(p) for _, p in self._parameters]
         present = [g[0] for g, _ in pieces if g is not None]
         dtype = TorchOps.computation_dtype([g.dtype for g in present] or [torch.float32])
         device = present[0].device if present else pieces[0][1][0].device
@@ -360,7 +436,8 @@ class GradientMonitor:
         weights = [w.to(device=device, dtype=dtype) for _, (w, _) in pieces]
         keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
                 for _, (_, key) in pieces]
-        columns_sent = [reductions.to(torch.float64).cpu(),
+        columns_sent = [torch.full((len(pieces), 1), float(step), dtype=torch.float64),
+                        reductions.to(torch.float64).cpu(),
                         ops.square_sums(weights).to(torch.float64).cpu()[:, None],
                         torch.tensor(keys, dtype=torch.float64)]
         if histograms_due:
@@ -374,11 +451,20 @@ class GradientMonitor:
         if rank != 0:
             return False
         parts = torch.stack(received).numpy()
+        steps = parts[:, 0, 0]
+        if (steps != step).any():
+            logger.error(
+                "step %s not logged: the ranks sent the gradients of steps %s. Every rank must call "
+                "GradientMonitor.step() once per optimizer step, with the same step", step,
+                sorted(set(steps.astype(int).tolist())))
+            return False
+        parts = parts[:, :, 1:]
         width = len(statistics.REDUCTIONS)
         counted = _counted_pieces(parts[:, :, width + 1:width + 1 + _PIECE_KEY_WIDTH])
         combined = statistics.combine_shards(parts[:, :, :width], counted)
-        numel = np.array([p.numel() for _, p in self._parameters], dtype=np.float64)
-        sizes = np.where(np.isnan(combined[:, statistics.REDUCTIONS.index("present")]), np.nan, numel)
+        absent = np.isnan(combined[:, statistics.REDUCTIONS.index("present")])
+        self._missing.warn([n for (n, _), a in zip(self._parameters, absent) if a])
+        sizes = np.where(absent, np.nan, self._sizes)
         weight_norms = np.sqrt(np.where(counted, parts[:, :, width], 0.0).sum(axis=0))
         stored = np.float64 if dtype == torch.float64 else np.float32
         counts = None
