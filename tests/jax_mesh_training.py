@@ -2,8 +2,9 @@
 `log_gradients`, next to the same gradients unsharded (run by tests/test_jax_mesh.py in its own
 process: the device count is fixed when JAX starts).
 
-Usage: jax_mesh_training.py LOGDIR. Prints one JSON line: {"all_gathers": N} = the all-gather
-ops XLA compiled into the statistics of the sharded gradients (0: no parameter is gathered).
+Usage: jax_mesh_training.py LOGDIR. Prints one JSON line: {"all_gathers": N,
+"all_gathers_with_histograms": M} = the all-gather ops XLA compiled into the statistics of the
+sharded gradients, without and with the histogram counts (0: no parameter is gathered).
 """
 
 import json
@@ -62,5 +63,12 @@ leaves = [leaf for _, leaf in capture_jax.named_leaves(grads)]
 sharded_leaves = [leaf for _, leaf in capture_jax.named_leaves(
     grad_fn(sharded_params, sharded_x, sharded_y))]
 weights = [leaf for _, leaf in capture_jax.named_leaves(sharded_params)]
-compiled = capture_jax._matrices.lower(sharded_leaves, weights, False).compile().as_text()
-print(json.dumps({"all_gathers": compiled.count(" all-gather(") + compiled.count(" all-gather-start(")}))
+
+
+def all_gathers(histograms):
+    compiled = capture_jax._matrices.lower(sharded_leaves, weights, histograms).compile().as_text()
+    return compiled.count(" all-gather(") + compiled.count(" all-gather-start(")
+
+
+print(json.dumps({"all_gathers": all_gathers(False),
+                  "all_gathers_with_histograms": all_gathers(True)}))

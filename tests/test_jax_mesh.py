@@ -1,6 +1,7 @@
 """JAX gradients sharded over a device mesh: `log_gradients` logs the same statistics as for the
-unsharded gradients, and XLA gathers no parameter to compute them (only the small matrix reaches
-the host). Runs in a fresh process with 8 host CPU devices, under a hard timeout."""
+unsharded gradients, histogram counts included, and XLA gathers no parameter to compute them,
+with or without the histograms (only the small matrices reach the host). Runs in a fresh process
+with 8 host CPU devices, under a hard timeout."""
 
 import json
 import pathlib
@@ -25,6 +26,8 @@ def test_mesh_sharded_gradients_log_the_unsharded_statistics_without_gathering(t
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["all_gathers"] == 0
+    # The histogram counts too: per-shard partial counts added by an all-reduce, no gather.
+    assert result["all_gathers_with_histograms"] == 0
     runs = tg.read_logdir(str(tmp_path))
     sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
     assert sharded.variables == reference.variables == (
