@@ -27,6 +27,24 @@ training step fails. Pass ``writer=GradientWriter(log_dir)`` instead (to `gradie
 ``tf.function`` too, or to `write_statistics`): the matrix then goes to the host through a
 ``tf.py_function`` and that writer drops and counts what cannot be written, so the op never
 raises for a full disk (`tensorboard_gradients.format.writer`).
+
+Which process writes, under ``tf.distribute`` (one step's statistics are written once):
+
+* With ``writer=GradientWriter(...)``: inside ``strategy.run`` (a replica context) only global
+  replica 0 writes, the rule TensorFlow's own summaries follow: with
+  ``MultiWorkerMirroredStrategy`` that is the chief (worker 0, or the ``chief`` task), with
+  ``MirroredStrategy`` the first device. Outside ``strategy.run`` (cross-replica code, e.g.
+  `write_statistics` with a matrix returned from the step) the process writes if the strategy's
+  ``extended.should_save_summary`` is true: the chief only under multi-worker strategies, the one
+  process otherwise. The strategy is the current one, or else the one the `variables` were
+  created under. Every other replica and worker returns False without computing the statistics
+  or touching the writer, and since a `GradientWriter` creates its directory and event file on
+  its first write, a non-chief worker leaves nothing on disk: every worker may build the same
+  ``GradientWriter(log_dir)`` and run the same step. Pass the all-reduced gradients (e.g.
+  ``tf.distribute.get_replica_context().all_reduce("SUM", grads)``): the op reduces nothing.
+* With TensorFlow's default writer, TensorFlow's rules apply: in a replica context only replica 0
+  records; cross-replica code records on every process that has a default writer, and
+  ``tf.summary.create_file_writer`` creates its event file at once, so create it on the chief only.
 """
 
 import contextlib
@@ -78,18 +96,19 @@ def write_statistics(
       histogram_counts: optional histogram matrix, written under ``<tag>_histograms``.
       description: optional summary description.
       writer: a `tensorboard_gradients.GradientWriter` to write with instead of TensorFlow's
-        default summary writer (see `gradients`).
+        default summary writer (see `gradients`); under ``tf.distribute`` only the chief writes
+        (see the module).
 
     Returns:
       True if the statistics were written (a default writer exists and is recording; with
-      `writer`, unless the step was dropped).
+      `writer`, unless the step was dropped or this is not the writing process).
     """
     variables = list(variables)
     layout = tensorflow_ops.layout_of([None] * len(variables), variables)
     if writer is not None:
         counts = None if histogram_counts is None else lambda: histogram_counts
-        return _write_with(writer, layout, step, description, stats, counts,
-                           histogram_counts is not None)
+        return _write_with(writer, layout, step, description, lambda: stats, counts,
+                           histogram_counts is not None, variables)
     return _write(
         layout,
         name,
@@ -135,19 +154,53 @@ def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_
     return written
 
 
-def _write_with(writer, layout, step, description, stats, histograms_fn, histograms):
+def _strategy_of(variables):
+    """The `tf.distribute.Strategy` the variables were created under, or None."""
+    for variable in variables:
+        # A distributed tf.Variable, or the one a Keras variable holds (its `value` property).
+        for candidate in (variable, getattr(variable, "value", None)):
+            strategy = getattr(candidate, "distribute_strategy", None)
+            if strategy is not None:
+                return strategy
+    return None
+
+
+def _writes_here(variables):
+    """Whether this replica (in ``strategy.run``) or process (cross-replica) writes with a
+    `GradientWriter`: a Python bool, or a boolean tensor (see the module)."""
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        static = tf.get_static_value(replica)
+        return bool(static == 0) if static is not None else tf.equal(replica, 0)
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else _strategy_of(
+        variables)
+    if strategy is None:
+        return True
+    try:
+        return bool(strategy.extended.should_save_summary)
+    except NotImplementedError:  # a strategy that does not say: every process is its own writer
+        return True
+
+
+def _write_with(writer, layout, step, description, stats_fn, histograms_fn, histograms,
+                variables):
     """Writes with a `GradientWriter` from eager code or a graph (through ``tf.py_function``,
-    so a disk error is the writer's to drop and count, never an op error)."""
+    so a disk error is the writer's to drop and count, never an op error), on the writing
+    replica and process only (`_writes_here`); elsewhere nothing is computed and False returned."""
     step = tf.summary.experimental.get_step() if step is None else step
     if step is None:
         raise ValueError("no step: pass step= or call tf.summary.experimental.set_step")
-    stats = tf.convert_to_tensor(stats)
-    histograms = tf.cast(histograms, tf.bool)
-    counts = tf.cond(
-        histograms,
-        lambda: tf.cast(histograms_fn(), tf.float64),
-        lambda: tf.zeros([len(layout.variables), columns.HISTOGRAM_BINS], tf.float64),
-    ) if histograms_fn is not None else tf.zeros([0], tf.float64)
+
+    def write_op():
+        stats = tf.convert_to_tensor(stats_fn())
+        with_histograms = tf.cast(histograms, tf.bool)
+        counts = tf.cond(
+            with_histograms,
+            lambda: tf.cast(histograms_fn(), tf.float64),
+            lambda: tf.zeros([len(layout.variables), columns.HISTOGRAM_BINS], tf.float64),
+        ) if histograms_fn is not None else tf.zeros([0], tf.float64)
+        return tf.py_function(
+            write, [tf.cast(step, tf.int64), stats, counts, with_histograms], tf.bool)
 
     def write(step, stats, counts, with_histograms):
         dropped = writer.dropped_steps
@@ -155,7 +208,12 @@ def _write_with(writer, layout, step, description, stats, histograms_fn, histogr
                                 counts.numpy() if bool(with_histograms) else None, description)
         return writer.dropped_steps == dropped
 
-    return tf.py_function(write, [tf.cast(step, tf.int64), stats, counts, histograms], tf.bool)
+    writes = _writes_here(variables)
+    if writes is True:
+        return write_op()
+    if writes is False:
+        return tf.constant(False)
+    return tf.cond(writes, write_op, lambda: tf.constant(False))
 
 
 def gradients(
@@ -185,10 +243,13 @@ def gradients(
         TensorFlow's default summary writer, so that a full or unwritable log disk never makes
         the op raise (see the module). The writer's ``name`` is the tag then; without a default
         TensorFlow writer `tf.summary.record_if` does not apply: call it on the steps to log.
+        Under ``tf.distribute`` only global replica 0 (the chief's) writes; the other replicas
+        and workers compute nothing and never touch the writer (see the module).
 
     Returns:
       True (a boolean tensor in graph mode) if the statistics were written, False if no default
-      summary writer is set or recording is off (with `writer`: if the step was dropped).
+      summary writer is set or recording is off (with `writer`: if the step was dropped, or on a
+      replica or worker that does not write).
 
     Raises:
       ValueError: gradients and variables differ in length, or are empty.
@@ -198,8 +259,9 @@ def gradients(
     _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
     if writer is not None:
         return _write_with(writer, layout, step, description,
-                           tensorflow_ops.gradient_statistics(gradients, variables),
-                           lambda: tensorflow_ops.histogram_counts(gradients, variables), histograms)
+                           lambda: tensorflow_ops.gradient_statistics(gradients, variables),
+                           lambda: tensorflow_ops.histogram_counts(gradients, variables),
+                           histograms, variables)
     return _write(
         layout,
         name,
