@@ -36,8 +36,9 @@ setup(
         # The end-to-end test runs the demo.
         # torch pinned: on this project's machines 2.13.0 resolves to a CPU wheel on disk, where
         # an unpinned torch would pull the multi-GB CUDA build from PyPI.
+        # deepspeed pinned: the ZeRO tests read its partitions (public and `_hp_mapping`).
         "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
-                 "torch==2.13.0", "jax>=0.4.20"],
+                 "torch==2.13.0", "jax>=0.4.20", "deepspeed==0.19.8"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],

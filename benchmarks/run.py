@@ -32,6 +32,7 @@ BENCHMARKS = {
     "summary_overhead": "Summary op overhead per training step (TF custom loop)",
     "keras_overhead": "Keras `GradientMonitor` in `model.fit`",
     "torch_overhead": "PyTorch `GradientMonitor` in an eager training loop",
+    "sharded_overhead": "PyTorch `GradientMonitor` under FSDP2 (2 CPU ranks)",
     "route_latency": "Route latency in a real TensorBoard",
     "frontend_paint": "Gradients tab in Chromium",
 }

@@ -125,4 +125,6 @@ for step in range(STEPS):
 monitor.close()
 if reference_monitor:
     reference_monitor.close()
+# The ranks leave together: a rank tearing down gloo while another still trains can abort at exit.
+dist.barrier()
 dist.destroy_process_group()

@@ -27,12 +27,13 @@ def _free_port():
         return str(probe.getsockname()[1])
 
 
-def _run(engine, world, logdir, group_timeout_s=60):
-    """Runs every rank; returns [(returncode, stdout, stderr)]. Kills all ranks at the timeout."""
+def _run(engine, world, logdir, group_timeout_s=60, script=SCRIPT.name):
+    """Runs every rank of `script` (in tests/); returns [(returncode, stdout, stderr)]. Kills all
+    ranks at the timeout."""
     port = _free_port()
     environment = dict(os.environ, GROUP_TIMEOUT_S=str(group_timeout_s))
     ranks = [
-        subprocess.Popen([sys.executable, str(SCRIPT), engine, str(rank), str(world), port,
+        subprocess.Popen([sys.executable, str(SCRIPT.with_name(script)), engine, str(rank), str(world), port,
                           str(logdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=environment)
         for rank in range(world)

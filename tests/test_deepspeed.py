@@ -1,0 +1,33 @@
+"""DeepSpeed ZeRO stages 1-3 on two CPU ranks over gloo, with gradient accumulation: the monitor
+logs, once per optimizer step, exactly the statistics of the unsharded model on the same global
+batches, under the user's parameter names, written by rank 0 alone (each run under a hard
+timeout)."""
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from test_torch_sharded import _norms, _run
+
+pytest.importorskip("deepspeed")
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_statistics_equal_the_unsharded_model(tmp_path, stage):
+    results = _run(str(stage), 2, tmp_path, script="deepspeed_training.py")
+    for rank, (returncode, _, stderr) in enumerate(results):
+        assert returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
+    printed = _norms(results[0][1])
+    runs = tg.read_logdir(str(tmp_path))
+    sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
+    assert sharded.variables == reference.variables == (
+        "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias")
+    # One logged step per optimizer step: the first micro-batch of each is not logged.
+    assert list(sharded.steps) == list(reference.steps) == [1, 2, 3]
+    assert [p["logged"] for p in printed] == [[False, True]] * 3
+    # As for the PyTorch engines: float32 sums of the ranks' and micro-batches' gradients in
+    # another order, a few units of rounding per entry; rtol 1e-5 holds with room.
+    np.testing.assert_allclose(sharded.values, reference.values, rtol=1e-5, atol=1e-7)
+    assert len(list((tmp_path / "sharded").glob("events.out.tfevents.*"))) == 1
+    global_norms = np.sqrt(np.sum(sharded.stat("l2_norm").astype(np.float64) ** 2, axis=1))
+    np.testing.assert_allclose(global_norms, [p["engine_norm"] for p in printed], rtol=1e-5)
