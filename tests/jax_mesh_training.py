@@ -59,6 +59,28 @@ with GradientWriter(os.path.join(logdir, "reference")) as writer:
         grads = grad_fn(params, x * (step + 1), y)
         log_gradients(writer, grads, step, params=params, histograms=True)
 
+
+
+def train_step(params, x, y, step, log):
+    """A jitted step that logs inside (`log`) or not: only its statistics differ."""
+    grads = jax.grad(loss)(params, x, y)
+    if log:
+        log_gradients(writer, grads, step, params=params, histograms=step % 2 == 0)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.0 * g, params, grads)
+
+
+jitted_step = jax.jit(train_step, static_argnames="log")
+with GradientWriter(os.path.join(logdir, "inside_jit")) as writer:
+    for step in range(3):
+        jitted_step(sharded_params, sharded_x * (step + 1), sharded_y, step, log=True)
+    jax.effects_barrier()
+
+
+def step_all_gathers(log):
+    compiled = jitted_step.lower(sharded_params, sharded_x, sharded_y, 0, log=log).compile()
+    return compiled.as_text().count(" all-gather(") + compiled.as_text().count(" all-gather-start(")
+
+
 leaves = [leaf for _, leaf in capture_jax.named_leaves(grads)]
 sharded_leaves = [leaf for _, leaf in capture_jax.named_leaves(
     grad_fn(sharded_params, sharded_x, sharded_y))]
@@ -71,4 +93,6 @@ def all_gathers(histograms):
 
 
 print(json.dumps({"all_gathers": all_gathers(False),
-                  "all_gathers_with_histograms": all_gathers(True)}))
+                  "all_gathers_with_histograms": all_gathers(True),
+                  "step_all_gathers_logging": step_all_gathers(True),
+                  "step_all_gathers_not_logging": step_all_gathers(False)}))

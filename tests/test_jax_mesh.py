@@ -35,3 +35,12 @@ def test_mesh_sharded_gradients_log_the_unsharded_statistics_without_gathering(t
     # Sharded reductions add partial sums in another order: float32 rounding, far below 1e-5.
     np.testing.assert_allclose(sharded.values, reference.values, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(sharded.histograms.counts, reference.histograms.counts)
+    # Called inside a jitted train step: the same statistics, written by the step's callback
+    # (histograms on the even steps, a traced condition), and the step gathers no more than
+    # the same step without logging.
+    inside = runs["inside_jit"]["gradients"]
+    assert inside.variables == reference.variables and list(inside.steps) == [0, 1, 2]
+    np.testing.assert_allclose(inside.values, reference.values, rtol=1e-5, atol=1e-7)
+    assert list(inside.histograms.steps) == [0, 2]
+    np.testing.assert_array_equal(inside.histograms.counts, reference.histograms.counts[[0, 2]])
+    assert result["step_all_gathers_logging"] == result["step_all_gathers_not_logging"]

@@ -30,6 +30,10 @@ device reduces its shard and XLA adds the partial results with all-reduces, hist
 included (a scatter-add per shard, exact integer counts); no gradient is gathered (the tests
 count the all-gathers XLA compiles: 0, with and without histograms).
 
+Inside your own ``jax.jit`` (a train step that returns no gradients), call `log_gradients`
+there: the statistics join the compiled step and an ordered ``io_callback`` hands only the small
+matrices to the host writer each time the step runs.
+
 Which process writes: in a multi-process run (``jax.distributed.initialize``), call
 `log_gradients` on every process with the same arguments, as for any computation over global
 arrays: every process takes part in the (collective) computation and waits for it, but only
@@ -47,7 +51,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.experimental import io_callback, multihost_utils
 
 from tensorboard_gradients.format import statistics
 from tensorboard_gradients.format.layout import Layout
@@ -164,11 +168,29 @@ def _host_matrix(matrix, writes):
     return None
 
 
+def _traced(*values):
+    return any(isinstance(value, jax.core.Tracer) for value in values)
+
+
+def _write_from_callback(writer, layout, step, stats, counts=None, with_histograms=False):
+    """The host side of `log_gradients` inside ``jit``: receives the small matrices."""
+    if jax.process_index() == 0:
+        writer.write_statistics(int(step), layout, np.asarray(stats),
+                                np.asarray(counts) if bool(with_histograms) else None)
+
+
 def log_gradients(writer, grads, step, params=None, histograms=False):
     """Writes the statistics of a gradient pytree at ``step`` with a `GradientWriter`.
 
     In a multi-process run, call it on every process with the same arguments: all of them
     compute, only process 0 writes (see the module, "which process writes").
+
+    Inside a jitted function (``grads`` or ``step`` traced), the statistics become part of that
+    computation and the small matrices go to the host through an ordered
+    `jax.experimental.io_callback`, which writes them each time the compiled function runs
+    (``step`` and ``histograms`` may be traced values; a traced ``histograms`` makes every run
+    compute the counts). The writer is the one given when the function was traced. Tested on one
+    process; in multi-process runs call it outside ``jit``.
 
     Args:
       writer: a `tensorboard_gradients.GradientWriter` (one per run). Used only on the writing
@@ -184,6 +206,7 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
     Returns:
       The tag written to, on the writing process (process 0; the only one in a single-process
       run). None on every other process: it took part in the computation and wrote nothing.
+      None inside ``jit`` (the write happens when the compiled function runs).
 
     Raises:
       ValueError: an empty tree, or ``params`` whose leaves do not match ``grads`` (on every
@@ -205,6 +228,13 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
     # Before the computation: a layout error is raised by every process, none left waiting in
     # a collective.
     layout = Layout.create(names, [g.shape for g in gradients], with_weights=weights is not None)
+    if _traced(*gradients, step):
+        histograms_known = not _traced(histograms)
+        stats, counts = _matrices(gradients, weights, bool(histograms) if histograms_known else True)
+        write = functools.partial(_write_from_callback, writer, layout)
+        operands = (step, stats) if counts is None else (step, stats, counts, histograms)
+        io_callback(write, None, *operands, ordered=True)
+        return None
     writes = jax.process_index() == 0
     stats, counts = _matrices(gradients, weights, bool(histograms))
     stats, counts = _host_matrix(stats, writes), _host_matrix(counts, writes)
