@@ -118,7 +118,7 @@ weights = [leaf for _, leaf in capture_jax.named_leaves(global_params)]
 stats, counts = capture_jax._matrices(leaves, weights, True)  # what log_gradients computed
 compiled = capture_jax._matrices.lower(leaves, weights, True).compile().as_text()
 print(json.dumps({
-    "process": jax.process_index(), "processes": jax.process_count(),
+    "process": jax.process_index(), "processes": jax.process_count(), "pid": os.getpid(),
     "devices": jax.device_count(), "local_devices": jax.local_device_count(),
     "returned": returned, "matrices_replicated": stats.is_fully_replicated and
     counts.is_fully_replicated, "gather_ok": gather_ok,

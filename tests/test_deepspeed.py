@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from processes import assert_succeeded
 from test_torch_sharded import _norms, _run
 
 pytest.importorskip("deepspeed")
@@ -15,8 +16,7 @@ pytest.importorskip("deepspeed")
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_statistics_equal_the_unsharded_model(tmp_path, stage):
     results = _run(str(stage), 2, tmp_path, script="deepspeed_training.py")
-    for rank, (returncode, _, stderr) in enumerate(results):
-        assert returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
+    assert_succeeded(results, ["rank 0", "rank 1"])
     printed = _norms(results[0][1])
     runs = tg.read_logdir(str(tmp_path))
     sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]

@@ -7,58 +7,36 @@ import json
 import os
 import pathlib
 import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from processes import assert_succeeded, free_ports, run_processes
 
 pytest.importorskip("jax")
 SCRIPT = pathlib.Path(__file__).with_name("jax_multiprocess_training.py")
-TIMEOUT_S = 240  # a hang (a process waiting in a collective) fails here instead of eating CI's time
 PROCESSES = 2
 
 
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
-
-
 def _run_all(logdir):
-    """Runs the 2 processes and the single-process reference; returns their Popen objects and
-    printed JSON results, in that order. Kills all at the timeout."""
+    """Runs the 2 processes and the single-process reference; returns their printed JSON
+    results, in that order."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the scripts set their own device counts
     env.pop("JAX_PLATFORMS", None)
-    port = _free_port()
-    commands = [[str(process), port, str(logdir)] for process in range(PROCESSES)]
-    commands.append(["reference", str(logdir)])
-    processes = [
-        subprocess.Popen([sys.executable, str(SCRIPT), *arguments], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
-        for arguments in commands
-    ]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the multi-process JAX run did not finish in {TIMEOUT_S} s (a hang)")
-    finally:
-        for process in processes:
-            process.kill()
-    names = [f"process {i}" for i in range(PROCESSES)] + ["reference"]
-    for name, process, (_, stderr) in zip(names, processes, outputs):
-        assert process.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
-    results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
-    return processes, results
+    port = free_ports()[0]
+    commands = [[sys.executable, str(SCRIPT), str(process), port, str(logdir)]
+                for process in range(PROCESSES)]
+    commands.append([sys.executable, str(SCRIPT), "reference", str(logdir)])
+    results = run_processes(commands, "the multi-process JAX run", env=env)
+    assert_succeeded(results, [f"process {i}" for i in range(PROCESSES)] + ["reference"])
+    return [json.loads(stdout.strip().splitlines()[-1]) for _, stdout, _ in results]
 
 
 def test_multiprocess_gradients_log_the_unsharded_statistics_from_process_0_only(tmp_path):
-    processes, results = _run_all(tmp_path)
+    results = _run_all(tmp_path)
     first, second, reference_run = results
     for index, result in enumerate(results[:PROCESSES]):
         assert (result["process"], result["processes"]) == (index, PROCESSES)
@@ -78,7 +56,7 @@ def test_multiprocess_gradients_log_the_unsharded_statistics_from_process_0_only
     events = sorted(tmp_path.rglob("*tfevents*"))
     assert sorted(path.parent.name for path in events) == ["process_0", "reference", "sharded"]
     sharded_events = [path for path in events if path.parent.name == "sharded"]
-    assert f".{socket.gethostname()}.{processes[0].pid}." in sharded_events[0].name
+    assert f".{socket.gethostname()}.{first['pid']}." in sharded_events[0].name
     assert sorted(path.name for path in tmp_path.iterdir()) == ["process_0", "reference", "sharded"]
 
     runs = tg.read_logdir(str(tmp_path))

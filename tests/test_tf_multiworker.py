@@ -18,58 +18,30 @@ Attempt to convert a value (PerReplica:{...}) with an unsupported type (<class
 import json
 import os
 import pathlib
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from processes import assert_succeeded, free_ports, run_processes
 
 pytest.importorskip("tensorflow")
 SCRIPT = pathlib.Path(__file__).with_name("tf_multiworker_training.py")
 WORKERS = 2
-TIMEOUT_S = 240  # a hang (a worker waiting in a collective forever) fails here
 ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
                "KERAS_BACKEND": "tensorflow"}
 
 
-def _free_ports(count):
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:  # all bound at once: distinct ports
-            probe.bind(("127.0.0.1", 0))
-        return ",".join(str(probe.getsockname()[1]) for probe in probes)
-    finally:
-        for probe in probes:
-            probe.close()
-
-
 def _train(logdir):
-    """Runs both workers; returns their printed JSON reports. Kills all of them at the timeout."""
-    ports = _free_ports(WORKERS)
-    environment = {**os.environ, **ENVIRONMENT}
-    workers = [
-        subprocess.Popen([sys.executable, str(SCRIPT), str(task), ports, str(logdir)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=environment)
-        for task in range(WORKERS)
-    ]
-    outputs = []
-    try:
-        for process in workers:
-            outputs.append(process.communicate(timeout=TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"MultiWorkerMirroredStrategy on {WORKERS} workers did not finish in "
-                    f"{TIMEOUT_S} s (a hang)")
-    finally:
-        for process in workers:
-            process.kill()
-    for task, (process, (_, stderr)) in enumerate(zip(workers, outputs)):
-        assert process.returncode == 0, f"worker {task} failed:\n{stderr[-3000:]}"
+    """Runs both workers; returns their printed JSON reports."""
+    ports = ",".join(free_ports(WORKERS))
+    results = run_processes(
+        [[sys.executable, str(SCRIPT), str(task), ports, str(logdir)] for task in range(WORKERS)],
+        f"MultiWorkerMirroredStrategy on {WORKERS} workers", env={**os.environ, **ENVIRONMENT})
+    assert_succeeded(results, [f"worker {task}" for task in range(WORKERS)])
     reports = [[json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-               for stdout, _ in outputs]
+               for _, stdout, _ in results]
     assert all(len(report) == 1 for report in reports), reports
     return [report[0] for report in reports]
 
