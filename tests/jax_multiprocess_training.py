@@ -62,17 +62,20 @@ def loss(params, x, y):
 grad_fn = jax.jit(jax.grad(loss))
 
 
-def histograms_at(step):
-    return step != 1
-
-
-if reference:
+def train_and_log(run, params, x, y):
+    """STEPS logged steps (histograms at all but step 1) to `run`; (what log_gradients returned
+    at each step, the last gradients)."""
     returned = []
-    with GradientWriter(os.path.join(logdir, "reference")) as writer:
+    with GradientWriter(os.path.join(logdir, run)) as writer:
         for step in range(STEPS):
             grads = grad_fn(params, x * (step + 1), y)
             returned.append(log_gradients(writer, grads, step, params=params,
-                                          histograms=histograms_at(step)))
+                                          histograms=step != 1))
+    return returned, grads
+
+
+if reference:
+    returned, _ = train_and_log("reference", params, x, y)
     print(json.dumps({"returned": returned, "devices": jax.device_count()}))
     sys.exit(0)
 
@@ -94,13 +97,8 @@ global_x = jax.make_array_from_process_local_data(batch, x[local], x.shape)
 global_y = jax.make_array_from_process_local_data(batch, y[local], y.shape)
 assert not global_params["dense_0"]["kernel"].is_fully_addressable
 
-returned = []
 # Every process runs the same code with the same run directory, as SPMD programs do.
-with GradientWriter(os.path.join(logdir, "sharded")) as writer:
-    for step in range(STEPS):
-        grads = grad_fn(global_params, global_x * (step + 1), global_y)
-        returned.append(log_gradients(writer, grads, step, params=global_params,
-                                      histograms=histograms_at(step)))
+returned, grads = train_and_log("sharded", global_params, global_x, global_y)
 # A run directory per process: only process 0's may exist afterwards.
 with GradientWriter(os.path.join(logdir, f"process_{process_id}")) as writer:
     log_gradients(writer, grads, STEPS, params=global_params, histograms=True)
