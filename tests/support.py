@@ -83,13 +83,13 @@ class TensorBoard:
             time.sleep(0.5)
         raise TimeoutError(f"timed out waiting for {what}")
 
-    def wait_for_steps(self, expected):
+    def wait_for_steps(self, expected, timeout=120):
         """Until every run in ``expected`` ({run: logged steps of its `gradients` tag}) is loaded."""
         def loaded():
             runs = self.runs() or {}
             return all(run in runs and runs[run]["gradients"]["steps"] == steps
                        for run, steps in expected.items())
-        self.wait_for(loaded, f"runs {sorted(expected)} to be loaded")
+        self.wait_for(loaded, f"runs {sorted(expected)} to be loaded", timeout)
 
 
 def launch_chromium(playwright):
