@@ -232,3 +232,25 @@ def test_with_a_gradient_writer_the_op_writes_the_same_summaries_from_a_graph(tm
     assert via_writer.variables == via_tf.variables
     np.testing.assert_array_equal(via_writer.values, via_tf.values)
     assert via_writer.histograms.steps.tolist() == via_tf.histograms.steps.tolist() == [0, 2]
+
+
+def test_statistics_are_computed_where_the_gradients_are_not_pinned_to_the_cpu(tmp_path):
+    # `tf.summary.write` runs its tensor callable under device("cpu:0"): on a GPU that would copy
+    # every gradient to the host. The traced step must leave the statistics unplaced (the
+    # placer puts them with the gradients); only the written summary is on the CPU.
+    variable = tf.Variable(tf.ones([64, 8]), name="kernel")
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(x @ variable))
+        grads = tape.gradient(loss, [variable])
+        with writer.as_default(step=1):
+            summary.gradients(grads, [variable], histograms=True)
+
+    operations = step.get_concrete_function(tf.TensorSpec([4, 64])).graph.get_operations()
+    reductions = [op for op in operations if op.type in ("Sum", "Max", "Min", "Sqrt", "Abs")]
+    assert reductions and all("CPU" not in op.device for op in reductions), [
+        (op.name, op.device) for op in reductions if "CPU" in op.device]
+    assert any(op.type == "WriteSummary" for op in operations)

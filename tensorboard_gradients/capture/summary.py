@@ -120,8 +120,20 @@ def write_statistics(
     )
 
 
+def _on_the_gradients_device(compute):
+    """`compute` with the device scope cleared: `tf.summary.write` calls its tensor callable
+    under ``device("cpu:0")``, which would copy every gradient to the host; this way the
+    statistics run where the gradients are and only their small matrix goes to the CPU."""
+    def computed():
+        with tf.device(None):
+            return compute()
+    return computed
+
+
 def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_condition):
     tag = _tag_for(name, layout)
+    stats_fn, histograms_fn = _on_the_gradients_device(stats_fn), _on_the_gradients_device(
+        histograms_fn)
     with tf.name_scope(name):
         written = tf.summary.write(
             tag,
