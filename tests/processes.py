@@ -1,6 +1,7 @@
 """Running the processes of one distributed test (ranks, workers, JAX processes) under a hard
 timeout, so that a hang fails the test in minutes instead of eating CI's time."""
 
+import concurrent.futures
 import socket
 import subprocess
 
@@ -28,15 +29,18 @@ def run_processes(commands, what, env=None, timeout_s=TIMEOUT_S):
     """
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=env) for command in commands]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=timeout_s))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{what} did not finish in {timeout_s} s (a hang)")
-    finally:
-        for process in processes:
-            process.kill()
+    # All pipes read at once: a process blocked on a full pipe while its peers wait for it in a
+    # collective would otherwise look like a hang.
+    with concurrent.futures.ThreadPoolExecutor(len(processes)) as readers:
+        outputs = [readers.submit(process.communicate, timeout=timeout_s)
+                   for process in processes]
+        try:
+            outputs = [output.result() for output in outputs]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{what} did not finish in {timeout_s} s (a hang)")
+        finally:
+            for process in processes:
+                process.kill()
     return [(process.returncode, *output) for process, output in zip(processes, outputs)]
 
 

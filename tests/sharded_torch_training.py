@@ -10,7 +10,7 @@ FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
 
 Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
 ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | fsdp1_accumulate
-| fsdp2_skip | fsdp2_misnumbered
+| fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal
 (``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
 ``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
 ``monitor.step()`` at step 2; ``fsdp2_misnumbered``: rank 1 passes another step number there.
@@ -48,7 +48,7 @@ generator = torch.Generator().manual_seed(1)
 inputs = torch.randn(STEPS, world * LOCAL_BATCH, 6, generator=generator)
 targets = torch.randn(STEPS, world * LOCAL_BATCH, 3, generator=generator)
 
-if engine in ("fsdp2", "fsdp2_accumulate", "fsdp2_skip", "fsdp2_misnumbered"):
+if engine.startswith("fsdp2"):
     mesh = init_device_mesh("cpu", (world,))
     data_rank, data_ranks = rank, world
     for layer in (model[0], model[2], model[4]):
@@ -79,7 +79,9 @@ else:
     raise SystemExit(f"unknown engine {engine}")
 
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-monitor = GradientMonitor(model, os.path.join(logdir, "sharded"))
+# fsdp2_unequal: rank 1 watches only the first layer (as a pipeline stage would hold others).
+watched = r"^0\." if engine == "fsdp2_unequal" and rank == 1 else None
+monitor = GradientMonitor(model, os.path.join(logdir, "sharded"), include=watched)
 reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
 reference_monitor = GradientMonitor(reference, os.path.join(logdir, "reference")) if rank == 0 else None
 per_data_rank = world * LOCAL_BATCH // data_ranks

@@ -13,9 +13,11 @@ from test_torch_sharded import _norms, _run
 pytest.importorskip("deepspeed")
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", ["1", "2", "3", "1-bf16"])
 def test_zero_statistics_equal_the_unsharded_model(tmp_path, stage):
-    results = _run(str(stage), 2, tmp_path, script="deepspeed_training.py")
+    # 1-bf16: the BF16 optimizer hands out whole gradients, not this rank's fragment (the
+    # reference there is DeepSpeed's own full float32 gradient of the same bfloat16 model).
+    results = _run(stage, 2, tmp_path, script="deepspeed_training.py")
     assert_succeeded(results, ["rank 0", "rank 1"])
     printed = _norms(results[0][1])
     runs = tg.read_logdir(str(tmp_path))
@@ -31,3 +33,10 @@ def test_zero_statistics_equal_the_unsharded_model(tmp_path, stage):
     assert len(list((tmp_path / "sharded").glob("events.out.tfevents.*"))) == 1
     global_norms = np.sqrt(np.sum(sharded.stat("l2_norm").astype(np.float64) ** 2, axis=1))
     np.testing.assert_allclose(global_norms, [p["engine_norm"] for p in printed], rtol=1e-5)
+
+
+def test_parameters_also_split_by_tensor_parallelism_are_refused(tmp_path):
+    results = _run("1-tp", 2, tmp_path, script="deepspeed_training.py")
+    assert_succeeded(results, ["rank 0", "rank 1"])
+    for _, stdout, _ in results:
+        assert "split by tensor or expert parallelism" in _norms(stdout)[0]["refused"]

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tensorboard_gradients as tg  # noqa: E402
+from tensorboard_gradients.format import columns  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
 
 from conftest import assert_row_matches, norm_rtol, reference_histogram, reference_stats  # noqa: E402
@@ -291,6 +292,7 @@ def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so
     assert user_parameter_name(
         "_fsdp_wrapped_module.layers.0._checkpoint_wrapped_module._orig_mod.weight"
     ) == "layers.0.weight"
+    assert user_parameter_name("head_orig_mod.weight") == "head_orig_mod.weight"  # not a wrapper
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     monitor = GradientMonitor(model, tmp_path)
     # What FSDP1 does to a parameter it shards after the monitor saw it: a 1-D view of this
@@ -302,3 +304,43 @@ def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so
     with pytest.raises(ValueError, match="0.weight has 5 entries, the parameter had 12 .*"
                                          "create the GradientMonitor on the wrapped model"):
         monitor.step()
+
+
+def test_the_gather_runs_where_the_process_group_can_take_it():
+    from tensorboard_gradients.capture.torch import collective_device
+
+    cpu = torch.device("cpu")
+    assert collective_device(["cpu"], cpu) == cpu  # gloo
+    assert collective_device(["cpu", "cuda"], torch.device("cuda", 1)) == cpu  # gloo + nccl
+    # NCCL alone (init_process_group("nccl"), DeepSpeed's default) has no CPU backend.
+    assert collective_device(["cuda"], torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert collective_device(["cuda"], cpu) == torch.device("cuda")
+    assert collective_device([], cpu) == cpu
+
+
+def test_pieces_of_more_than_2_to_the_24_entries_keep_exact_counts():
+    from tensorboard_gradients.capture.torch import TorchOps, _exact_counts
+    from tensorboard_gradients.format import statistics
+
+    # float32 rounds 2**24 + 1 to 2**24: counted in float32, rank 0 would see one implicit
+    # zero against the exact size and log min 0 for gradients that are all 1.
+    size = 2**24 + 1
+    entries = [(torch.ones(size), size)]
+    reductions, _ = statistics.reduction_matrix(TorchOps, entries, torch.float32)
+    exact = _exact_counts(reductions.to(torch.float64), entries).numpy()
+    stats = statistics.statistics_from_reductions(
+        statistics.NumpyOps, exact, np.array([float(size)]))
+    names = columns.stats_for(with_weights=False, with_updates=False)
+    assert stats[0, names.index("min")] == 1.0
+    assert stats[0, names.index("zero_fraction")] == 0.0
+
+
+def test_an_empty_shard_among_others_keeps_the_fast_reductions():
+    from tensorboard_gradients.capture.torch import TorchOps
+    from tensorboard_gradients.format import statistics
+
+    values = [torch.randn(100), torch.zeros(0), torch.randn(7)]
+    fast = TorchOps.fast_reduction_rows(values)
+    reference = statistics.ArrayOps.fast_reduction_rows.__func__(TorchOps, values)
+    # Sums in another order: float32 rounding (~1e-7 relative) of 100 entries.
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6, equal_nan=True)

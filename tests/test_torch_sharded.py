@@ -107,3 +107,10 @@ def test_fsdp1_without_original_parameters_is_refused_with_the_fix(tmp_path):
     [(returncode, stdout, stderr)] = run_processes([[sys.executable, str(script)]], "FSDP1 check")
     assert returncode == 0, stderr[-3000:]
     assert "wrap with use_orig_params=True" in stdout
+
+
+def test_ranks_watching_different_parameters_all_fail_at_once_not_hang(tmp_path):
+    results = _run("fsdp2_unequal", 2, tmp_path)
+    for rank, (returncode, _, stderr) in enumerate(results):
+        assert returncode != 0 and "every rank must watch the same parameters" in stderr, (
+            rank, stderr[-3000:])

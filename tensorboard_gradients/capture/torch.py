@@ -60,6 +60,12 @@ Order of calls in the usual recipes:
   the gradient fragments it holds (stages 1-2: the optimizer's partition; stage 3:
   ``safe_get_local_grad`` without its padding) and rank 0 combines and writes, as above; with
   ZeRO off the gradients are all-reduced and rank 0 alone computes. Names are the model's own.
+  Under fp16 the gradients are divided by the optimizer's loss scale, which DeepSpeed only
+  removes in ``engine.step()``. Parameters also split by tensor or expert parallelism are
+  refused (their fragments' offsets repeat across ranks).
+* The gather runs on the CPU when the process group has a CPU backend (gloo), else on the
+  accelerator (an NCCL-only group). Every rank must watch the same parameters: ranks that do
+  not (pipeline stages) all fail with a ValueError at the first logged step.
 """
 
 import functools
@@ -133,17 +139,29 @@ class TorchOps(statistics.ArrayOps):
         # Multi-tensor kernels where PyTorch's are fast (2- and 1-norms), one pass per tensor
         # for the rest: on CPU `_foreach_norm(inf)` and `(0)` cost 4-8x `aminmax` and
         # `count_nonzero` (1.3 ms vs 0.2 ms for 800k entries in 28 tensors).
-        if any(v.numel() == 0 for v in values):  # aminmax has no empty case
-            return super().fast_reduction_rows(values)
+        empty = [i for i, v in enumerate(values) if v.numel() == 0]
+        if empty:  # aminmax has no empty case; an empty shard is common under FSDP
+            full = [v for v in values if v.numel()]
+            rows = list(super().fast_reduction_rows([values[i] for i in empty]))
+            full_rows = iter(cls.fast_reduction_rows(full) if full else [])
+            return torch.stack([rows.pop(0) if v.numel() == 0 else next(full_rows)
+                                for v in values])
         stacked = lambda tensors: torch.stack(list(tensors))  # noqa: E731
         count = torch.tensor([float(v.numel()) for v in values], dtype=values[0].dtype,
                              device=values[0].device)
         minimum, maximum = torch.stack([torch.stack(torch.aminmax(v)) for v in values]).unbind(1)
         total = stacked(v.sum() for v in values)
-        # m2 by the two-pass formula every adapter uses (`statistics._fast_reductions`): the
-        # norm of the deviations from the mean. On CPU that is 3x faster than `torch.var`'s
-        # Welford pass, and the 1-norm as a sum of |g| 3x faster than `_foreach_norm(1)`.
-        deviations = (v - mean for v, mean in zip(values, total / count))
+        if values[0].device.type == "cpu":
+            # m2 by the two-pass formula every adapter uses (`statistics._fast_reductions`):
+            # the norm of the deviations from the mean, 3x faster on CPU than `torch.var`'s
+            # Welford pass; the 1-norm as a sum of |g|, 2x faster than `_foreach_norm(1)`. Both
+            # make a temporary per tensor: cheap in host memory, so only on the CPU.
+            deviations = (v - mean for v, mean in zip(values, total / count))
+            m2 = stacked(torch.linalg.vector_norm(d) for d in deviations) ** 2
+            sum_abs = stacked(v.abs().sum() for v in values)
+        else:  # one kernel each, no gradient-sized temporary on the accelerator
+            m2 = stacked(torch.var(v, correction=0) for v in values) * count
+            sum_abs = stacked(torch._foreach_norm(values, 1))
         return statistics.stack_reductions(
             cls,
             axis=1,
@@ -153,11 +171,11 @@ class TorchOps(statistics.ArrayOps):
             abs_max=torch.maximum(-minimum, maximum),
             sum=total,
             sum_squares=stacked(torch._foreach_norm(values, 2)) ** 2,
-            sum_abs=stacked(v.abs().sum() for v in values),
+            sum_abs=sum_abs,
             min=minimum,
             max=maximum,
             zeros=count - stacked(torch.count_nonzero(v) for v in values).to(count.dtype),
-            m2=stacked(torch.linalg.vector_norm(d) for d in deviations) ** 2,
+            m2=m2,
         )
 
     @classmethod
@@ -192,7 +210,8 @@ def _unwrapped(model):
 
 # Wrappers that insert themselves into parameter names: FSDP1, activation checkpointing and
 # `torch.compile` on a submodule.
-_WRAPPER_PREFIXES = re.compile(r"(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+_WRAPPER_PREFIXES = re.compile(
+    r"(?:^|(?<=\.))(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
 
 
 def user_parameter_name(name):
@@ -248,6 +267,18 @@ def _deepspeed_engine(model):
     return None
 
 
+def _check_zero_parameters(parameters):
+    """Refuses what the ZeRO fragment keys cannot tell apart: parameters also split by tensor
+    parallelism (Megatron's ``tensor_model_parallel``) or by expert parallelism (MoE experts,
+    ``allreduce=False``), whose different slices share offsets on different ranks."""
+    split = [name for name, p in parameters if getattr(p, "tensor_model_parallel", False)
+             or getattr(p, "allreduce", True) is False]
+    if split:
+        raise ValueError(
+            f"parameters {split[:5]} are split by tensor or expert parallelism as well as by "
+            "ZeRO: not supported by the monitor (their statistics would mix different slices)")
+
+
 def _zero_piece(parameter, stage):
     """(gradient piece, weight piece, key) of a parameter on this rank under DeepSpeed ZeRO stage
     1-3, or None where this rank holds none of it.
@@ -273,8 +304,11 @@ def _zero_piece(parameter, stage):
     mapping = getattr(parameter, "_hp_mapping", None)
     if mapping is None:
         return None
-    gradient = mapping.get_lp_grad_fragment(parameter._index_in_param_group)
-    return gradient.reshape(-1), mapping.lp_fragment.reshape(-1), mapping.lp_fragment_address.start
+    address = mapping.lp_fragment_address
+    gradient = mapping.get_lp_grad_fragment(parameter._index_in_param_group).reshape(-1)
+    if gradient.numel() != address.numel:  # bf16 optimizer: the whole gradient, cut it here
+        gradient = gradient.narrow(0, address.start, address.numel)
+    return gradient, mapping.lp_fragment.reshape(-1), address.start
 
 
 @functools.lru_cache(maxsize=None)
@@ -322,6 +356,38 @@ def _local_piece(tensor):
     key = tuple(-1 if isinstance(p, replicate) else c
                 for c, p in zip(coordinate, tensor.placements))
     return tensor.to_local(), key + (-1,) * (_PIECE_KEY_WIDTH - len(key))
+
+
+def collective_device(device_types, gradients_device):
+    """Where the monitor's gather runs, from the default process group's backends' device
+    types: the CPU when a backend takes CPU tensors (gloo), else the accelerator (an NCCL-only
+    group, the usual GPU setup, has no CPU backend): the gradients' device when it is one."""
+    if not device_types or "cpu" in device_types:
+        return torch.device("cpu")
+    if gradients_device.type in device_types:
+        return gradients_device
+    return torch.device(device_types[0])
+
+
+def _group_device_types():
+    """The device types the default process group's backends take (``[]`` if it does not say)."""
+    group = torch.distributed.distributed_c10d._get_default_group()
+    return [device.type for device in getattr(group, "_device_types", ())]
+
+
+def _exact_counts(reductions, entries):
+    """`reduction_matrix` rows (float64) with exact entry counts: they are computed in the
+    gradients' dtype, and float32 rounds a piece of more than 2**24 entries, which rank 0 would
+    then read as implicit zeros against the parameter's exact size."""
+    present = statistics.REDUCTIONS.index("present")
+    finite = statistics.REDUCTIONS.index("finite")
+    sizes = torch.tensor([float("nan") if e is None else float(e[1]) for e in entries],
+                         dtype=torch.float64)
+    given = ~torch.isnan(sizes)
+    all_finite = reductions[:, finite] == reductions[:, present]
+    reductions[:, finite] = torch.where(given & all_finite, sizes, reductions[:, finite])
+    reductions[:, present] = torch.where(given, sizes, reductions[:, present])
+    return reductions
 
 
 def _counted_pieces(keys):
@@ -389,6 +455,8 @@ class GradientMonitor:
         if not self._parameters:
             raise ValueError("no trainable parameter left to watch (check include/exclude and "
                              "requires_grad)")
+        if self._zero_stage:
+            _check_zero_parameters(self._parameters)
         shapes = [self._fsdp1[id(p)].shape if id(p) in self._fsdp1
                   else tuple(p.ds_shape) if self._zero_stage == 3 else tuple(p.shape)
                   for _, p in self._parameters]
@@ -398,6 +466,7 @@ class GradientMonitor:
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
         self._calls = 0
+        self._checked = False
         self._missing = MissingGradientWarnings(logger)
 
     def step(self, step: Optional[int] = None, *, total_norm=None, scaler=None) -> bool:
@@ -428,6 +497,9 @@ class GradientMonitor:
             return False
         sharded = (bool(self._fsdp1) or self._zero_stage > 0
                    or any(_is_dtensor(p) for _, p in self._parameters))
+        if not self._checked:  # on every rank, so a misuse fails them all, none left waiting
+            self._check_sharding(sharded)
+            self._checked = True
         if not (sharded or _writes_here()):
             return False
         step = index + 1 if step is None else int(step)
@@ -437,29 +509,58 @@ class GradientMonitor:
             logged = log(step, stats_due, histograms_due, total_norm, scaler)
         return logged and self.dropped_steps == dropped
 
+    def _check_sharding(self, sharded):
+        """Raises ValueError for a setup the monitor would log wrongly or hang on: a parameter
+        sharded after the monitor was made (FSDP1 wrapping afterwards), or ranks watching
+        different parameters (pipeline stages: their matrices could not be gathered)."""
+        if not sharded:
+            for (name, parameter), size in zip(self._parameters, self._sizes):
+                gradient = parameter.grad
+                if gradient is not None and not gradient.is_sparse and gradient.numel() != size:
+                    raise ValueError(
+                        f"the gradient of {name} has {gradient.numel()} entries, the parameter "
+                        f"had {int(size)} when the monitor was created: a sharding wrapper (FSDP1) "
+                        "was applied afterwards; create the GradientMonitor on the wrapped model")
+            return
+        distributed = torch.distributed
+        watched = torch.tensor([len(self._parameters), -len(self._parameters)], dtype=torch.int64,
+                               device=collective_device(_group_device_types(), torch.device("cpu")))
+        distributed.all_reduce(watched, op=distributed.ReduceOp.MAX)
+        if int(watched[0]) != -int(watched[1]):
+            raise ValueError(
+                f"the ranks watch different numbers of parameters ({-int(watched[1])} to "
+                f"{int(watched[0])}): every rank must watch the same parameters (pipeline "
+                "parallelism, where each rank holds other layers, is not supported)")
+
     def _entries(self):
         """Per parameter None (no gradient) or (present values, dense size) in one dtype."""
         gradients = [p.grad for _, p in self._parameters]
+        scale = self._deepspeed_loss_scale()
+        if scale:
+            gradients = [None if g is None else g / scale for g in gradients]
         self._missing.warn([n for (n, _), g in zip(self._parameters, gradients) if g is None])
         present = [g for g in gradients if g is not None]
         if not present:
             return None, None
         dtype = TorchOps.computation_dtype([g.dtype for g in present])
         entries = []
-        for gradient, (name, _), size in zip(gradients, self._parameters, self._sizes):
+        for gradient, size in zip(gradients, self._sizes):
             if gradient is None:
                 entries.append(None)
             elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
                 values = gradient.coalesce().values()
                 entries.append((values.reshape(-1).to(dtype), int(size)))
-            elif gradient.numel() != size:
-                raise ValueError(
-                    f"the gradient of {name} has {gradient.numel()} entries, the parameter had "
-                    f"{int(size)} when the monitor was created: a sharding wrapper (FSDP1) was "
-                    "applied afterwards; create the GradientMonitor on the wrapped model")
             else:
                 entries.append((gradient.to(dtype), gradient.numel()))
         return entries, dtype
+
+    def _deepspeed_loss_scale(self):
+        """DeepSpeed fp16's current loss scale (its gradients stay multiplied by it until
+        ``engine.step()``), or None."""
+        engine = self._deepspeed
+        if engine is None or not engine.fp16_enabled():
+            return None
+        return float(engine.optimizer.loss_scale)
 
     def _pieces(self, parameter):
         """((gradient piece, key) or None, (weight piece, key)) of one parameter on this rank."""
@@ -468,6 +569,9 @@ class GradientMonitor:
             if piece is None:  # held by other ranks: counted there
                 return None, (parameter.new_zeros(0), None)
             gradient, weight, start = piece
+            scale = self._deepspeed_loss_scale()
+            if gradient is not None and scale:
+                gradient = gradient / scale
             key = (start,) + (-1,) * (_PIECE_KEY_WIDTH - 1)
             return (None if gradient is None else (gradient, key)), (weight, key)
         fsdp1 = self._fsdp1.get(id(parameter))
@@ -499,20 +603,20 @@ class GradientMonitor:
         keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
                 for _, (_, key) in pieces]
         columns_sent = [torch.full((len(pieces), 1), float(step), dtype=torch.float64),
-                        reductions.to(torch.float64).cpu(),
+                        _exact_counts(reductions.to(torch.float64).cpu(), entries),
                         ops.square_sums(weights).to(torch.float64).cpu()[:, None],
                         torch.tensor(keys, dtype=torch.float64)]
         if histograms_due:
             columns_sent.append(
                 statistics.histogram_matrix(ops, entries, dtype).to(torch.float64).cpu())
         # One collective per logged step, on the small matrix; only rank 0 receives it.
-        sent = torch.cat(columns_sent, dim=1)
+        sent = torch.cat(columns_sent, dim=1).to(collective_device(_group_device_types(), device))
         rank, world = distributed.get_rank(), distributed.get_world_size()
         received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
         distributed.gather(sent, received, dst=0)
         if rank != 0:
             return False
-        parts = torch.stack(received).numpy()
+        parts = torch.stack(received).cpu().numpy()
         steps = parts[:, 0, 0]
         if (steps != step).any():
             logger.error(
