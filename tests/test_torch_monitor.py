@@ -344,3 +344,22 @@ def test_an_empty_shard_among_others_keeps_the_fast_reductions():
     reference = statistics.ArrayOps.fast_reduction_rows.__func__(TorchOps, values)
     # Sums in another order: float32 rounding (~1e-7 relative) of 100 entries.
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_each_distinct_piece_is_counted_once_by_its_first_rank():
+    from tensorboard_gradients.capture.torch import _counted_pieces
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ranks, parameters = rng.integers(1, 9), rng.integers(1, 12)
+        keys = rng.integers(-1, 3, (ranks, parameters, 4)).astype(float)
+        keys[rng.random((ranks, parameters)) < 0.2] = np.nan  # ranks off the piece's mesh
+        expected = np.zeros((ranks, parameters), dtype=bool)
+        for parameter in range(parameters):
+            seen = set()
+            for rank in range(ranks):
+                key = tuple(keys[rank, parameter])
+                if not np.isnan(key).any() and key not in seen:
+                    seen.add(key)
+                    expected[rank, parameter] = True
+        np.testing.assert_array_equal(_counted_pieces(keys), expected)

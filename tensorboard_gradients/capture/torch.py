@@ -392,15 +392,18 @@ def _exact_counts(reductions, entries):
 
 def _counted_pieces(keys):
     """``bool[ranks, parameters]`` from the gathered piece keys ``[ranks, parameters, width]``
-    (NaN: off the mesh): the first rank holding each distinct piece of a parameter counts."""
-    counted = np.zeros(keys.shape[:2], dtype=bool)
-    for parameter in range(keys.shape[1]):
-        seen = set()
-        for rank in range(keys.shape[0]):
-            key = tuple(keys[rank, parameter])
-            if not np.isnan(key).any() and key not in seen:
-                seen.add(key)
-                counted[rank, parameter] = True
+    (NaN: off the mesh): the first rank holding each distinct piece of a parameter counts.
+    Vectorised (one sort): rank 0 runs it on ranks x parameters rows every logged step."""
+    ranks, parameters, width = keys.shape
+    rank, parameter = np.nonzero(~np.isnan(keys).any(axis=2))
+    key = keys[rank, parameter]
+    # Sorted by parameter, then key, then rank: each group's first row is its lowest rank.
+    order = np.lexsort((rank, *key.T[::-1], parameter))
+    parameter, key, rank = parameter[order], key[order], rank[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (parameter[1:] != parameter[:-1]) | (key[1:] != key[:-1]).any(axis=1)
+    counted = np.zeros((ranks, parameters), dtype=bool)
+    counted[rank[first], parameter[first]] = True
     return counted
 
 
