@@ -233,7 +233,7 @@ class _Fsdp1Piece:
         self.in_shard = bool(info.in_shard) or not handle.uses_sharded_strategy
         # Pieces are named by the rank in the shard group: HYBRID_SHARD's replicas share it;
         # NO_SHARD keeps whole replicated parameters.
-        self.key = (handle.rank if handle.uses_sharded_strategy else -1,)
+        self.key = _piece_key(handle.rank if handle.uses_sharded_strategy else -1)
 
 
 def _fsdp1_pieces(model):
@@ -331,6 +331,11 @@ def _is_dtensor(tensor):
 _PIECE_KEY_WIDTH = 4
 
 
+def _piece_key(*coordinates):
+    """The key columns of a piece: its coordinates, padded with -1 to `_PIECE_KEY_WIDTH`."""
+    return coordinates + (-1,) * (_PIECE_KEY_WIDTH - len(coordinates))
+
+
 def _local_piece(tensor):
     """(this rank's piece of a gradient or weight, the key that names the piece).
 
@@ -342,7 +347,7 @@ def _local_piece(tensor):
     plain tensor next to DTensors is replicated: key all -1.
     """
     if not _is_dtensor(tensor):
-        return tensor, (-1,) * _PIECE_KEY_WIDTH
+        return tensor, _piece_key()
     _, partial, replicate = _dtensor_types()
     if any(isinstance(p, partial) for p in tensor.placements):
         tensor = tensor.redistribute(
@@ -353,9 +358,8 @@ def _local_piece(tensor):
     if coordinate is None:
         return tensor.to_local(), None
     # Any placement but Replicate shards (FSDP + TP's `_StridedShard` is not `is_shard()`).
-    key = tuple(-1 if isinstance(p, replicate) else c
-                for c, p in zip(coordinate, tensor.placements))
-    return tensor.to_local(), key + (-1,) * (_PIECE_KEY_WIDTH - len(key))
+    return tensor.to_local(), _piece_key(*(-1 if isinstance(p, replicate) else c
+                                          for c, p in zip(coordinate, tensor.placements)))
 
 
 def collective_device(device_types, gradients_device):
@@ -572,10 +576,7 @@ class GradientMonitor:
             if piece is None:  # held by other ranks: counted there
                 return None, (parameter.new_zeros(0), None)
             gradient, weight, start = piece
-            scale = self._deepspeed_loss_scale()
-            if gradient is not None and scale:
-                gradient = gradient / scale
-            key = (start,) + (-1,) * (_PIECE_KEY_WIDTH - 1)
+            key = _piece_key(start)
             return (None if gradient is None else (gradient, key)), (weight, key)
         fsdp1 = self._fsdp1.get(id(parameter))
         if fsdp1 is None:
@@ -583,7 +584,7 @@ class GradientMonitor:
             # Not `.detach()` first: on a DTensor that is a dispatch through its machinery, 10x
             # the cost of taking the local tensor (the monitor runs under `torch.no_grad`).
             return gradient, _local_piece(parameter)
-        key = (fsdp1.key + (-1,) * _PIECE_KEY_WIDTH)[:_PIECE_KEY_WIDTH] if fsdp1.in_shard else None
+        key = fsdp1.key if fsdp1.in_shard else None
         gradient = None if parameter.grad is None else (parameter.grad, key)
         return gradient, (parameter.detach(), key)
 
@@ -598,6 +599,9 @@ class GradientMonitor:
         ops = ops_for(device)
         entries = [None if g is None else (g[0].reshape(-1).to(device=device, dtype=dtype),
                                            g[0].numel()) for g, _ in pieces]
+        scale = self._deepspeed_loss_scale()
+        if scale:
+            entries = [None if e is None else (e[0] / scale, e[1]) for e in entries]
         if present:
             reductions, _ = statistics.reduction_matrix(ops, entries, dtype)
         else:
