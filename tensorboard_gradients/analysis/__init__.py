@@ -10,7 +10,9 @@ Entry points:
 * `classify(series, thresholds)` -> ``int8[steps, variables]`` of `CLASSES` codes, one per cell
   (``missing``, ``ok``, ``vanishing``, ``exploding``, ``nonfinite``; later = worse);
 * `diagnose(series, **thresholds)` -> ``list[Alert]`` sorted by severity, then first step;
-* `analyze(series, thresholds)` -> both at once (the rules run once).
+* `analyze(series, thresholds)` -> both at once (the rules run once);
+* `AnalysisStream(series, thresholds)` -> the same for a series fed a few steps at a time
+  (long and growing runs), in memory bounded by the rules' windows; `analyze` is one feed.
 
 The rules and their sources are in `Thresholds`; every threshold can be overridden per call
 (``diagnose(series, exploding_norm=100)``) and per HTTP request (``...&exploding_norm=100``).
@@ -36,6 +38,7 @@ the order of rules, kinds and fields                    ``rules/__init__.py``
 shared per-series quantities (norms, global norm)       ``evidence.py``
 rolling median, z-scores, sustained runs                ``window.py``
 alert fields, message layout, sort order                ``alerts.py``
+feeding a run in pieces, what each round keeps          ``stream.py`` (rules `keep` their history)
 cell classes, their tooltip texts                       ``classes.py`` (and the tab's colours)
 threshold validation, parsing, the generated docstring  ``rule.py`` (`Parameter`), ``thresholds.py``
 ======================================================  =========================================
@@ -46,19 +49,19 @@ from typing import List, Optional
 
 import numpy as np
 
-from tensorboard_gradients.analysis.alerts import SEVERITIES, Alert, AlertBuilder
+from tensorboard_gradients.analysis.alerts import SEVERITIES, Alert
 from tensorboard_gradients.analysis.classes import (
     CLASS_DESCRIPTIONS, CLASSES, EXPLODING, MISSING, NONFINITE, OK, VANISHING,
 )
-from tensorboard_gradients.analysis.evidence import Evidence
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES
+from tensorboard_gradients.analysis.stream import AnalysisStream
 from tensorboard_gradients.analysis.thresholds import Thresholds
 
 __all__ = [
     "CLASSES", "CLASS_DESCRIPTIONS", "MISSING", "OK", "VANISHING", "EXPLODING", "NONFINITE",
     "SEVERITIES", "KINDS", "PARAMETERS", "RULES", "Parameter", "Rule", "Thresholds", "Alert",
-    "Analysis", "classify", "diagnose", "analyze",
+    "Analysis", "AnalysisStream", "classify", "diagnose", "analyze",
 ]
 
 
@@ -70,7 +73,7 @@ def classify(series, thresholds: Optional[Thresholds] = None) -> np.ndarray:
     layer ``depth_ratio`` below the output side, for ``sustain_steps``) > ``ok``; ``missing`` =
     no gradient at that step. See `Thresholds` for the rules' sources.
     """
-    return _classes(Evidence(series, thresholds or Thresholds(), RULES))
+    return analyze(series, thresholds).classes
 
 
 def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> List[Alert]:
@@ -91,7 +94,7 @@ def diagnose(series, thresholds: Optional[Thresholds] = None, **overrides) -> Li
     Raises:
       ValueError: an unknown or invalid threshold.
     """
-    return _alerts(Evidence(series, _limits(thresholds, overrides), RULES))
+    return analyze(series, thresholds, **overrides).alerts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +106,13 @@ class Analysis:
 
 
 def analyze(series, thresholds: Optional[Thresholds] = None, **overrides) -> Analysis:
-    """Cell classes and alerts at once: what the plugin serves for the heatmap and the panel."""
-    evidence = Evidence(series, _limits(thresholds, overrides), RULES)
-    return Analysis(_classes(evidence), _alerts(evidence))
+    """Cell classes and alerts at once: what the plugin serves for the heatmap and the panel.
+
+    The whole series is one feed of an `AnalysisStream` (which a long or growing run is fed a
+    few steps at a time, with equal results)."""
+    stream = AnalysisStream(series, _limits(thresholds, overrides))
+    classes = stream.feed(series.steps, series.wall_times, series.values, last=True)
+    return Analysis(classes, stream.alerts())
 
 
 def _limits(thresholds, overrides) -> Thresholds:
@@ -113,18 +120,3 @@ def _limits(thresholds, overrides) -> Thresholds:
         return dataclasses.replace(thresholds or Thresholds(), **overrides)
     except TypeError as error:  # an unknown field name
         raise ValueError(f"{error}; known thresholds: {', '.join(Thresholds.names())}") from None
-
-
-def _classes(evidence: Evidence) -> np.ndarray:
-    classes = np.full(evidence.missing.shape, OK, dtype=np.int8)
-    for code in range(OK + 1, len(CLASSES)):  # milder classes first: the worst one wins a cell
-        classes[evidence.cells_of_class(code)] = code
-    classes[evidence.missing] = MISSING
-    return classes
-
-
-def _alerts(evidence: Evidence) -> List[Alert]:
-    builder = AlertBuilder(evidence.series)
-    for rule in RULES:
-        rule.alerts(evidence, builder)
-    return builder.by_urgency()

@@ -33,66 +33,138 @@ def flagged_columns(mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask.any(axis=0))
 
 
-class AlertBuilder:
-    """Collects the alerts of one series; `by_urgency` returns them in the documented order."""
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """What one rule found for one subject over some steps: an `Alert` before its message.
 
-    def __init__(self, series):
+    Findings of the same rule and subject over different steps (the rounds of a stream, see
+    `analysis.stream`) `merge` into the finding over all those steps.
+    """
+
+    kind: str
+    rule: str
+    severity: str
+    variable: Optional[str]
+    layer: Optional[str]
+    first_step: int
+    last_step: int
+    steps: int
+    value: float
+    threshold: float
+    worst: Callable  # reduces values to the reported one (np.max, np.min, ...)
+    describe: Callable  # describe(value) or, with a detail, describe(value, detail)
+    detail: Optional[float] = None  # a second measure the message reports (reduced by worst)
+    detail_worst: Optional[Callable] = None
+
+    @property
+    def key(self):
+        return (self.kind, self.rule, self.variable, self.layer)
+
+    def merge(self, later: "Finding") -> "Finding":
+        """This finding and one over later steps as one (the earlier one's message wording)."""
+        return dataclasses.replace(
+            self,
+            last_step=later.last_step,
+            steps=self.steps + later.steps,
+            value=_reduced(self.worst, [self.value, later.value]),
+            detail=(None if self.detail is None
+                    else _reduced(self.detail_worst, [self.detail, later.detail])),
+        )
+
+    def alert(self) -> Alert:
+        if self.first_step == self.last_step:
+            span = f"at step {self.first_step}"
+        else:
+            span = f"at {self.steps} logged steps from step {self.first_step} to {self.last_step}"
+        subject = self.variable or (f"layer {self.layer}" if self.layer else "whole model")
+        described = (self.describe(self.value) if self.detail_worst is None
+                     else self.describe(self.value, self.detail))
+        return Alert(
+            kind=self.kind, rule=self.rule, variable=self.variable, layer=self.layer,
+            first_step=self.first_step, last_step=self.last_step, steps=self.steps,
+            value=self.value, threshold=self.threshold, severity=self.severity,
+            message=f"{subject}: {described} {span}.",
+        )
+
+
+def _reduced(worst: Callable, values) -> float:
+    """``worst`` of the non-NaN ``values`` (NaN when there are none)."""
+    values = np.asarray(values)
+    finite = values[~np.isnan(values)]
+    return float(worst(finite)) if finite.size else float("nan")
+
+
+def merged_findings(*groups: Dict) -> Dict:
+    """``{key: Finding}`` of several groups over successive steps, merged per rule and subject."""
+    result = {}
+    for group in groups:
+        for key, finding in group.items():
+            result[key] = result[key].merge(finding) if key in result else finding
+    return result
+
+
+def by_urgency(alerts: List[Alert], variables, layers) -> List[Alert]:
+    """The alerts sorted by severity, then first step, then model order (whole-model ones
+    first, a layer's with its last variable); ties keep the order they were added in, which
+    is rule order."""
+    severity_rank = {s: i for i, s in enumerate(SEVERITIES)}
+    order = {name: i for i, name in enumerate(variables)}
+    layer_order = {name: i for i, name in enumerate(layers)}
+    return sorted(
+        alerts,
+        key=lambda a: (
+            severity_rank[a.severity],
+            a.first_step,
+            order.get(a.variable, layer_order.get(a.layer, -1)),
+        ),
+    )
+
+
+class AlertBuilder:
+    """Collects the findings of one series (or of one round of a stream: only rows
+    ``rows[0]:rows[2]`` count, those from ``rows[1]`` on are provisional, see
+    `analysis.stream`); `by_urgency` returns them as alerts in the documented order."""
+
+    def __init__(self, series, rows=None):
         self.series = series
         self.steps = np.asarray(series.steps)
-        self.alerts: List[Alert] = []
+        count = len(self.steps)
+        self.rows = (0, count, count) if rows is None else rows
+        self.findings: Dict = {}  # {key: Finding} over rows[0]:rows[1]
+        self.provisional: Dict = {}  # over rows[1]:rows[2]
 
     def add(self, kind: str, rule: str, severity: str, mask: np.ndarray, values: np.ndarray,
-            worst: Callable, threshold: float, describe: Callable[[float], str], row=None,
-            layer=None) -> None:
-        """One alert for the steps where ``mask`` (1-D over steps) holds, if any.
+            worst: Callable, threshold: float, describe: Callable, row=None, layer=None,
+            detail=None) -> None:
+        """One finding for the steps where ``mask`` (1-D over steps) holds, if any.
 
         ``value`` is ``worst`` of the non-NaN ``values`` at those steps; the message is
         ``"<subject>: <describe(value)> <steps>."``. ``row`` names a variable (its layer comes
-        along); ``layer`` alone a whole layer; neither the whole model.
+        along); ``layer`` alone a whole layer; neither the whole model. ``detail = (values,
+        worst)``: a second measure over the same steps, passed as ``describe(value, detail)``.
         """
-        hits = np.flatnonzero(mask)
-        if hits.size == 0:
-            return
-        picked = values[hits]
-        finite = picked[~np.isnan(picked)]
-        value = float(worst(finite)) if finite.size else float("nan")
-        variable = None if row is None else self.series.variables[row]
-        if row is not None:
-            layer = self.series.layers[row]
-        first, last = int(self.steps[hits[0]]), int(self.steps[hits[-1]])
-        if first == last:
-            span = f"at step {first}"
-        else:
-            span = f"at {hits.size} logged steps from step {first} to {last}"
-        subject = variable or (f"layer {layer}" if layer else "whole model")
-        self.alerts.append(
-            Alert(
-                kind=kind,
-                rule=rule,
-                variable=variable,
-                layer=layer,
-                first_step=first,
-                last_step=last,
-                steps=int(hits.size),
-                value=value,
-                threshold=float(threshold),
-                severity=severity,
-                message=f"{subject}: {describe(value)} {span}.",
+        low, split, high = self.rows
+        for findings, part in ((self.findings, slice(low, split)),
+                               (self.provisional, slice(split, high))):
+            hits = np.flatnonzero(mask[part]) + part.start
+            if hits.size == 0:
+                continue
+            variable = None if row is None else self.series.variables[row]
+            finding = Finding(
+                kind=kind, rule=rule, severity=severity, variable=variable,
+                layer=self.series.layers[row] if row is not None else layer,
+                first_step=int(self.steps[hits[0]]), last_step=int(self.steps[hits[-1]]),
+                steps=int(hits.size), value=_reduced(worst, values[hits]),
+                threshold=float(threshold), worst=worst, describe=describe,
+                detail=None if detail is None else _reduced(detail[1], detail[0][hits]),
+                detail_worst=None if detail is None else detail[1],
             )
-        )
+            findings[finding.key] = finding
+
+    @property
+    def alerts(self) -> List[Alert]:
+        """Every finding as an alert, in the order added."""
+        return [f.alert() for f in merged_findings(self.findings, self.provisional).values()]
 
     def by_urgency(self) -> List[Alert]:
-        """The alerts sorted by severity, then first step, then model order (whole-model ones
-        first, a layer's with its last variable); ties keep the order they were added in, which
-        is rule order."""
-        severity_rank = {s: i for i, s in enumerate(SEVERITIES)}
-        order = {name: i for i, name in enumerate(self.series.variables)}
-        layer_order = {name: i for i, name in enumerate(self.series.layers)}
-        return sorted(
-            self.alerts,
-            key=lambda a: (
-                severity_rank[a.severity],
-                a.first_step,
-                order.get(a.variable, layer_order.get(a.layer, -1)),
-            ),
-        )
+        return by_urgency(self.alerts, self.series.variables, self.series.layers)

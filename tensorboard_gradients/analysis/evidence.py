@@ -14,14 +14,36 @@ from tensorboard_gradients.analysis.classes import NONFINITE
 
 
 class Evidence:
-    """One series (``series``) under one `Thresholds` (``thresholds``), for ``rules``."""
+    """One series (``series``) under one `Thresholds` (``thresholds``), for ``rules``.
 
-    def __init__(self, series, thresholds, rules):
+    In a stream (`analysis.stream`) the series is one round's rows: ``first_row`` is the run's
+    row number of its first row, its rows before ``fresh`` are context (earlier rows that the
+    rules look back on), ``previous`` is what rules kept for this round (`kept`) and
+    ``resume_row`` is the run's row, a multiple of ``spike_window``, where the next round's
+    fresh rows begin: rules `keep` what that round needs. A whole series is one round with
+    no context, nothing kept and no next round.
+    """
+
+    def __init__(self, series, thresholds, rules, first_row: int = 0, fresh: int = 0,
+                 previous=None, resume_row=None):
         self.series = series
         self.thresholds = thresholds
         self.rules = rules
+        self.first_row = first_row
+        self.fresh = fresh
+        self.resume_row = resume_row
+        self._previous = previous or {}
+        self.next = {}
         self._results = {}
         self._class_cells = {}
+
+    def kept(self, key):
+        """What a rule `keep`-ed under ``key`` in the round before (None: nothing)."""
+        return self._previous.get(key)
+
+    def keep(self, key, value):
+        """Hands ``value`` to the next round of the stream (see `kept`)."""
+        self.next[key] = value
 
     def once(self, compute):
         """``compute(self)``, computed on the first request only.

@@ -69,6 +69,10 @@ class Rule:
     kind: str  # the `Alert.kind` of its alerts; `KINDS` are the rules' kinds in rule order
     cell_class: Optional[int] = None  # the `CLASSES` code of the cells it flags; None: none
     parameters: Tuple[Parameter, ...] = ()  # the thresholds it owns, in `Thresholds` order
+    # Whether its alerts judge the whole run at once (a median over every step): a stream
+    # (`analysis.stream`) then keeps its ``record(evidence)`` of every round and calls its
+    # ``alerts_on(record, thresholds, builder)`` once on all of it, instead of `alerts` per round.
+    whole_run: bool = False
 
     def cells(self, evidence) -> np.ndarray:
         """``bool[steps, variables]``: the cells this rule gives ``cell_class``.

@@ -57,38 +57,60 @@ def forward_filled(blocks: np.ndarray) -> np.ndarray:
     return np.where(last >= 0, filled, np.nan)
 
 
-def robust_zscores(values: np.ndarray, window: int, min_sigma: float, exclude=None):
-    """(robust z-score, excess over the running median) of each cell of ``[steps, ...]`` values.
+def robust_zscores(values: np.ndarray, window: int, min_sigma: float, exclude=None,
+                   first_row: int = 0, start: int = 0, reference=None):
+    """(robust z-score, excess over the running median, references) of each cell of
+    ``[steps, ...]`` values.
 
     The reference of step t is the median and MAD of the latest complete block of ``window``
     steps before t's block that had usable cells (a blocked rolling median: O(cells), not
     O(cells x window)). ``exclude``d cells and NaN ones are not usable; a block with none is
     skipped, so the reference is then the last block before it that had some. The sigma is
     ``MAD_TO_SIGMA * MAD``, at least ``min_sigma``. NaN where there is no reference yet (always
-    for the first ``window`` steps). float32: the callers' log-norms need no more.
+    for the first ``window`` steps of a run). float32: the callers' log-norms need no more.
+
+    Streaming (`analysis.stream`): ``values[0]`` is the run's logged step number ``first_row``,
+    blocks start at row ``start`` (``first_row + start`` is a multiple of ``window``: blocks
+    stay the run's), and ``reference`` is the ``(median, mad)`` that held before that block
+    (None: nothing yet). Rows before ``start`` are context: their scores are NaN.
+
+    ``references(block_start)``, the third result, gives the ``(median, mad)`` reference of the
+    block starting at the run's row ``block_start`` (a multiple of ``window`` from
+    ``first_row + start`` to the end of the last complete block): what a later call continues from.
     """
     steps = values.shape[0]
-    blocks = steps // window
-    if steps <= window:
-        nothing = np.full(values.shape, np.nan, dtype=np.float32)
-        return nothing, nothing
+    offset = start
+    assert (first_row + start) % window == 0, "blocks must stay aligned to the run's"
+    blocks = max(0, (steps - offset) // window)
+    columns = values.shape[1:]
+    if reference is None:
+        reference = (np.full(columns, np.nan, np.float32), np.full(columns, np.nan, np.float32))
     usable = np.isfinite(values)
     if exclude is not None:
         usable &= ~exclude
-    healthy = np.where(usable[: blocks * window], values[: blocks * window], np.float32(np.nan))
+    inside = slice(offset, offset + blocks * window)
+    healthy = np.where(usable[inside], values[inside], np.float32(np.nan))
     # [blocks, ..., window]: each block's window contiguous for the sort.
     blocked = np.ascontiguousarray(
-        healthy.reshape((blocks, window) + values.shape[1:]).swapaxes(1, -1)
+        healthy.reshape((blocks, window) + columns).swapaxes(1, -1)
     )
-    median = nanmedian(blocked)
-    mad = nanmedian(np.abs(blocked - median[..., None]))
-    median, mad = forward_filled(median), forward_filled(np.where(np.isnan(median), np.nan, mad))
-    sigma = np.maximum(np.float32(MAD_TO_SIGMA) * mad, np.float32(min_sigma))
-    # Step t (t >= window) is judged against block t // window - 1 (or the last usable one).
-    reference = np.arange(window, steps) // window - 1
-    excess = np.empty(values.shape, dtype=np.float32)
-    excess[:window] = np.nan
+    median = nanmedian(blocked).astype(np.float32, copy=False)
+    mad = nanmedian(np.abs(blocked - median[..., None])).astype(np.float32, copy=False)
+    # chain[j]: the reference of the j-th block starting in `values` (the last usable block
+    # before it, or the one given); chain[blocks]: of the steps after the last complete block.
+    medians = np.concatenate([reference[0][None], median])
+    mads = np.concatenate([reference[1][None], np.where(np.isnan(median), np.nan, mad)])
+    chain_median, chain_mad = forward_filled(medians), forward_filled(mads)
+    sigma = np.maximum(np.float32(MAD_TO_SIGMA) * chain_mad, np.float32(min_sigma))
+    block_of_row = np.clip((np.arange(steps) - offset) // window, 0, blocks)
+    excess = np.full(values.shape, np.nan, dtype=np.float32)
+    z = np.full(values.shape, np.nan, dtype=np.float32)
     with np.errstate(invalid="ignore"):
-        np.subtract(values[window:], median[reference], out=excess[window:])
-        z = excess / np.concatenate([sigma[:1].repeat(window, axis=0), sigma[reference]])
-    return z, excess
+        np.subtract(values[offset:], chain_median[block_of_row[offset:]], out=excess[offset:])
+        z[offset:] = excess[offset:] / sigma[block_of_row[offset:]]
+
+    def references(block_start: int):
+        index = (block_start - first_row - offset) // window
+        return chain_median[index], chain_mad[index]
+
+    return z, excess, references

@@ -26,9 +26,16 @@ class Nonfinite(Rule):
         """Every variable with NaN/Inf; those hit at the run's first non-finite step say so."""
         nonfinite = evidence.cells(self)
         entries = evidence.series.stat("nan_count") + evidence.series.stat("inf_count")
-        steps_hit = np.flatnonzero(nonfinite.any(axis=1))
+        first_step = evidence.kept("first_nonfinite_step")
+        rows_hit = np.flatnonzero(nonfinite.any(axis=1))
+        if first_step is None and rows_hit.size:
+            first_step = int(evidence.series.steps[rows_hit[0]])
+        if first_step is not None:
+            evidence.keep("first_nonfinite_step", first_step)
+        first_row = np.flatnonzero(np.asarray(evidence.series.steps) == first_step)
         for row in flagged_columns(nonfinite):
-            at_first = nonfinite[steps_hit[0], row]
+            # The run's first non-finite step may lie in an earlier round of a stream.
+            at_first = bool(first_row.size) and nonfinite[first_row[0], row]
             builder.add(
                 self.kind, "count", "critical", nonfinite[:, row], entries[:, row], np.max, 0,
                 lambda v, at_first=at_first: f"gradient had up to {v:.0f} NaN/Inf entries"

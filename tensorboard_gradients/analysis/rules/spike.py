@@ -51,18 +51,23 @@ class Spike(Rule):
     cell_class = EXPLODING
     parameters = (SPIKE_WINDOW, SPIKE_ZSCORE, SPIKE_MIN_SIGMA)
 
-    def _scores(self, evidence, log_norms, exclude=None):
-        """(robust z-score, log10 of norm / running median) of ``[steps, columns]`` log-norms."""
+    def _scores(self, evidence, log_norms, key, exclude=None):
+        """(robust z-score, log10 of norm / running median) of ``[steps, columns]`` log-norms;
+        ``key`` names the history carried to the stream's next round."""
         limits = evidence.thresholds
-        return window.robust_zscores(log_norms, limits.spike_window, limits.spike_min_sigma,
-                                     exclude=exclude)
+        z, excess, references = window.robust_zscores(
+            log_norms, limits.spike_window, limits.spike_min_sigma, exclude=exclude,
+            first_row=evidence.first_row, start=evidence.fresh, reference=evidence.kept(key))
+        if evidence.resume_row is not None:
+            evidence.keep(key, references(evidence.resume_row))
+        return z, excess
 
     def _is_spike(self, evidence, z):
         with np.errstate(invalid="ignore"):
             return z >= evidence.thresholds.spike_zscore
 
     def _variable_scores(self, evidence):
-        return self._scores(evidence, _log10(evidence.finite_norms),
+        return self._scores(evidence, _log10(evidence.finite_norms), "variables",
                             exclude=evidence.cells_of_class(VANISHING))
 
     def cells(self, evidence):
@@ -78,18 +83,19 @@ class Spike(Rule):
 
         present = evidence.global_present
         global_z, global_excess = self._scores(
-            evidence, _log10(np.where(present, evidence.global_norm, np.nan))[:, None]
+            evidence, _log10(np.where(present, evidence.global_norm, np.nan))[:, None], "global"
         )
         self._add(evidence, builder, present & self._is_spike(evidence, global_z[:, 0]),
                   global_z[:, 0], global_excess[:, 0], "global gradient norm",
                   rule="global_spike")
 
     def _add(self, evidence, builder, mask, z, excess, what, rule="spike", row=None):
-        ratio = float(np.nanmax(10.0 ** excess[mask])) if mask.any() else float("nan")
         limit = evidence.thresholds.spike_zscore
+        with np.errstate(over="ignore"):
+            ratios = 10.0 ** excess
         builder.add(
             self.kind, rule, "warning", mask, z, np.max, limit,
-            lambda v: f"{what} spiked to {ratio:.3g}x its running median (robust z-score "
-            f"{v:.3g}, threshold {limit:g})",
-            row=row,
+            lambda v, ratio: f"{what} spiked to {ratio:.3g}x its running median (robust "
+            f"z-score {v:.3g}, threshold {limit:g})",
+            row=row, detail=(ratios, np.max),
         )

@@ -45,35 +45,54 @@ class UpdateRatio(Rule):
         if thresholds.update_ratio_low >= thresholds.update_ratio_high:
             raise ValueError("threshold update_ratio_low must be below update_ratio_high")
 
-    def alerts(self, evidence, builder):
+    # The median over the whole run: a stream (`analysis.stream`) keeps this rule's `record`
+    # of every round and calls `alerts_on` the whole record.
+    whole_run = True
+
+    def record(self, evidence):
+        """``(rule, scale, rows, ratios)``: the ratio this rule judges (``rule`` names it, the
+        band is multiplied by ``scale``) of the kernels (variables ``rows``), ``[steps,
+        len(rows)]`` in the logged precision, NaN at non-finite steps; None when the series
+        logged neither ratio."""
         series, limits = evidence.series, evidence.thresholds
         available = series.available_stats
         if "update_weight_ratio" in available:
-            ratios, rule, scale = series.stat("update_weight_ratio"), "update/weight", 1.0
+            name, rule, scale = "update_weight_ratio", "update/weight", 1.0
         elif "grad_weight_ratio" in available:
-            ratios, rule = series.stat("grad_weight_ratio"), "gradient/weight"
+            name, rule = "grad_weight_ratio", "gradient/weight"
             scale = 1.0 / limits.reference_learning_rate
         else:
-            return
+            return None
+        rows = np.array([row for row, shape in enumerate(series.shapes)
+                         if shape is not None and len(shape) >= 2], dtype=np.int64)
         # A NaN/Inf step's ratio describes no update.
-        ratios = np.where(evidence.nonfinite, np.nan, ratios)
+        ratios = np.where(evidence.nonfinite[:, rows], np.nan, series.stat(name)[:, rows])
+        return rule, scale, rows, ratios
+
+    def alerts(self, evidence, builder):
+        self.alerts_on(self.record(evidence), evidence.thresholds, builder)
+
+    def alerts_on(self, record, limits, builder):
+        """This rule's alerts from a `record` of the whole run (None: nothing to judge)."""
+        if record is None:
+            return
+        rule, scale, rows, ratios = record
         what = f"{rule} ratio"
         low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             medians = np.nanmedian(ratios, axis=0)
-        for row, median in enumerate(medians):
-            shape = series.shapes[row]
-            if shape is None or len(shape) < 2 or not np.isfinite(median) or low <= median <= high:
+        for column, median in enumerate(medians):
+            if not np.isfinite(median) or low <= median <= high:
                 continue
             too_low = median < low
             with np.errstate(invalid="ignore"):
-                mask = ratios[:, row] < low if too_low else ratios[:, row] > high
+                mask = ratios[:, column] < low if too_low else ratios[:, column] > high
             builder.add(
-                self.kind, rule, "info", mask, ratios[:, row], lambda _: median,
+                self.kind, rule, "info", mask, ratios[:, column], lambda _: median,
                 low if too_low else high,
                 lambda v, too_low=too_low: f"median {what} {v:.3g} is "
                 + (f"below {low:g} (barely learning)" if too_low else f"above {high:g} (weights "
                    "rewritten every step)"),
-                row=row,
+                row=int(rows[column]),
             )

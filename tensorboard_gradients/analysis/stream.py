@@ -1,0 +1,204 @@
+"""`AnalysisStream`: the classes and alerts of a series fed a few steps at a time, in memory
+bounded by the rules' windows, not by the run's length.
+
+Every rule looks back a bounded number of logged steps (a sustained stretch: ``sustain_steps``;
+the spike history: the previous block of ``spike_window`` steps, carried as its median and MAD)
+and ahead at most ``sustain_steps - 1`` (is this step the start of a sustained stretch?). So
+each round re-judges only the rows from the start of the spike block holding the first
+undecided row, with ``sustain_steps - 1`` rows of context before it; the rows that no later step
+can change become final, and only what the next round needs is kept. The last
+``sustain_steps - 1`` rows stay provisional (they are what `analyze` of the series so far says)
+until later steps decide them, or until `close` says no step follows.
+
+Exactness: the classes and alerts equal `analyze` of the whole series, for any way of cutting
+it into feeds (a test checks it on random and crafted series). `analyze` itself is one feed and
+a `close`, so there is one implementation of every rule.
+"""
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from tensorboard_gradients.analysis.alerts import AlertBuilder, Alert, by_urgency, merged_findings
+from tensorboard_gradients.analysis.classes import CLASSES, MISSING, OK
+from tensorboard_gradients.analysis.evidence import Evidence
+from tensorboard_gradients.analysis.rules import RULES
+from tensorboard_gradients.analysis.thresholds import Thresholds
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """The steps and variables alerts name, for rules judged on the whole run."""
+
+    steps: np.ndarray
+    variables: Sequence[str]
+    layers: Sequence[str]
+
+
+class AnalysisStream:
+    """Cell classes and alerts of one series, fed in step order.
+
+    Args:
+      like: a `GradientSeries` (any number of steps) whose variables, layers, shapes and stat
+        names the fed matrices follow.
+      thresholds: the rules' `Thresholds` (default: the documented defaults).
+
+    `feed` returns the classes that became final; `provisional_classes` the rest; `alerts` the
+    alerts of everything fed so far (equal to `analyze` of the series so far).
+    """
+
+    def __init__(self, like, thresholds: Optional[Thresholds] = None):
+        self._like = like
+        self.thresholds = thresholds or Thresholds()
+        self._context = self.thresholds.sustain_steps - 1
+        self._block = self.thresholds.spike_window
+        width = (len(like.variables), len(like.stat_names))
+        # Kept rows: the run's rows [self._kept_from, self.rows).
+        self._steps: List[np.ndarray] = []
+        self._wall_times: List[np.ndarray] = []
+        self._values: List[np.ndarray] = []
+        self._width = width
+        self._kept_from = 0
+        self.rows = 0  # rows fed
+        self._last_step = None
+        self.final_rows = 0  # rows [0, final_rows) are decided
+        self._closed = False
+        self._carried = {}
+        self._findings = {}
+        self._provisional_findings = {}
+        self._provisional_classes = np.zeros((0, width[0]), dtype=np.int8)
+        self._all_steps: List[np.ndarray] = []  # every fed row's step, for whole-run rules
+        self._records = {rule.name: [] for rule in RULES if rule.whole_run}
+        self._provisional_records = {}
+
+    def feed(self, steps, wall_times, values, last: bool = False) -> np.ndarray:
+        """Adds logged steps (increasing, after every step fed before) and judges them;
+        ``last`` also `close`s the stream.
+
+        Returns ``int8[rows, variables]``: the `CLASSES` codes of the rows that became final
+        (the run's rows from the previous `final_rows` on, in order)."""
+        if self._closed:
+            raise ValueError("the stream is closed: no step may follow")
+        steps = np.asarray(steps, dtype=np.int64)
+        values = np.asarray(values)
+        if values.shape != (len(steps),) + self._width:
+            raise ValueError(f"values of shape {values.shape} for {len(steps)} steps of "
+                             f"{self._width[0]} variables x {self._width[1]} stats")
+        if len(steps) and ((np.diff(steps) <= 0).any()
+                           or (self._last_step is not None and steps[0] <= self._last_step)):
+            raise ValueError("steps must increase from feed to feed")
+        if len(steps):
+            self._last_step = int(steps[-1])
+        self._steps.append(steps)
+        self._wall_times.append(np.asarray(wall_times, dtype=np.float64))
+        self._values.append(values)
+        self._all_steps.append(steps)
+        self.rows += len(steps)
+        if last:
+            self._closed = True
+        elif not len(steps):
+            return np.zeros((0, self._width[0]), dtype=np.int8)
+        return self._round(closed=last)
+
+    def close(self) -> np.ndarray:
+        """Says no step follows: returns the classes of the rows still provisional, now final."""
+        if self._closed:
+            return np.zeros((0, self._width[0]), dtype=np.int8)
+        self._closed = True
+        return self._round(closed=True)
+
+    def provisional_classes(self) -> np.ndarray:
+        """``int8[rows - final_rows, variables]``: the classes of the undecided rows as the
+        steps so far give them."""
+        return self._provisional_classes
+
+    def alerts(self) -> List[Alert]:
+        """The alerts of every step fed so far, most urgent first (see `analysis.diagnose`)."""
+        findings = merged_findings(self._findings, self._provisional_findings)
+        rows = _Rows(np.concatenate(self._all_steps) if self._all_steps else np.zeros(0, np.int64),
+                     self._like.variables, self._like.layers)
+        for rule in RULES:
+            if rule.whole_run:
+                builder = AlertBuilder(rows)
+                rule.alerts_on(self._record(rule), self.thresholds, builder)
+                findings = merged_findings(findings, builder.findings)
+        return by_urgency([f.alert() for f in findings.values()], rows.variables, rows.layers)
+
+    def _record(self, rule):
+        parts = self._records[rule.name] + ([self._provisional_records[rule.name]]
+                                           if rule.name in self._provisional_records else [])
+        parts = [part for part in parts if part is not None]
+        if not parts:
+            return None
+        name, scale, columns, _ = parts[0]
+        return name, scale, columns, np.concatenate([part[3] for part in parts])
+
+    def _round(self, closed: bool) -> np.ndarray:
+        first_undecided = self.final_rows
+        end = self.rows
+        decided = end if closed else max(first_undecided, end - self._context)
+        block_start = first_undecided // self._block * self._block
+        first_row = max(0, block_start - self._context)
+        resume_row = None if closed else decided // self._block * self._block
+        series = self._kept_series(first_row)
+        evidence = Evidence(series, self.thresholds, RULES, first_row=first_row,
+                            fresh=block_start - first_row, previous=self._carried,
+                            resume_row=resume_row)
+        classes = _classes(evidence)
+        low, split, high = (first_undecided - first_row, decided - first_row, end - first_row)
+        builder = AlertBuilder(series, rows=(low, split, high))
+        for rule in RULES:
+            if not rule.whole_run:
+                rule.alerts(evidence, builder)
+                continue
+            record = rule.record(evidence)
+            if record is not None:
+                name, scale, columns, ratios = record
+                self._records[rule.name].append((name, scale, columns, ratios[low:split]))
+                self._provisional_records[rule.name] = (name, scale, columns, ratios[split:high])
+        self._findings = merged_findings(self._findings, builder.findings)
+        self._provisional_findings = builder.provisional
+        self._carried = evidence.next
+        self._provisional_classes = classes[split:high]
+        self.final_rows = decided
+        if resume_row is not None:
+            self._keep_from(max(0, resume_row - self._context))
+        else:
+            self._keep_from(end)
+        return classes[low:split]
+
+    def _kept_series(self, first_row: int):
+        """A series of the kept rows from the run's row ``first_row`` on."""
+        self._steps, self._wall_times, self._values = (
+            _joined(self._steps), _joined(self._wall_times), _joined(self._values))
+        cut = first_row - self._kept_from
+        empty = np.zeros((0,) + self._width, dtype=np.float32)
+        return dataclasses.replace(
+            self._like,
+            steps=self._steps[0][cut:] if self._steps else np.zeros(0, np.int64),
+            wall_times=self._wall_times[0][cut:] if self._wall_times else np.zeros(0),
+            values=self._values[0][cut:] if self._values else empty,
+        )
+
+    def _keep_from(self, row: int):
+        cut = row - self._kept_from
+        if cut > 0 and self._steps:
+            self._steps = [self._steps[0][cut:]]
+            self._wall_times = [self._wall_times[0][cut:]]
+            self._values = [self._values[0][cut:]]
+            self._kept_from = row
+        self._all_steps = _joined(self._all_steps)
+
+
+def _joined(parts: List[np.ndarray]) -> List[np.ndarray]:
+    """``parts`` as one array (in a list; none: an empty list), copied only if there are more."""
+    return [np.concatenate(parts)] if len(parts) > 1 else parts
+
+
+def _classes(evidence: Evidence) -> np.ndarray:
+    classes = np.full(evidence.missing.shape, OK, dtype=np.int8)
+    for code in range(OK + 1, len(CLASSES)):  # milder classes first: the worst one wins a cell
+        classes[evidence.cells_of_class(code)] = code
+    classes[evidence.missing] = MISSING
+    return classes

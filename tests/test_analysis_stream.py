@@ -1,0 +1,142 @@
+"""`AnalysisStream`: a series fed a few steps at a time is judged exactly as a whole series,
+in memory bounded by the rules' windows."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format.layout import Layout
+from tensorboard_gradients.format.series import GradientSeries
+
+
+def random_series(seed):
+    """A small series with every finding the rules know (spikes, vanishing stretches, dead and
+    non-finite steps, missing cells and columns, update ratios out of band), random thresholds
+    and irregular step numbers."""
+    rng = np.random.default_rng(seed)
+    variables, steps = int(rng.integers(1, 14)), int(rng.integers(0, 260))
+    names = [f"layer_{int(rng.integers(0, variables // 2 + 1)):02d}/v{i}" for i in range(variables)]
+    shapes = [None if rng.random() < 0.1 else tuple(rng.integers(1, 9, size=rng.integers(1, 3)))
+              for _ in names]
+    with_updates = rng.random() < 0.3
+    layout = Layout.create(names, shapes, with_weights=with_updates or rng.random() < 0.5,
+                           with_updates=with_updates)
+    column = {name: i for i, name in enumerate(layout.stats)}
+    norms = (10 ** rng.uniform(-9, 4, size=variables)
+             * 10 ** rng.normal(scale=rng.uniform(0.01, 0.5), size=(steps, variables)))
+    for _ in range(rng.integers(0, 6) if steps else 0):
+        norms[rng.integers(steps), rng.integers(variables)] *= 10 ** rng.uniform(0.5, 6)
+    for _ in range(rng.integers(0, 4) if steps else 0):
+        start = int(rng.integers(steps))
+        norms[start:start + int(rng.integers(1, 40)), rng.integers(variables)] *= 10 ** -rng.uniform(2, 9)
+    values = np.zeros((steps, variables, len(layout.stats)),
+                      dtype=np.float64 if rng.random() < 0.2 else np.float32)
+    values[..., column["l2_norm"]] = norms
+    values[..., column["size"]] = 64
+    values[..., column["zero_fraction"]] = np.where(
+        rng.random((steps, variables)) < 0.05, 1.0, rng.uniform(0, 0.5, (steps, variables)))
+    if steps and rng.random() < 0.4:
+        start = int(rng.integers(steps))
+        values[start:start + int(rng.integers(1, 50)), rng.integers(variables),
+               column["zero_fraction"]] = 1.0
+    values[..., column["nan_count"]] = (
+        rng.random((steps, variables)) < rng.choice([0, 0.002, 0.02])) * rng.integers(1, 50)
+    values[..., column["inf_count"]] = (rng.random((steps, variables)) < 0.003) * 2
+    if "weight_l2_norm" in column:
+        values[..., column["weight_l2_norm"]] = 10 ** rng.uniform(-1, 1, size=variables) * (
+            rng.random((steps, variables)) >= 0.01)
+    if with_updates:
+        values[..., column["update_l2_norm"]] = (10 ** rng.uniform(-7, 1, size=variables)
+                                                 * 10 ** rng.normal(scale=0.3, size=(steps, variables)))
+    missing = rng.random((steps, variables)) < rng.choice([0, 0.05, 0.3])
+    if rng.random() < 0.2:
+        missing[:, rng.integers(variables)] = True
+    if steps and rng.random() < 0.2:
+        start = int(rng.integers(steps))
+        missing[start:start + int(rng.integers(1, 60)), rng.integers(variables)] = True
+    values[missing] = np.nan
+    series = GradientSeries(
+        run="run", tag="gradients", name="gradients", variables=layout.variables,
+        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
+        steps=np.cumsum(rng.integers(1, 5, size=steps)) + int(rng.integers(0, 100)),
+        wall_times=np.arange(steps, dtype=float), values=values,
+    )
+    thresholds = analysis.Thresholds(
+        sustain_steps=int(rng.integers(1, 9)), spike_window=int(rng.integers(1, 41)),
+        spike_zscore=float(rng.uniform(1, 6)), exploding_norm=float(10 ** rng.uniform(-3, 4)),
+    ) if rng.random() < 0.7 else analysis.Thresholds()
+    return series, thresholds
+
+
+def _prefix(series, rows):
+    return dataclasses.replace(series, steps=series.steps[:rows],
+                               wall_times=series.wall_times[:rows], values=series.values[:rows])
+
+
+def _same_alerts(got, expected):
+    """Alert lists equal field by field (NaN values equal NaN: a value over no finite step)."""
+    def fields(alert):
+        return [("nan" if isinstance(v, float) and math.isnan(v) else v)
+                for v in alert.to_json().values()]
+    return [fields(a) for a in got] == [fields(a) for a in expected]
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_a_series_fed_in_random_pieces_is_judged_as_the_whole_series(seed):
+    series, thresholds = random_series(seed)
+    whole = analysis.analyze(series, thresholds)
+    rng = np.random.default_rng(1000 + seed)
+    count = len(series.steps)
+    cuts = sorted(rng.choice(np.arange(1, count), size=min(count - 1, int(rng.integers(0, 12))),
+                             replace=False).tolist()) if count > 1 else []
+    stream = analysis.AnalysisStream(series, thresholds)
+    decided = []
+    for start, end in zip([0] + cuts, cuts + [count]):
+        decided.append(stream.feed(series.steps[start:end], series.wall_times[start:end],
+                                   series.values[start:end]))
+        # Until the stream is closed, decided + provisional = the analysis of the steps so far.
+        so_far = analysis.analyze(_prefix(series, end), thresholds)
+        np.testing.assert_array_equal(
+            np.concatenate(decided + [stream.provisional_classes()]), so_far.classes)
+        assert _same_alerts(stream.alerts(), so_far.alerts)
+        assert stream.final_rows == sum(len(d) for d in decided)
+    decided.append(stream.close())
+    np.testing.assert_array_equal(np.concatenate(decided), whole.classes)
+    assert _same_alerts(stream.alerts(), whole.alerts)
+
+
+def test_a_long_run_fed_step_by_step_keeps_only_its_windows():
+    series, _ = random_series(7)
+    thresholds = analysis.Thresholds(spike_window=10, sustain_steps=4)
+    rng = np.random.default_rng(0)
+    values = np.repeat(series.values[:1], 2000, axis=0) * 10 ** rng.normal(
+        scale=0.1, size=(2000, len(series.variables), 1))
+    long_run = dataclasses.replace(series, steps=np.arange(2000), wall_times=np.arange(2000.0),
+                                   values=values.astype(np.float32))
+    stream = analysis.AnalysisStream(long_run, thresholds)
+    decided = []
+    for row in range(2000):
+        decided.append(stream.feed(long_run.steps[row:row + 1], long_run.wall_times[row:row + 1],
+                                   long_run.values[row:row + 1]))
+        # Kept: the spike block of the first undecided row and the sustain context before it.
+        assert stream.rows - stream._kept_from <= 10 + 2 * 3 + 1
+    decided.append(stream.close())
+    whole = analysis.analyze(long_run, thresholds)
+    np.testing.assert_array_equal(np.concatenate(decided), whole.classes)
+    assert _same_alerts(stream.alerts(), whole.alerts)
+
+
+def test_steps_must_increase_and_nothing_follows_a_close():
+    series, _ = random_series(3)
+    stream = analysis.AnalysisStream(series)
+    stream.feed([5, 6], [0.0, 0.0], series.values[:1].repeat(2, axis=0)[:, :, :])
+    with pytest.raises(ValueError, match="increase"):
+        stream.feed([6], [0.0], series.values[:1])
+    with pytest.raises(ValueError, match="shape"):
+        stream.feed([7], [0.0], series.values[:1, :1])
+    stream.close()
+    with pytest.raises(ValueError, match="closed"):
+        stream.feed([8], [0.0], series.values[:1])
