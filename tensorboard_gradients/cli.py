@@ -5,7 +5,9 @@
 
 Prints one line per alert (or a JSON document with ``--json``: ``alerts`` and ``problems``), so
 a training pipeline can gate on the exit status. Rules and defaults:
-`tensorboard_gradients.analysis`.
+`tensorboard_gradients.analysis`. Runs of any length: the logged steps are located first, then
+decoded and judged `STEPS_PER_READ` at a time (`analysis.AnalysisStream`), so memory is bounded
+by that, not by the run.
 
 One broken run never hides the others: what cannot be read is skipped and reported on stderr, one
 line per problem of the selected runs and tags (run, tag, file, what is wrong; see
@@ -151,29 +153,50 @@ def _absent(what: str, name: str, available, problems, logdir) -> int:
     return EXIT_USAGE
 
 
+# Logged steps decoded at a time: memory stays bounded by this (1,000 variables: ~90 MB).
+STEPS_PER_READ = 2000
+
+
+def diagnose_logged(logged: reader.LoggedSeries, thresholds) -> List[analysis.Alert]:
+    """The alerts of a logged series, read and judged `STEPS_PER_READ` steps at a time (an
+    `analysis.AnalysisStream`: the same alerts as `analysis.diagnose` of the whole series)."""
+    stream = analysis.AnalysisStream(logged.rows(0, 0), thresholds)
+    for start in range(0, len(logged), STEPS_PER_READ):
+        rows = logged.rows(start, start + STEPS_PER_READ)
+        stream.feed(rows.steps, rows.wall_times, rows.values)
+    stream.close()
+    return stream.alerts()
+
+
+def _selected_problems(scan, args):
+    """The problems of the selected runs and tags, each reported once on stderr."""
+    problems = [p for p in scan.problems if _is_selected(p, args)]
+    for problem in problems:
+        _complain(f"{problem.kind}: {problem}")
+    return problems
+
+
 def diagnose_command(args, parser) -> int:
     fail_on = _fail_kinds(args.fail_on, parser)
     thresholds = _thresholds(args.threshold, parser)
     try:
-        report = reader.read_logdir_report(args.logdir)
+        scan = reader.scan_logdir_report(args.logdir)
     except FileNotFoundError as error:
         _complain(str(error))
         return EXIT_USAGE
-    problems = [p for p in report.problems if _is_selected(p, args)]
-    for problem in problems:
-        _complain(f"{problem.kind}: {problem}")
-    runs = report.runs
+    runs = scan.runs
     if args.run is not None:
         if args.run not in runs:
-            return _absent("run", args.run, runs, problems, args.logdir)
+            return _absent("run", args.run, runs, _selected_problems(scan, args), args.logdir)
         runs = {args.run: runs[args.run]}
     selected = [(run, tag, runs[run][tag]) for run in sorted(runs) for tag in sorted(runs[run])
                 if args.tag is None or tag == args.tag]
     if args.tag is not None and not selected:
         tags = {tag for run_tags in runs.values() for tag in run_tags}
-        return _absent("tag", args.tag, tags, problems, args.logdir)
-    findings = [(run, tag, alert) for run, tag, series in selected
-                for alert in analysis.diagnose(series, thresholds)]
+        return _absent("tag", args.tag, tags, _selected_problems(scan, args), args.logdir)
+    findings = [(run, tag, alert) for run, tag, logged in selected
+                for alert in diagnose_logged(logged, thresholds)]
+    problems = _selected_problems(scan, args)
     severity = {s: i for i, s in enumerate(analysis.SEVERITIES)}
     findings.sort(key=lambda f: (severity[f[2].severity], f[2].first_step))
     if args.json:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from tensorboard_gradients import cli
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +95,28 @@ def test_help_documents_the_exit_status():
     assert result.returncode == 0
     for code in ("0  no alert", "1  an alert", "2  bad arguments", "3  no alert"):
         assert code in result.stdout
+
+
+def test_a_run_read_in_pieces_gets_the_alerts_of_the_whole_run(tmp_path, monkeypatch, capsys):
+    """`diagnose` decodes a few steps at a time (bounded memory on long runs); cutting the run
+    into reads of 7 steps must not change one alert."""
+    rng = np.random.default_rng(5)
+    with tg.GradientWriter(str(tmp_path / "run")) as writer:
+        for step in range(120):
+            gradients = {f"layer_{i}/kernel": rng.normal(size=(6, 5)) * 10 ** (-i) for i in range(4)}
+            if step in (40, 77):
+                gradients["layer_1/kernel"] *= 1e4  # spikes
+            if step == 90:
+                gradients["layer_2/kernel"][0, 0] = np.nan
+            if 50 <= step < 70:
+                gradients["layer_3/kernel"] *= 1e-9  # vanishing for 20 steps
+            writer.write(step, gradients)
+    expected = tg.diagnose(tg.read_logdir(str(tmp_path))["run"]["gradients"])
+    assert {a.kind for a in expected} >= {"exploding", "nonfinite", "vanishing"}
+    monkeypatch.setattr(cli, "STEPS_PER_READ", 7)
+    assert cli.main(["diagnose", str(tmp_path), "--json", "--fail-on", "nonfinite"]) == cli.EXIT_ALERT
+    alerts = json.loads(capsys.readouterr().out)["alerts"]
+    assert [(a["kind"], a["rule"], a["variable"], a["first_step"], a["last_step"], a["steps"],
+             a["message"]) for a in alerts] == [
+        (a.kind, a.rule, a.variable, a.first_step, a.last_step, a.steps, a.message)
+        for a in expected]

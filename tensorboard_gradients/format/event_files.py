@@ -17,7 +17,7 @@ import stat
 import struct
 import threading
 import time
-from typing import BinaryIO, Iterator, Optional
+from typing import BinaryIO, Iterator, Optional, Tuple
 
 from tensorboard.compat.proto import event_pb2
 
@@ -190,14 +190,33 @@ def read_events(path: str, damage: Optional[ReadDamage] = None) -> Iterator["eve
       OSError: when iteration starts, if the file cannot be opened (`NotARegularFileError`: it
         is not a regular file); later, if reading it fails.
     """
+    for _, event in located_events(path, damage):
+        yield event
+
+
+def located_events(path: str, damage: Optional[ReadDamage] = None,
+                   start: int = 0) -> Iterator[Tuple[int, "event_pb2.Event"]]:
+    """`read_events` from offset ``start`` on, each event with the offset of its record (what
+    `event_at` reads back)."""
     damage = ReadDamage() if damage is None else damage
     with open_regular_file(path) as file:
-        for record in iter_records(file, 0, os.fstat(file.fileno()).st_size, damage):
+        offset = start
+        for record in iter_records(file, start, os.fstat(file.fileno()).st_size, damage):
             event = parse_event(record.data) if record.intact else None
             if event is None:
                 damage.skipped_records += 1
-                continue
-            yield event
+            else:
+                yield offset, event
+            offset = record.end
+
+
+def event_at(file: BinaryIO, offset: int) -> Optional["event_pb2.Event"]:
+    """The event of the intact record at ``offset`` of an open event file, or None (a record
+    that no longer reads back: the file was replaced or damaged since it was located)."""
+    size = os.fstat(file.fileno()).st_size
+    for record in iter_records(file, offset, size, ReadDamage()):
+        return parse_event(record.data) if record.intact else None
+    return None
 
 
 def parse_event(data: bytes) -> Optional["event_pb2.Event"]:

@@ -12,16 +12,20 @@ and points a later file logged under other metadata for the same tag are refused
 would show them under the first metadata's variable names).
 """
 
+import collections
 import dataclasses
 import logging
 import os
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+
 from tensorboard_gradients.format import event_files, metadata
 from tensorboard_gradients.format.series import (
     DamagedPointError,
-    GradientHistograms,
+    GradientHistograms,  # noqa: F401 - re-exported: `read_logdir` users' series carry them
     GradientSeries,
+    check_tensor,
     decode_tensor,
     expected_shape,
     histograms_from_points,
@@ -73,7 +77,9 @@ class _Tag:
     parsed: metadata.PluginData
     content: bytes
     path: str  # the file that declared it first
-    points: List[tuple] = dataclasses.field(default_factory=list)  # (step, wall_time, matrix)
+    # (step, wall_time, (file, record offset, value index)): where each point lies, checked
+    # against the metadata but not decoded (`LoggedSeries` reads them back, a few at a time).
+    points: List[tuple] = dataclasses.field(default_factory=list)
     refused_points: int = 0
 
     def refusal(self, plugin_data) -> Optional[str]:
@@ -149,10 +155,10 @@ class _RunReader:
         refused: Dict[str, list] = {}
         events = 0
         try:
-            for event in event_files.read_events(path, damage):
+            for offset, event in event_files.located_events(path, damage):
                 events += 1
-                for value in event.summary.value:
-                    self._take(path, event, value, refusals, refused)
+                for index, value in enumerate(event.summary.value):
+                    self._take((path, offset, index), event, value, refusals, refused)
         except OSError as error:
             read = "read only in part" if events else "not read"
             self.report(UNREADABLE, None, path, f"{read}: {error}")
@@ -163,7 +169,8 @@ class _RunReader:
             self.tags[tag].refused_points += count
             self.report(DAMAGED, tag, path, f"{count} point(s) refused: {'; '.join(reasons)}")
 
-    def _take(self, path, event, value, refusals, refused):
+    def _take(self, location, event, value, refusals, refused):
+        path = location[0]
         if value.tag in self.unreadable_tags:
             return
         plugin_data = value.metadata.plugin_data
@@ -183,19 +190,19 @@ class _RunReader:
         reason = refusals.get(value.tag)
         if reason is None:
             try:
-                matrix = decode_tensor(value.tensor, expected_shape(tag.parsed))
+                check_tensor(value.tensor, expected_shape(tag.parsed))
             except DamagedPointError as error:
                 reason = str(error)
             else:
-                tag.points.append((event.step, event.wall_time, matrix))
+                tag.points.append((event.step, event.wall_time, location))
                 return
         counted = refused.setdefault(value.tag, [0, []])
         counted[0] += 1
         if reason not in counted[1] and len(counted[1]) < _REASONS_SHOWN:
             counted[1].append(reason)
 
-    def collect_series(self) -> Dict[str, GradientSeries]:
-        """``{tag: GradientSeries}`` of the stats tags with readable points (once all files are
+    def collect_series(self) -> Dict[str, "LoggedSeries"]:
+        """``{tag: LoggedSeries}`` of the stats tags with readable points (once all files are
         read); a stats tag none of whose points could be read is reported `UNREADABLE`."""
         result = {}
         for name, tag in self.tags.items():
@@ -207,20 +214,15 @@ class _RunReader:
                                 f"{tag.refused_points} logged point(s) could be read")
                 continue
             epochs = self._tag_of_kind(metadata.epochs_tag(tag.parsed.name), metadata.KIND_EPOCHS)
-            series = series_from_points(
-                self.run, name, tag.parsed, tag.points, epochs.points if epochs else (),
-                self._histograms(name, tag),
-            )
-            result[name] = dataclasses.replace(
-                series, damaged_points=series.damaged_points + tag.refused_points
-            )
+            result[name] = LoggedSeries(
+                self.run, name, tag, epochs, self._histograms(name, tag), self.report)
         return result
 
     def _tag_of_kind(self, name: str, kind: str) -> Optional[_Tag]:
         tag = self.tags.get(name)
         return tag if tag is not None and tag.parsed.kind == kind else None
 
-    def _histograms(self, stats_name: str, stats: _Tag) -> Optional[GradientHistograms]:
+    def _histograms(self, stats_name: str, stats: _Tag) -> Optional[_Tag]:
         name = metadata.histogram_tag(stats_name)
         tag = self._tag_of_kind(name, metadata.KIND_HISTOGRAMS)
         if tag is None:
@@ -229,11 +231,91 @@ class _RunReader:
         if mismatch:
             self.report(DAMAGED, name, tag.path, mismatch)
             return None
-        return histograms_from_points(self.run, name, tag.parsed, tag.points)
+        return tag
+
+
+class LoggedSeries:
+    """A stats tag of a run as its event files hold it: every logged step located, none decoded
+    until asked for, so a run of any length is read in memory bounded by the rows asked for.
+
+    ``steps``/``wall_times`` are the logged steps in order (a rewritten step: its last write);
+    `rows` reads some of them back and `series` all of them, as `GradientSeries`.
+    """
+
+    def __init__(self, run: str, tag: str, stats: _Tag, epochs: Optional[_Tag],
+                 histograms: Optional[_Tag], report):
+        self.run, self.tag = run, tag
+        self.parsed = stats.parsed
+        self._stats, self._epochs, self._histograms = stats, epochs, histograms
+        self._report = report
+        by_step = {int(step): (wall_time, location) for step, wall_time, location in stats.points}
+        self.steps = np.array(sorted(by_step), dtype=np.int64)
+        self.wall_times = np.array([by_step[s][0] for s in self.steps.tolist()], np.float64)
+        self._locations = [by_step[s][1] for s in self.steps.tolist()]
+        self.refused_points = stats.refused_points
+
+    def __len__(self):
+        return len(self.steps)
+
+    def rows(self, start: int, stop: int) -> GradientSeries:
+        """The logged steps ``start:stop`` (no epochs, no histograms) as a `GradientSeries`;
+        a point that no longer reads back is left out and reported."""
+        points = zip(self.steps[start:stop].tolist(), self.wall_times[start:stop].tolist(),
+                     self._locations[start:stop])
+        return series_from_points(self.run, self.tag, self.parsed,
+                                  _decoded(self.run, self.tag, self.parsed, points, self._report))
+
+    def series(self) -> GradientSeries:
+        """Every logged step, its epoch marks and histograms, as a `GradientSeries`."""
+        def decoded(tag: _Tag, name: str):
+            return _decoded(self.run, name, tag.parsed, tag.points, self._report)
+
+        histograms = None
+        if self._histograms is not None:
+            name = metadata.histogram_tag(self.tag)
+            histograms = histograms_from_points(
+                self.run, name, self._histograms.parsed, decoded(self._histograms, name))
+        epochs = () if self._epochs is None else decoded(
+            self._epochs, metadata.epochs_tag(self.parsed.name))
+        steps = self.rows(0, len(self))
+        points = zip(steps.steps.tolist(), steps.wall_times.tolist(), steps.values)
+        series = series_from_points(self.run, self.tag, self.parsed, points, epochs, histograms)
+        return dataclasses.replace(
+            series, damaged_points=series.damaged_points + self.refused_points)
+
+
+def _decoded(run, tag, parsed, points, report) -> List[tuple]:
+    """``(step, wall_time, matrix)`` of located points, read back file by file. A record that
+    no longer reads back as it did (the file was replaced since) is left out and reported."""
+    expected = expected_shape(parsed)
+    files = {}
+    decoded, lost = [], collections.Counter()
+    try:
+        for step, wall_time, (path, offset, index) in points:
+            try:
+                if path not in files:
+                    files[path] = event_files.open_regular_file(path)
+                event = event_files.event_at(files[path], offset)
+                value = None if event is None else event.summary.value[index]
+                if value is None or value.tag != tag:
+                    raise DamagedPointError("its record no longer reads back")
+                decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
+            except (OSError, IndexError, DamagedPointError):
+                lost[path] += 1
+    finally:
+        for file in files.values():
+            file.close()
+    for path, count in lost.items():
+        report(DAMAGED, tag, path, f"{count} point(s) could not be read back (the file "
+               "changed while it was read)")
+    return decoded
 
 
 def read_logdir_report(logdir: str) -> LogdirReport:
     """Reads every gradient summary under ``logdir``, and reports what could not be read.
+
+    `scan_logdir_report` does the same without decoding a step until asked: for runs too long
+    to hold in memory.
 
     One bad file never hides the rest: a run, file or tag that cannot be read is skipped and
     reported as a `Problem`; the others come back whole. What is refused, and how:
@@ -253,6 +335,28 @@ def read_logdir_report(logdir: str) -> LogdirReport:
 
     Returns:
       A `LogdirReport`: ``runs`` as `read_logdir` returns it, ``problems`` in reading order.
+
+    Raises:
+      FileNotFoundError: ``logdir`` is not a directory.
+    """
+    scan = scan_logdir_report(logdir)
+    runs = {run: {tag: logged.series() for tag, logged in tags.items()}
+            for run, tags in scan.runs.items()}
+    return LogdirReport(runs=runs, problems=tuple(scan.problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogdirScan:
+    """What `scan_logdir_report` found: ``{run: {tag: LoggedSeries}}`` and the problems so far
+    (reading the series back may add some: the list grows)."""
+
+    runs: Dict[str, Dict[str, LoggedSeries]]
+    problems: List[Problem]
+
+
+def scan_logdir_report(logdir: str) -> LogdirScan:
+    """Locates every logged step under ``logdir`` without decoding any (`LoggedSeries`): the
+    rules and problems of `read_logdir_report`, in memory bounded by the number of steps.
 
     Raises:
       FileNotFoundError: ``logdir`` is not a directory.
@@ -279,7 +383,7 @@ def read_logdir_report(logdir: str) -> LogdirReport:
         series = run.collect_series()
         if series:
             runs[run.run] = series
-    return LogdirReport(runs=runs, problems=tuple(problems))
+    return LogdirScan(runs=runs, problems=problems)
 
 
 def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:

@@ -103,17 +103,15 @@ _FLOAT_DTYPES = {
 }
 
 
-def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
-    """The float array of a logged `TensorProto`, checked against its tag's metadata FIRST.
+def check_tensor(tensor, expected: Tuple[int, ...]) -> None:
+    """`DamagedPointError` unless the `TensorProto` is a float matrix of exactly ``expected``
+    shape (the checks of `decode_tensor`, without decoding)."""
+    _checked(tensor, expected)
 
-    TensorBoard's `make_ndarray` expands a tensor to its declared shape before anything checks
-    it: a 537-byte record declaring 4.4 TB would exhaust memory. Here the declared shape, dtype
-    and byte count are compared with what the metadata says (``expected``) before one element is
-    decoded, so the memory spent is bounded by the metadata, which the reader holds anyway.
 
-    Raises:
-      DamagedPointError: the tensor is not a float matrix of exactly ``expected`` shape.
-    """
+def _checked(tensor, expected):
+    """(numpy dtype, the field holding the values, entry count) of a tensor that passes the
+    checks of `decode_tensor`."""
     shape = tuple(d.size for d in tensor.tensor_shape.dim)
     if shape != tuple(expected):
         raise DamagedPointError(f"a tensor of shape {list(shape)[:8]} where the metadata says "
@@ -126,10 +124,26 @@ def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
         if len(tensor.tensor_content) != count * np.dtype(dtype).itemsize:
             raise DamagedPointError(f"{len(tensor.tensor_content)} content bytes for {count} "
                                     f"{np.dtype(dtype).name} values")
+    elif len(getattr(tensor, field)) not in (1, count):
+        raise DamagedPointError(f"{len(getattr(tensor, field))} values for {count} entries")
+    return dtype, field
+
+
+def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
+    """The float array of a logged `TensorProto`, checked against its tag's metadata FIRST.
+
+    TensorBoard's `make_ndarray` expands a tensor to its declared shape before anything checks
+    it: a 537-byte record declaring 4.4 TB would exhaust memory. Here the declared shape, dtype
+    and byte count are compared with what the metadata says (``expected``) before one element is
+    decoded, so the memory spent is bounded by the metadata, which the reader holds anyway.
+
+    Raises:
+      DamagedPointError: the tensor is not a float matrix of exactly ``expected`` shape.
+    """
+    dtype, field = _checked(tensor, expected)
+    if tensor.tensor_content:
         return np.frombuffer(tensor.tensor_content, dtype=dtype).reshape(expected).copy()
     values = getattr(tensor, field)
-    if len(values) not in (1, count):
-        raise DamagedPointError(f"{len(values)} values for {count} entries")
     if dtype == np.float16:  # half_val holds the IEEE bits in ints
         array = np.asarray(values, dtype=np.uint16).view(np.float16)
     else:
