@@ -64,35 +64,67 @@ def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
     return positions[last_of_position], indices[last_of_position]
 
 
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """Groups of consecutive steps of one stat, ready to merge further: ``[groups, variables]``.
+
+    ``worst``: the worst class of the group; ``total``/``count``: over the group's cells of that
+    class with a value, their sum (ok), smallest value (vanishing) or largest (exploding,
+    non-finite), and how many there are. Merging groups of groups gives what merging their
+    steps gives, so a long run keeps groups of a few hundred steps (`server.digest`) instead of
+    every step.
+    """
+
+    worst: np.ndarray
+    total: np.ndarray
+    count: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The value each group shows (the mean, or the extreme of its worst class)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            merged = np.where(self.worst >= analysis.VANISHING, self.total,
+                              self.total / self.count)
+        merged[(self.worst == analysis.MISSING) | (self.count == 0)] = np.nan
+        return merged
+
+    def merged(self, starts: np.ndarray) -> "Groups":
+        """Consecutive groups from each of ``starts`` to the next merged into one."""
+        if len(starts) == len(self.worst):
+            return self
+        worst = np.maximum.reduceat(self.worst, starts, axis=0)
+        group_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(self.worst))))
+        chosen = (self.worst == worst[group_of]) & (self.count > 0)
+        counts = np.add.reduceat(np.where(chosen, self.count, 0), starts, axis=0)
+        totals = np.add.reduceat(np.where(chosen, self.total, 0), starts, axis=0)
+        flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
+        if flagged.size:  # extremes only where a column holds a flagged cell
+            picked = np.where(chosen[:, flagged], self.total[:, flagged], np.nan)
+            flagged_worst = worst[:, flagged]
+            extremes = np.where(flagged_worst == analysis.VANISHING,
+                                np.fmin.reduceat(picked, starts, axis=0),
+                                np.fmax.reduceat(picked, starts, axis=0))
+            totals[:, flagged] = np.where(flagged_worst >= analysis.VANISHING, extremes,
+                                          totals[:, flagged])
+        return Groups(worst, totals, counts)
+
+    @classmethod
+    def of_steps(cls, values: np.ndarray, classes: np.ndarray) -> "Groups":
+        """Each step a group of its own."""
+        present = ~np.isnan(values) & (classes != analysis.MISSING)
+        return cls(classes.copy(), np.where(present, values, 0).astype(np.float64),
+                   present.astype(np.int64))
+
+    @classmethod
+    def concatenated(cls, parts) -> "Groups":
+        parts = list(parts)
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("worst", "total", "count")))
+
+
 def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
     """``[steps, variables]`` -> ``[columns, variables]`` by the never-hide-the-worst rule."""
-    count = values.shape[0]
-    if len(starts) == count:  # one step per column: nothing to merge, no full-size temporaries
-        merged = values.astype(np.float64)
-        merged[classes == analysis.MISSING] = np.nan
-        return merged, classes.copy()
-    worst = np.maximum.reduceat(classes, starts, axis=0)
-    column_of_step = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, count)))
-    chosen = (classes == worst[column_of_step]) & ~np.isnan(values)
-    totals = np.add.reduceat(np.where(chosen, values, 0), starts, axis=0, dtype=np.float64)
-    counts = np.add.reduceat(chosen, starts, axis=0, dtype=np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        merged = totals / counts
-    # Extremes only where a column holds a flagged cell (few variables in a healthy run).
-    flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
-    if flagged.size:
-        picked = np.where(chosen[:, flagged], values[:, flagged], np.nan)
-        flagged_worst = worst[:, flagged]
-        extremes = np.where(
-            flagged_worst == analysis.VANISHING,
-            np.fmin.reduceat(picked, starts, axis=0),
-            np.fmax.reduceat(picked, starts, axis=0),
-        )
-        merged[:, flagged] = np.where(
-            flagged_worst >= analysis.VANISHING, extremes, merged[:, flagged]
-        )
-    merged[worst == analysis.MISSING] = np.nan
-    return merged, worst
+    groups = Groups.of_steps(values, classes).merged(starts)
+    return groups.values(), groups.worst
 
 
 def _epochs_in_range(epoch_starts, epoch_indices, first_step, last_step):
