@@ -10,13 +10,12 @@ import importlib
 from tensorboard_gradients.analysis import Alert, Thresholds, classify, diagnose
 from tensorboard_gradients.format.metadata import UnsupportedFormatError
 from tensorboard_gradients.format.reader import (
-    GradientHistograms,
-    GradientSeries,
     LogdirReport,
     Problem,
     read_logdir,
     read_logdir_report,
 )
+from tensorboard_gradients.format.series import GradientHistograms, GradientSeries
 from tensorboard_gradients.format.writer import GradientWriter
 
 __version__ = "0.1.0"

@@ -23,7 +23,6 @@ import numpy as np
 from tensorboard_gradients.format import event_files, metadata
 from tensorboard_gradients.format.series import (
     DamagedPointError,
-    GradientHistograms,  # noqa: F401 - re-exported: `read_logdir` users' series carry them
     GradientSeries,
     check_tensor,
     decode_tensor,
@@ -263,12 +262,12 @@ class LoggedSeries:
         points = zip(self.steps[start:stop].tolist(), self.wall_times[start:stop].tolist(),
                      self._locations[start:stop])
         return series_from_points(self.run, self.tag, self.parsed,
-                                  _decoded(self.run, self.tag, self.parsed, points, self._report))
+                                  read_back(self.tag, self.parsed, points, self._report))
 
     def series(self) -> GradientSeries:
         """Every logged step, its epoch marks and histograms, as a `GradientSeries`."""
         def decoded(tag: _Tag, name: str):
-            return _decoded(self.run, name, tag.parsed, tag.points, self._report)
+            return read_back(name, tag.parsed, tag.points, self._report)
 
         histograms = None
         if self._histograms is not None:
@@ -284,9 +283,12 @@ class LoggedSeries:
             series, damaged_points=series.damaged_points + self.refused_points)
 
 
-def _decoded(run, tag, parsed, points, report) -> List[tuple]:
-    """``(step, wall_time, matrix)`` of located points, read back file by file. A record that
-    no longer reads back as it did (the file was replaced since) is left out and reported."""
+def read_back(tag, parsed, points, report) -> List[tuple]:
+    """``(step, wall_time, matrix)`` of ``(step, wall_time, (path, record offset, value index))``
+    points of tag ``tag`` (metadata ``parsed``), each checked and decoded (`decode_tensor`). A
+    point that no longer reads back as it was located (the file was replaced or damaged since,
+    or it was not a tensor of the tag's shape) is left out and reported:
+    ``report(DAMAGED, tag, path, message)``."""
     expected = expected_shape(parsed)
     files = {}
     decoded, lost = [], collections.Counter()

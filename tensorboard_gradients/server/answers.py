@@ -25,6 +25,9 @@ from tensorboard_gradients.server.data_access import (
 # A heatmap's columns, at most and by default: more than any screen shows. The work and the
 # answer scale with columns x variables, so the bound is what keeps one request cheap.
 MAX_COLUMNS = 10_000
+# A zoom into a long run (`long_runs`) at most this many logged steps wide is read back at
+# full resolution (1,000 variables: ~90 MB decoded, well under a second); wider ones merge blocks.
+FULL_RESOLUTION_STEPS = 2000
 # JSON lists cost about 1 us and 100 bytes of memory per cell to encode (base64 a few ns and 5
 # bytes): 10,000 columns of 1,000 variables took 14 s and 650 MB, so a JSON answer merges its
 # columns to stay within this many cells.
@@ -54,7 +57,7 @@ def _tag_overview(data, ctx, experiment, run, tag, tags) -> dict:
     series = loaded.series
     overview = {
         "variables": len(series.variables),
-        "steps": len(series.steps),
+        "steps": _step_count(loaded),
         "stats": list(series.available_stats),
         "histograms": data.has_histograms(tags, run, tag),
         "epochs": 0 if series.epoch_starts is None else len(series.epoch_starts),
@@ -63,6 +66,10 @@ def _tag_overview(data, ctx, experiment, run, tag, tags) -> dict:
     if loaded.damaged or loaded.damage:  # like "error": only there when there is some
         overview.update(_damage_fields(loaded))
     return overview
+
+
+def _step_count(loaded: Loaded) -> int:
+    return len(loaded.long_run.steps if loaded.long_run else loaded.series.steps)
 
 
 def _damage_fields(loaded: Loaded) -> dict:
@@ -102,7 +109,7 @@ class HeatmapQuery:
         if not self.packed:
             max_steps = min(max_steps, max(1, MAX_JSON_CELLS // max(1, len(series.variables))))
         # Any bound at or above the logged steps is the same answer: one kept copy of it.
-        max_steps = min(max_steps, max(1, len(series.steps)))
+        max_steps = min(max_steps, max(1, _step_count(loaded)))
         return dataclasses.replace(self, max_steps=max_steps)
 
 
@@ -123,9 +130,12 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     """
     query = query.bounded(loaded)
     series = loaded.series
-    classes = data.analysis(loaded, query.thresholds).classes
-    matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
-                           query.step_range)
+    if loaded.long_run is not None:
+        matrix = _long_heatmap(loaded.long_run, query)
+    else:
+        classes = data.analysis(loaded, query.thresholds).classes
+        matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
+                               query.step_range)
     payload = {
         "run": series.run,
         "tag": series.tag,
@@ -150,22 +160,60 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     return payload
 
 
+def _long_heatmap(long_run, query: HeatmapQuery) -> heatmap.Heatmap:
+    """The heatmap of a long run: a zoom into at most `FULL_RESOLUTION_STEPS` logged steps
+    reads them back and merges them as a short run's; anything wider merges whole blocks of
+    its digest (the blocks at the ends of a zoom are shown whole)."""
+    digest = long_run.digest(query.thresholds)
+    steps = long_run.steps
+    rows = (0, len(steps))
+    if query.step_range is not None:
+        first, last = query.step_range
+        rows = (int(np.searchsorted(steps, first, "left")),
+                int(np.searchsorted(steps, last, "right")))
+        if rows[1] - rows[0] <= FULL_RESOLUTION_STEPS and not query.by_epoch:
+            zoom = long_run.rows(*rows)
+            # Rows that did not read back (the file changed) are left out of the zoom.
+            kept = np.isin(steps[rows[0]:rows[1]], zoom.steps)
+            classes = digest.classes(rows[0], rows[1])[kept]
+            return heatmap.build(zoom, query.stat, classes, query.max_steps)
+    matrix, _ = digest.overview(query.stat, query.max_steps,
+                                None if query.step_range is None else rows, query.by_epoch)
+    return matrix
+
+
 def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
     """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
     ``sampled`` and ``damaged``/``damage`` as in the heatmap."""
+    found = (loaded.long_run.digest(thresholds).alerts() if loaded.long_run
+             else data.analysis(loaded, thresholds).alerts)
     encoded = [
         dict(alert.to_json(), value=encoding.floats(alert.value),
              threshold=encoding.floats(alert.threshold))
-        for alert in data.analysis(loaded, thresholds).alerts
+        for alert in found
     ]
     return {"alerts": encoded, "sampled": loaded.sampled, **_damage_fields(loaded)}
 
 
 def series_answer(data: GradientData, loaded: Loaded, row: int,
                   thresholds: analysis.Thresholds) -> dict:
-    """Every stat of the variable of ``row`` over the logged steps, with its cell classes."""
+    """Every stat of the variable of ``row`` over the logged steps, with its cell classes.
+
+    A long run (`long_runs`) answers per block of its digest (``downsampled``: each point is a
+    block's merged value and worst class, its step the block's first; no step's worst cell is
+    hidden); short runs every logged step."""
     series = loaded.series
     shape = series.shapes[row]
+    if loaded.long_run is not None:
+        digest = loaded.long_run.digest(thresholds)
+        blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
+        first = next(iter(blocks.values()))
+        steps, wall_times, classes = first.steps, first.wall_times, first.classes[row]
+        stats = {name: matrix.values[row] for name, matrix in blocks.items()}
+    else:
+        steps, wall_times = series.steps, series.wall_times
+        stats = {name: series.stat(name)[:, row] for name in series.available_stats}
+        classes = data.analysis(loaded, thresholds).classes[:, row]
     return {
         "run": series.run,
         "tag": series.tag,
@@ -173,13 +221,12 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
         "variable_index": row,
         "layer": series.layers[row],
         "shape": None if shape is None else list(shape),
-        "steps": series.steps.tolist(),
-        "wall_times": encoding.floats(series.wall_times),
-        "stats": {
-            name: encoding.floats(series.stat(name)[:, row]) for name in series.available_stats
-        },
-        "classes": encoding.class_names(data.analysis(loaded, thresholds).classes[:, row]),
+        "steps": steps.tolist(),
+        "wall_times": encoding.floats(wall_times),
+        "stats": {name: encoding.floats(values) for name, values in stats.items()},
+        "classes": encoding.class_names(classes),
         "epochs": _epochs(series),
+        "downsampled": loaded.long_run is not None,
     }
 
 
@@ -195,29 +242,20 @@ def histogram_answer(data: GradientData, ctx, experiment, run: str, tag: str, ro
     """
     tags = data.tags(ctx, experiment) if tags is None else tags
     variables = data.stats_tag(tags, run, tag).parsed.layout.variables
-    histograms = data.histograms(ctx, experiment, run, tag, tags)
-    index = _nearest_index(histograms.steps, step)
+    histogram = data.histogram_near(ctx, experiment, run, tag, step, tags)
     return {
         "run": run,
         "tag": tag,
         "variable": variables[row],
         "variable_index": row,
         "requested_step": step,
-        "step": int(histograms.steps[index]),
-        "wall_time": float(histograms.wall_times[index]),
-        "bins": list(histograms.bin_labels),
-        "log10_edges": list(histograms.log10_edges),
-        "counts": encoding.floats(histograms.counts[index, row]),
-        "steps": histograms.steps.tolist(),
+        "step": int(histogram.steps[histogram.index]),
+        "wall_time": histogram.wall_time,
+        "bins": list(histogram.bin_labels),
+        "log10_edges": list(histogram.log10_edges),
+        "counts": encoding.floats(histogram.counts[row]),
+        "steps": histogram.steps.tolist(),
     }
-
-
-def _nearest_index(steps: np.ndarray, step: int) -> int:
-    """The index of the logged step nearest ``step`` in sorted ``steps`` (ties: the earlier),
-    in Python integers: int64 arithmetic would overflow for steps far apart."""
-    after = int(np.searchsorted(steps, step))
-    candidates = [i for i in (after - 1, after) if 0 <= i < len(steps)]
-    return min(candidates, key=lambda i: (abs(int(steps[i]) - step), i))
 
 
 def thresholds_answer() -> dict:

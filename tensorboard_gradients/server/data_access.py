@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import threading
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
@@ -49,6 +50,7 @@ from tensorboard_gradients.server.cache import Cache
 from tensorboard_gradients.server.damage import refusal_message
 from tensorboard_gradients.server.decode_guard import decoding_as, install_decode_guard
 from tensorboard_gradients.server.integrity import EventFileIntegrity
+from tensorboard_gradients.server.long_runs import LongRun, is_long
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ _GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
 _SAMPLED_READ_BYTES = 200 * 1024 * 1024
 # Cached series kept in memory (least recently used first out; the newest always stays).
 DEFAULT_CACHE_BYTES = 2 * 1024**3
+# Long tags whose digests are kept (each ~2-3 bytes per cell: 250 MB for 1,000 x 100,000).
+MAX_LONG_RUNS = 4
 
 
 class UnknownError(LookupError):
@@ -97,6 +101,9 @@ class Loaded:
     derived: "collections.OrderedDict[tuple, object]" = dataclasses.field(
         default_factory=collections.OrderedDict
     )
+    # A tag too long to hold (`long_runs`): ``series`` then has its variables and stats but no
+    # steps, and the routes answer from this.
+    long_run: Optional[LongRun] = None
 
 
 def _too_big_for_grpc(error) -> bool:
@@ -117,6 +124,8 @@ class GradientData:
         self._provider = data_provider
         self._integrity = EventFileIntegrity(logdir)
         self._cache = Cache(cache_bytes)
+        self._long_runs = collections.OrderedDict()  # (run, tag) -> LongRun, oldest first
+        self._lock = threading.Lock()
 
     def tags(self, ctx, experiment) -> Dict[str, Dict[str, TagInfo]]:
         """``{run: {tag: TagInfo}}`` of every tag this plugin wrote, any kind."""
@@ -184,6 +193,21 @@ class GradientData:
             damage.signature(tag, epochs_tag, metadata.histogram_tag(tag)),
         )
         key = ("series", experiment, run, tag)
+        located = self._integrity.located(run, tag)
+        layout = info.parsed.layout
+        if located is not None and is_long(len(located.steps), len(layout.variables),
+                                           len(layout.stats)):
+            epochs = None if epochs_info is None else self._integrity.located(run, epochs_tag)
+            signature += (len(located.steps), located.steps[-1],
+                          None if epochs is None else len(epochs.steps))
+            cached = self._cache.get(key, signature)
+            if cached is not None:
+                return cached
+            with _unreadable_as_error(run, tag):
+                loaded = self._long_series(run, tag, info, located, epochs_info, epochs, damage,
+                                           mismatch)
+            self._cache.put(key, loaded, signature, 0)  # its `LongRun` is kept apart
+            return loaded
         cached = self._cache.get(key, signature)
         if cached is not None:
             return cached
@@ -192,6 +216,38 @@ class GradientData:
                                        mismatch)
         self._cache.put(key, loaded, signature, loaded.series.values.nbytes)
         return loaded
+
+    def _long_series(self, run, tag, info, located, epochs_info, epochs, damage,
+                     mismatch) -> Loaded:
+        """A `Loaded` answering from a `LongRun` (brought up to date with the tag's points)."""
+        with self._lock:
+            long_run = self._long_runs.pop((run, tag), None)
+            if long_run is None or long_run.parsed != info.parsed:
+                long_run = LongRun(run, tag, info.parsed)
+            self._long_runs[(run, tag)] = long_run
+            while len(self._long_runs) > MAX_LONG_RUNS:
+                self._long_runs.pop(next(iter(self._long_runs)))
+        marks = None
+        if epochs is not None and len(epochs.steps):
+            points = zip(epochs.steps.tolist(), epochs.wall_times.tolist(), epochs.locations)
+            decoded = reader.read_back(metadata.epochs_tag(info.parsed.name), epochs_info.parsed,
+                                       points, long_run.lost_point)
+            marks = (np.array([p[0] for p in decoded], np.int64),
+                     np.array([int(p[2]) for p in decoded], np.int64))
+        long_run.update(located, marks)
+        epochs_tag = metadata.epochs_tag(info.parsed.name)
+        histogram_tag = metadata.histogram_tag(tag)
+        series = dataclasses.replace(
+            long_run.like, epoch_starts=None if marks is None else marks[0],
+            epoch_indices=None if marks is None else marks[1])
+        return Loaded(
+            series=series, sampled=None, damaged=len(damage.steps_of(tag)),
+            damage=tuple(f"{message} ({path})" for path, message in long_run.lost)
+            + damage.messages_for(tag, (histogram_tag, f"its histograms ({histogram_tag!r})"),
+                                  (epochs_tag, f"its epoch marks ({epochs_tag!r})"))
+            + ((mismatch,) if mismatch else ()),
+            long_run=long_run,
+        )
 
     def _load_series(self, ctx, experiment, run, tag, info, epochs_info, damage,
                      mismatch) -> Loaded:
@@ -226,12 +282,44 @@ class GradientData:
             + ((mismatch,) if mismatch else ()),
         )
 
-    def histograms(self, ctx, experiment, run: str, tag: str,
-                   tags=None) -> GradientHistograms:
-        """The histograms logged next to a stats tag, their rows its variables; `UnknownError`
-        if none were, or they are left out (`reader.histograms_mismatch`)."""
+    def histogram_near(self, ctx, experiment, run: str, tag: str, step: int,
+                       tags=None) -> "HistogramAt":
+        """The histograms logged next to a stats tag at the logged step nearest ``step`` (ties:
+        the earlier), their rows its variables; `UnknownError` if none were, or they are left
+        out (`reader.histograms_mismatch`). A long tag's (`long_runs`) is read from its record
+        alone; others from the whole histograms, kept."""
         tags = self.tags(ctx, experiment) if tags is None else tags
-        self.stats_tag(tags, run, tag)
+        info = self.stats_tag(tags, run, tag)
+        histogram_tag = metadata.histogram_tag(tag)
+        located = self._integrity.located(run, tag)
+        layout = info.parsed.layout
+        if located is not None and is_long(len(located.steps), len(layout.variables),
+                                           len(layout.stats)):
+            histogram_info = self._histograms_info(tags, run, tag)
+            where = self._integrity.located(run, histogram_tag)
+            left_out = self._integrity.run(run).steps_of(histogram_tag)
+            kept = [i for i, s in enumerate(where.steps.tolist()) if s not in left_out]
+            if not kept:
+                raise UnknownError(f"no histograms were logged for run {run!r}, tag {tag!r}")
+            steps = where.steps[kept]
+            index = nearest_index(steps, step)
+            point = where.steps[kept[index]], where.wall_times[kept[index]], where.locations[
+                kept[index]]
+            lost = []
+            read = reader.read_back(histogram_tag, histogram_info.parsed, [point],
+                                    lambda *report: lost.append(report[-1]))
+            if lost:
+                raise UnreadableTagError(run, histogram_tag, lost[0])
+            return HistogramAt(steps, index, float(point[1]), read[0][2],
+                               histogram_info.parsed.log10_edges, histogram_info.parsed.bins)
+        histograms = self._histograms(ctx, experiment, run, tag, tags)
+        index = nearest_index(histograms.steps, step)
+        return HistogramAt(histograms.steps, index, float(histograms.wall_times[index]),
+                           histograms.counts[index], histograms.log10_edges,
+                           histograms.bin_labels)
+
+    def _histograms_info(self, tags, run: str, tag: str) -> TagInfo:
+        """The `TagInfo` of the histograms next to stats tag ``tag`` (`UnknownError`)."""
         histogram_tag = metadata.histogram_tag(tag)
         info, mismatch = _histograms_next_to(tags, run, tag)
         if info is None:
@@ -240,6 +328,12 @@ class GradientData:
             logged = tags[run].get(histogram_tag)
             why = f" that can be read ({logged.error})" if logged and logged.error else ""
             raise UnknownError(f"no histograms{why} were logged for run {run!r}, tag {tag!r}")
+        return info
+
+    def _histograms(self, ctx, experiment, run: str, tag: str, tags) -> GradientHistograms:
+        """The whole histograms logged next to a stats tag, read through TensorBoard."""
+        info = self._histograms_info(tags, run, tag)
+        histogram_tag = metadata.histogram_tag(tag)
         left_out = self._integrity.run(run).steps_of(histogram_tag)
         signature = (info.signature, left_out)
         key = ("histograms", experiment, run, tag)
@@ -311,6 +405,26 @@ class GradientData:
             f"({_GRPC_MESSAGE_LIMIT >> 20} MiB), so only {len(points)} sampled steps are shown; "
             "start TensorBoard with --load_fast=false to see every logged step"
         ), refusals
+
+
+@dataclasses.dataclass(frozen=True)
+class HistogramAt:
+    """The histograms of one logged step (`GradientData.histogram_near`)."""
+
+    steps: np.ndarray  # every logged step with histograms
+    index: int  # this one's position in ``steps``
+    wall_time: float
+    counts: np.ndarray  # [variables, bins]
+    log10_edges: Tuple[float, ...]
+    bin_labels: Tuple[str, ...]
+
+
+def nearest_index(steps: np.ndarray, step: int) -> int:
+    """The index of the logged step nearest ``step`` in sorted ``steps`` (ties: the earlier),
+    in Python integers: int64 arithmetic would overflow for steps far apart."""
+    after = int(np.searchsorted(steps, step))
+    candidates = [i for i in (after - 1, after) if 0 <= i < len(steps)]
+    return min(candidates, key=lambda i: (abs(int(steps[i]) - step), i))
 
 
 def _histograms_next_to(tags, run: str, tag: str) -> Tuple[Optional[TagInfo], Optional[str]]:

@@ -9,7 +9,7 @@ float64); non-finite values are ``nan``, ``inf``, ``-inf`` (what pandas, numpy a
 import csv
 import io
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -22,13 +22,23 @@ def csv_filename(series) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{series.run}_{series.tag}") + ".csv"
 
 
-def csv_chunks(series) -> Iterator[str]:
-    """The CSV text in chunks of a few steps each (streamed: a long run never sits in memory)."""
-    digits = 17 if series.values.dtype == np.float64 else 9
-    fmt = f"{{:.{digits}g}}".format
+def csv_chunks(pieces: Iterable) -> Iterator[str]:
+    """The CSV text of consecutive pieces of a series (a `GradientSeries` each: the whole
+    series, or a long run's read a few thousand steps at a time), in chunks of a few steps
+    (streamed: a long run never sits in memory)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["step", "variable", "layer", *series.stat_names])
+    for number, series in enumerate(pieces):
+        if number == 0:
+            writer.writerow(["step", "variable", "layer", *series.stat_names])
+        yield from _piece_chunks(series, writer, buffer)
+    if buffer.tell():
+        yield buffer.getvalue()
+
+
+def _piece_chunks(series, writer, buffer) -> Iterator[str]:
+    digits = 17 if series.values.dtype == np.float64 else 9
+    fmt = f"{{:.{digits}g}}".format
     names = list(zip(series.variables, series.layers))
     for start in range(0, len(series.steps), _STEPS_PER_CHUNK):
         for index in range(start, min(start + _STEPS_PER_CHUNK, len(series.steps))):
@@ -38,5 +48,3 @@ def csv_chunks(series) -> Iterator[str]:
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
-    if buffer.tell():
-        yield buffer.getvalue()

@@ -1,4 +1,6 @@
-"""The checksum check of a local logdir's event files: records damaged on disk, per run.
+"""What the plugin reads itself from a local logdir's event files: records damaged on disk, and
+where each logged point of its tags lies (for runs too long for TensorBoard to hold, see
+`digest`), per run.
 
 TensorBoard's Rust loader serves a record that fails its checksum with its wrong values; its
 Python loader stops reading the file there. So `data_access` asks `EventFileIntegrity` which
@@ -6,14 +8,20 @@ records of a run fail their checksum: the steps of a damaged record that still p
 out of the served series and counted, records that do not parse are reported per file
 (`damage.RunDamage`). Each file is scanned once and then only its new bytes, so a request on
 unchanged files costs one ``stat`` per file.
+
+The same scan notes, for every intact record, where the points of this plugin's tags lie
+(file, offset, value): `EventFileIntegrity.located` lists a tag's logged steps with their
+records, which `data_access` reads back a few at a time for long runs, never all at once.
 """
 
 import dataclasses
 import os
 import threading
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-from tensorboard_gradients.format import event_files
+import numpy as np
+
+from tensorboard_gradients.format import event_files, metadata
 from tensorboard_gradients.server.damage import NO_DAMAGE, RunDamage, counted
 
 
@@ -27,6 +35,22 @@ class _FileScan:
     damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
     unreadable: int = 0  # records failing their checksum that do not parse either
     broken_at: Optional[int] = None  # a record length failing its checksum: nothing after it
+    # This plugin's tags in this file (a tag's first value in a file carries its metadata) and
+    # the other tags, and per tag of ours its points: [(step, wall_time, offset, value index)].
+    ours: set = dataclasses.field(default_factory=set)
+    others: set = dataclasses.field(default_factory=set)
+    points: Dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """A tag's logged points in a run's intact records: ``steps`` in order (a step logged twice:
+    its last record, in file-name order as TensorBoard reads), each with its wall time and
+    ``(path, offset, value index)``."""
+
+    steps: np.ndarray
+    wall_times: np.ndarray
+    locations: Tuple[Tuple[str, int, int], ...]
 
 
 class EventFileIntegrity:
@@ -41,6 +65,7 @@ class EventFileIntegrity:
     def __init__(self, logdir: Optional[str]):
         self._root = os.path.realpath(logdir) if logdir and os.path.isdir(logdir) else None
         self._files: Dict[str, _FileScan] = {}
+        self._located = {}  # (run directory, tag) -> (what it was built from, Located)
         self._lock = threading.Lock()
 
     def run(self, run: str) -> RunDamage:
@@ -71,6 +96,35 @@ class EventFileIntegrity:
                         "its checksum): nothing after it can be read"
                     )
         return RunDamage(steps, tuple(messages)) if steps or messages else NO_DAMAGE
+
+    def located(self, run: str, tag: str) -> Optional[Located]:
+        """Where the points of ``tag`` lie in the run's intact records; None when the logdir is
+        not local (or the run not inside it)."""
+        directory = self._directory(run)
+        if directory is None:
+            return None
+        with self._lock:
+            scans = []
+            for _, path in _event_files(directory):
+                try:
+                    scans.append((path, self._scanned(path)))
+                except OSError:
+                    continue  # `run` reports it
+            signature = tuple((path, scan.size, scan.mtime_ns, scan.offset)
+                              for path, scan in scans)
+            cached = self._located.get((directory, tag))
+            if cached is not None and cached[0] == signature:
+                return cached[1]
+            by_step = {}
+            for path, scan in scans:
+                for step, wall_time, offset, index in scan.points.get(tag, ()):
+                    by_step[step] = (wall_time, (path, offset, index))
+            steps = sorted(by_step)
+            located = Located(np.array(steps, dtype=np.int64),
+                              np.array([by_step[s][0] for s in steps], dtype=np.float64),
+                              tuple(by_step[s][1] for s in steps))
+            self._located[(directory, tag)] = (signature, located)
+            return located
 
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
@@ -114,10 +168,29 @@ def _scan_records(path: str, scan: _FileScan, size: int):
     framing = event_files.ReadDamage()
     with event_files.open_regular_file(path) as file:
         for record in event_files.iter_records(file, scan.offset, size, framing):
-            scan.offset = record.end
-            if not record.intact:
+            if record.intact:
+                _note_points(record.data, scan.offset, scan)
+            else:
                 _note_damaged_record(record.data, scan)
+            scan.offset = record.end
     scan.broken_at = framing.framing_broken_at
+
+
+def _note_points(record: bytes, offset: int, scan: _FileScan):
+    """Notes where the values of this plugin's tags in an intact record lie."""
+    if metadata.PLUGIN_NAME.encode() not in record and not scan.ours:
+        return  # no value of ours before this plugin's first metadata in the file
+    event = event_files.parse_event(record)
+    if event is None:
+        return
+    for index, value in enumerate(event.summary.value):
+        tag = value.tag
+        if tag not in scan.ours and tag not in scan.others:
+            ours = value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME
+            (scan.ours if ours else scan.others).add(tag)
+        if tag in scan.ours:
+            scan.points.setdefault(tag, []).append(
+                (int(event.step), float(event.wall_time), offset, index))
 
 
 def _note_damaged_record(record: bytes, scan: _FileScan):

@@ -53,12 +53,16 @@ from tensorboard.plugins import base_plugin
 from werkzeug import security
 
 from tensorboard_gradients.format import metadata
-from tensorboard_gradients.server import answers, data_access, export, responses
+from tensorboard_gradients.server import answers, data_access, export, long_runs, responses
 from tensorboard_gradients.server.queries import BadRequest, Query
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
-# plugin; 0 keeps every logged step. `--samples_per_plugin gradients=N` still caps it.
-DEFAULT_SAMPLES = 0
+# plugin. For a local logdir they keep every step of a short tag and a sample of a long one,
+# which the plugin reads from its event files instead (`long_runs`): TensorBoard's memory stays
+# bounded. Elsewhere (gs://, several logdirs) 0: every step. `--samples_per_plugin gradients=N`
+# overrides both.
+LOCAL_SAMPLES = long_runs.LONG_RUN_STEPS
+REMOTE_SAMPLES = 0
 STATIC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
 _STATIC_PREFIX = "/static/"
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".json": "application/json"}
@@ -170,8 +174,10 @@ class GradientsPlugin(base_plugin.TBPlugin):
         query = Query(request, ("run", "tag", "format"))
         if query.text("format") != "csv":
             raise BadRequest("parameter 'format' must be csv")
-        series = self._load(ctx, experiment, query).series
-        return responses.csv_download(export.csv_filename(series), export.csv_chunks(series))
+        loaded = self._load(ctx, experiment, query)
+        pieces = [loaded.series] if loaded.long_run is None else loaded.long_run.pieces()
+        return responses.csv_download(export.csv_filename(loaded.series),
+                                      export.csv_chunks(pieces))
 
     @responses.answered
     def _serve_static(self, request):
@@ -189,12 +195,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
 
 class GradientsLoader(base_plugin.TBLoader):
-    """Entry point: keeps every logged step by default, then builds the plugin."""
+    """Entry point: sets how many steps TensorBoard keeps (see `LOCAL_SAMPLES`), then builds
+    the plugin."""
 
     def fix_flags(self, flags):
         samples = getattr(flags, "samples_per_plugin", None)
         if samples is not None:
-            samples.setdefault(metadata.PLUGIN_NAME, DEFAULT_SAMPLES)
+            logdir = getattr(flags, "logdir", None)
+            local = bool(logdir) and os.path.isdir(logdir) and not getattr(flags, "logdir_spec",
+                                                                            None)
+            samples.setdefault(metadata.PLUGIN_NAME, LOCAL_SAMPLES if local else REMOTE_SAMPLES)
 
     def load(self, context):
         return GradientsPlugin(context)

@@ -1,0 +1,197 @@
+"""`Digest`: what the routes need of a run too long to hold whole, kept up to date a few
+thousand logged steps at a time.
+
+A run of 1,000 variables x 100,000 steps is 4.4 GB of statistics: neither TensorBoard nor the
+plugin can hold it, and judging it takes seconds. So the plugin reads such a run's steps from
+its event files (`integrity.EventFileIntegrity.located`) in order, once, and keeps:
+
+* the cell classes of every step (one byte per cell: 100 MB for that run) and the alerts, from
+  an `analysis.AnalysisStream` (equal to judging the whole run at once);
+* per stat, the heatmap `heatmap.Groups` of every block of `BLOCK_STEPS` logged steps (a block
+  never spans an epoch start), from which any overview (columns of whole blocks, or epochs) is
+  merged without hiding the worst cell of any step;
+* the steps, their wall times and record locations, so a zoom into a few thousand steps reads
+  just those steps back at full resolution (`data_access`).
+
+A refresh of a growing run feeds only the new steps. A run whose logged steps changed other
+than by growing (a restarted job rewrote steps, an epoch mark appeared inside a summarised
+block) is digested again from its first step.
+"""
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from tensorboard_gradients import analysis
+from tensorboard_gradients.server.heatmap import Groups, Heatmap, step_groups
+
+# Logged steps per block: 1,000 blocks for a 100,000-step run, the columns of its overview;
+# its groups then cost ~13 bytes per variable, stat and block (130 MB for 1,000 x 100,000).
+BLOCK_STEPS = 100
+
+
+class Digest:
+    """The classes, alerts and per-block heatmap groups of one stats tag, fed in step order.
+
+    Args:
+      like: a `GradientSeries` (any rows) with the tag's variables, layers, shapes and stats.
+      thresholds: the `analysis.Thresholds` the classes and alerts follow.
+      epoch_starts: the steps where epochs start (blocks are cut there), or None.
+    """
+
+    def __init__(self, like, thresholds: analysis.Thresholds, epoch_starts=None):
+        self.like = like
+        self.thresholds = thresholds
+        self.stats = tuple(like.available_stats)
+        self.epoch_starts = np.asarray([] if epoch_starts is None else epoch_starts, np.int64)
+        self._stream = analysis.AnalysisStream(like, thresholds)
+        self._steps = _Rows(np.int64)
+        self._wall_times = _Rows(np.float64)
+        self._classes = _Rows(np.int8, len(like.variables))  # final rows
+        self._pending: Optional[np.ndarray] = None  # [rows, variables, stats] not in a block yet
+        self._pending_from = 0  # the row of its first row
+        self._groups = {stat: [] for stat in self.stats}  # per stat: Groups of whole blocks
+        self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
+
+    @property
+    def rows(self) -> int:
+        return self._stream.rows
+
+    def feed(self, rows) -> None:
+        """Adds the next logged steps (a `GradientSeries` of rows after every row fed so far)."""
+        if not len(rows.steps):
+            return
+        self._classes.extend(self._stream.feed(rows.steps, rows.wall_times, rows.values))
+        self._steps.extend(rows.steps)
+        self._wall_times.extend(rows.wall_times)
+        values = np.stack([rows.stat(stat) for stat in self.stats], axis=-1)
+        self._pending = values if self._pending is None else np.concatenate([self._pending, values])
+        self._summarise()
+
+    def _summarise(self):
+        """Turns the pending rows whose classes are final into whole blocks."""
+        cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
+        if len(cuts) < 2:
+            return
+        first, last = cuts[0], cuts[-1]
+        for stat, groups in zip(self.stats, self._groups_of(first, cuts)):
+            self._groups[stat].append(groups)
+        self._block_starts.extend(cuts[1:])
+        self._pending = self._pending[last - self._pending_from:]
+        self._pending_from = last
+
+    def _groups_of(self, first: int, cuts: List[int]):
+        """Per stat, the `Groups` of the pending rows' blocks ``cuts[i]:cuts[i + 1]``."""
+        rows = slice(first - self._pending_from, cuts[-1] - self._pending_from)
+        classes = self.classes(first, cuts[-1])
+        starts = np.asarray(cuts[:-1], dtype=np.int64) - first
+        return [Groups.of_steps(self._pending[rows, :, position], classes).merged(starts)
+                for position in range(len(self.stats))]
+
+    def _block_cuts(self, start: int, stop: int, partial: bool = False) -> List[int]:
+        """Row boundaries of the blocks in rows ``[start, stop)``, starting with ``start``:
+        every `BLOCK_STEPS` rows and at every epoch start. Rows after the last whole block are
+        left out, unless ``partial`` (then ``stop`` is the last boundary)."""
+        epoch_rows = np.searchsorted(self.steps(), self.epoch_starts)
+        cuts = [start]
+        while cuts[-1] < stop:
+            later = epoch_rows[(epoch_rows > cuts[-1]) & (epoch_rows < cuts[-1] + BLOCK_STEPS)]
+            end = int(later.min()) if later.size else cuts[-1] + BLOCK_STEPS
+            if end > stop:
+                if partial:
+                    cuts.append(stop)
+                break
+            cuts.append(end)
+        return cuts
+
+    def steps(self) -> np.ndarray:
+        return self._steps.view()
+
+    def wall_times(self) -> np.ndarray:
+        return self._wall_times.view()
+
+    def classes(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """``int8[rows, variables]``: the classes of rows ``start:stop`` (the last few rows of
+        the run are provisional: later steps may still change them)."""
+        stop = self.rows if stop is None else stop
+        final = self._classes.view()
+        if stop <= len(final):
+            return final[start:stop]
+        provisional = self._stream.provisional_classes()[max(0, start - len(final)):
+                                                          stop - len(final)]
+        return np.concatenate([final[start:], provisional]) if start < len(final) else provisional
+
+    def alerts(self) -> List[analysis.Alert]:
+        return self._stream.alerts()
+
+    def overview(self, stat: str, max_columns: int, row_range: Optional[Sequence[int]] = None,
+                 by_epoch: bool = False):
+        """The heatmap of ``stat`` from whole blocks (the last, unfinished one too): columns of
+        whole blocks, at most ``max_columns`` (``by_epoch``: one per epoch, with its index), of
+        the blocks overlapping rows ``row_range = (first, stop)`` (None: all rows).
+
+        Returns (`Heatmap`, the row where each column starts)."""
+        groups, starts = self._block_groups(stat)
+        if row_range is not None and len(starts) > 1:
+            first = max(0, np.searchsorted(starts, row_range[0], "right") - 1)
+            last = np.searchsorted(starts, row_range[1], "left")
+            groups = Groups(groups.worst[first:last], groups.total[first:last],
+                            groups.count[first:last])
+            starts = starts[first:last + 1]
+        steps, wall_times = self.steps(), self.wall_times()
+        block_rows = starts[:-1]
+        epoch_index = None
+        if by_epoch:
+            marks = np.searchsorted(self.epoch_starts, steps[block_rows], "right") - 1
+            columns = np.flatnonzero(np.append(True, marks[1:] != marks[:-1]))
+            epoch_index = np.maximum(marks[columns], 0)
+            picked = step_groups(len(columns), max_columns)
+            columns, epoch_index = columns[picked], epoch_index[picked]
+        else:
+            columns = step_groups(len(block_rows), max_columns)
+        merged = groups.merged(columns) if len(columns) else groups
+        column_rows = block_rows[columns]
+        ends = np.append(column_rows[1:], starts[-1]) - 1
+        return Heatmap(
+            steps=steps[column_rows], last_steps=steps[ends], wall_times=wall_times[column_rows],
+            values=merged.values().T, classes=merged.worst.T, epoch_index=epoch_index,
+            downsampled=True,
+        ), column_rows
+
+    def _block_groups(self, stat: str):
+        """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
+        where blocks start, with the end appended)."""
+        kept = self._groups[stat]
+        if len(kept) > 1:
+            kept[:] = [Groups.concatenated(kept)]
+        parts, starts = list(kept), list(self._block_starts)
+        if self._pending is not None and self.rows > self._pending_from:
+            cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
+            parts.append(self._groups_of(self._pending_from, cuts)[self.stats.index(stat)])
+            starts.extend(cuts[1:])
+        if not parts:
+            empty = np.zeros((0, len(self.like.variables)))
+            return Groups(empty.astype(np.int8), empty, empty.astype(np.int64)), np.zeros(1, int)
+        return Groups.concatenated(parts), np.asarray(starts, dtype=np.int64)
+
+
+class _Rows:
+    """A growing array of rows (amortised appends, no copy on read)."""
+
+    def __init__(self, dtype, *width):
+        self._array = np.zeros((1024,) + width, dtype=dtype)
+        self._count = 0
+
+    def extend(self, rows):
+        rows = np.asarray(rows, dtype=self._array.dtype)
+        needed = self._count + len(rows)
+        if needed > len(self._array):
+            grown = np.zeros((max(needed, 2 * len(self._array)),) + self._array.shape[1:],
+                             dtype=self._array.dtype)
+            grown[:self._count] = self._array[:self._count]
+            self._array = grown
+        self._array[self._count:needed] = rows
+        self._count = needed
+
+    def view(self) -> np.ndarray:
+        return self._array[:self._count]

@@ -1,0 +1,126 @@
+"""`LongRun`: a stats tag too long for TensorBoard to hold, read by the plugin from its local
+event files a few thousand steps at a time, and kept up to date as the run grows.
+
+A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
+`LONG_RUN_BYTES` of statistics: TensorBoard is then told to keep only a sample of it (see
+`plugin.GradientsLoader`, which keeps its memory bounded), and the routes answer from a
+`digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom or a
+histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
+Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
+"""
+
+import threading
+
+import numpy as np
+
+from tensorboard_gradients import analysis
+from tensorboard_gradients.format import reader
+from tensorboard_gradients.format.series import GradientSeries, series_from_points
+from tensorboard_gradients.server.digest import Digest
+
+# A tag with more logged steps than this is read from its event files. TensorBoard keeps this
+# many points per tag of a local logdir (a random sample of longer tags: never served).
+LONG_RUN_STEPS = 5000
+# ... or with more statistics than this: TensorBoard's data server passes at most 256 MiB per
+# read, and reading and decoding that much per request is already seconds.
+LONG_RUN_BYTES = 128 * 1024 * 1024
+# Steps read back and judged at a time while digesting (1,000 variables: ~90 MB).
+STEPS_PER_READ = 2000
+
+
+def is_long(steps: int, variables: int, stats: int) -> bool:
+    """Whether a tag of this size is read from its event files (float32 statistics)."""
+    return steps > LONG_RUN_STEPS or steps * variables * stats * 4 > LONG_RUN_BYTES
+
+
+class LongRun:
+    """One long stats tag of a local run (thread-safe).
+
+    Args:
+      run, tag: the tag.
+      parsed: its `metadata.PluginData`.
+    """
+
+    def __init__(self, run: str, tag: str, parsed):
+        self.run, self.tag, self.parsed = run, tag, parsed
+        self.like: GradientSeries = series_from_points(run, tag, parsed, ())
+        self.located = None  # integrity.Located of the stats tag
+        self.epoch_starts = self.epoch_indices = None
+        self.lost = {}  # (path, message) of points that no longer read back: None
+        # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
+        self._digests = {}
+        self._lock = threading.Lock()
+
+    @property
+    def steps(self):
+        return self.located.steps
+
+    def update(self, located, epochs=None):
+        """Takes the tag's current points (`integrity.Located`) and epoch marks (``epochs``:
+        ``(first steps, epoch indices)`` or None). Digests grow by the new steps only; when the
+        old steps changed (or an epoch mark appeared among them) they are dropped, and rebuilt
+        when next asked for."""
+        epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
+        with self._lock:
+            old = self.located
+            grew = old is not None and _extends(old, located) and _same_marks(
+                self.epoch_starts, epoch_starts, old.steps[-1] if len(old.steps) else None)
+            self.located = located
+            self.epoch_starts, self.epoch_indices = epoch_starts, epoch_indices
+            if not grew:
+                self._digests.clear()
+            for digest, _ in self._digests.values():
+                digest.epoch_starts = np.asarray(
+                    () if epoch_starts is None else epoch_starts, np.int64)
+
+    def rows(self, start: int, stop: int) -> GradientSeries:
+        """Logged steps ``start:stop`` read back from their records (a few thousand at most:
+        ~44 KB each for 1,000 variables)."""
+        located = self.located
+        points = zip(located.steps[start:stop].tolist(), located.wall_times[start:stop].tolist(),
+                     located.locations[start:stop])
+        return series_from_points(self.run, self.tag, self.parsed,
+                                  reader.read_back(self.tag, self.parsed, points, self.lost_point))
+
+    def pieces(self):
+        """Every logged step, `STEPS_PER_READ` at a time (a generator of `GradientSeries`)."""
+        for start in range(0, len(self.located.steps), STEPS_PER_READ):
+            yield self.rows(start, start + STEPS_PER_READ)
+
+    def lost_point(self, kind, tag, path, message):
+        """Notes points of the run that no longer read back (`reader.read_back`'s report)."""
+        self.lost[(path, message)] = None
+
+    def digest(self, thresholds: analysis.Thresholds) -> Digest:
+        """The digest under ``thresholds``, fed up to the current last step (the first request
+        after a change reads the new steps; thresholds other than the defaults read them all,
+        and only the latest such digest is kept)."""
+        with self._lock:
+            if thresholds not in self._digests:
+                if thresholds != _DEFAULTS:
+                    self._digests = {t: d for t, d in self._digests.items() if t == _DEFAULTS}
+                self._digests[thresholds] = (Digest(self.like, thresholds, self.epoch_starts), 0)
+            digest, read = self._digests[thresholds]
+            for start in range(read, len(self.located.steps), STEPS_PER_READ):
+                digest.feed(self.rows(start, start + STEPS_PER_READ))
+            self._digests[thresholds] = (digest, len(self.located.steps))
+            return digest
+
+
+_DEFAULTS = analysis.Thresholds()
+
+
+def _extends(old, new) -> bool:
+    """Whether ``new`` points are ``old`` ones followed by later steps."""
+    count = len(old.steps)
+    return (len(new.steps) >= count and new.locations[:count] == old.locations
+            and (count == 0 or new.steps[count - 1] == old.steps[-1]))
+
+
+def _same_marks(old_starts, new_starts, last_step) -> bool:
+    """Whether the epoch marks up to ``last_step`` (what a digest has summarised) are unchanged."""
+    def upto(starts):
+        return () if starts is None or last_step is None else tuple(
+            int(s) for s in starts if s <= last_step)
+
+    return upto(old_starts) == upto(new_starts)

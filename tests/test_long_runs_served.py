@@ -1,0 +1,157 @@
+"""Long runs (`server.long_runs`): read from their event files and answered from a digest, the
+routes say what they say of the same run read whole through TensorBoard, and a growing run
+costs only its new steps.
+
+Runs here are small; the tests make them "long" by lowering `LONG_RUN_STEPS`, and compare each
+answer with the one the short-run path (every step through TensorBoard's data provider) gives
+for the same logdir. The real sizes are in `test_long_run.py` and `benchmarks/long_run.py`.
+"""
+
+import json
+import urllib.parse
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from tensorboard_gradients.server import answers, digest, long_runs
+
+BASE = "/data/plugin/gradients/"
+VARIABLES = 12
+STEPS = 1300
+EPOCH_STEPS = 250
+SPIKES = {(300, 3), (777, 8), (1201, 0)}  # (step, variable)
+NAN_CELL = (650, 5)
+
+
+def _gradients(rng, step, scale):
+    grads = {f"layer_{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}":
+             rng.normal(size=(4, 3) if i % 2 == 0 else (3,)) * scale[i] for i in range(VARIABLES)}
+    names = list(grads)
+    for spike_step, row in SPIKES:
+        if step == spike_step:
+            grads[names[row]] = grads[names[row]] * 1e4
+    if step == NAN_CELL[0]:
+        grads[names[NAN_CELL[1]]][0] = np.nan
+    if 900 <= step < 940:
+        grads[names[10]] = grads[names[10]] * 1e-12  # vanishing for 40 steps
+    return grads
+
+
+def _write(directory, first, last, seed):
+    rng = np.random.default_rng(seed)
+    scale = 10 ** np.linspace(-3, -1, VARIABLES)
+    weights = {f"layer_{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}":
+               np.ones((4, 3) if i % 2 == 0 else (3,)) for i in range(VARIABLES)}
+    with tg.GradientWriter(str(directory)) as writer:
+        for step in range(first, last):
+            if step % EPOCH_STEPS == 0:
+                writer.write_epoch(step, step // EPOCH_STEPS)
+            writer.write(step, _gradients(rng, step, scale), weights=weights,
+                         histograms=step % 50 == 0)
+
+
+@pytest.fixture()
+def logdir(tmp_path):
+    _write(tmp_path / "run", 0, STEPS, seed=1)
+    return tmp_path
+
+
+def _get(client, route, long, monkeypatch, **params):
+    """The route's JSON answer with the run served as long (``long``) or as short."""
+    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400 if long else 10**9)
+    if route != "runs":
+        params = dict(run="run", tag="gradients", **params)
+    response = client.get(BASE + route + "?" + urllib.parse.urlencode(params))
+    assert response.status_code == 200, response.get_data()[:500]
+    body = response.get_data()
+    return json.loads(body) if response.mimetype == "application/json" else body.decode()
+
+
+def test_every_route_answers_a_long_run_as_the_run_read_whole(logdir, plugin_client,
+                                                              monkeypatch):
+    client = plugin_client(str(logdir))
+
+    def both(route, **params):
+        return (_get(client, route, True, monkeypatch, **params),
+                _get(client, route, False, monkeypatch, **params))
+
+    long, short = both("runs")
+    assert long == short and long["run"]["gradients"]["steps"] == STEPS
+    long, short = both("alerts")
+    assert long == short
+    assert {(a["first_step"], a["variable"]) for a in long["alerts"] if a["rule"] == "spike"} >= {
+        (step, short_name) for step, short_name in
+        ((s, f"layer_{r // 2}/{'kernel' if r % 2 == 0 else 'bias'}") for s, r in SPIKES)}
+    # A zoom at full resolution: the same matrix as the short run's zoom.
+    long, short = both("heatmap", stat="l2_norm", first_step=610, last_step=700)
+    assert long == short
+    # A histogram, and the whole run as CSV (read back a few thousand steps at a time).
+    long, short = both("histogram", variable_index=3, step=612)
+    assert long == short and long["step"] == 600
+    long_csv, short_csv = both("export", format="csv")
+    assert long_csv == short_csv and long_csv.count("\n") == STEPS * VARIABLES + 1
+    # The epoch axis: blocks never span an epoch start, so epochs merge exactly; sums of
+    # float64 block totals differ from sums of steps in the last bits only.
+    long, short = both("heatmap", stat="l2_norm", axis="epoch")
+    assert long["steps"] == short["steps"] and long["classes"] == short["classes"]
+    np.testing.assert_allclose(np.asarray(long["values"], float), np.asarray(short["values"], float),
+                               rtol=1e-12)
+
+
+def test_the_overview_of_a_long_run_hides_no_step(logdir, plugin_client, monkeypatch):
+    """Overview columns are whole blocks of `digest.BLOCK_STEPS` steps; each column's class
+    is the worst of its steps (as judged on the whole run) and its value the merge of the
+    short run's steps of that column."""
+    client = plugin_client(str(logdir))
+    steps_of_columns = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", max_steps=8)
+    assert len(steps_of_columns["steps"]) == 8  # 13 blocks and a partial one, in 8 columns
+    per_step = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", max_steps=STEPS)
+    classes = np.array(per_step["classes"])
+    order = {name: i for i, name in enumerate(["missing", "ok", "vanishing", "exploding",
+                                                "nonfinite"])}
+    for column, (first, last) in enumerate(zip(steps_of_columns["steps"],
+                                               steps_of_columns["last_steps"])):
+        worst = [max(row[first:last + 1], key=order.get) for row in classes]
+        assert [row[column] for row in steps_of_columns["classes"]] == worst
+    flagged = {(int(np.searchsorted(steps_of_columns["steps"], step, "right") - 1), row)
+               for step, row in SPIKES}
+    for column, row in flagged:
+        assert steps_of_columns["classes"][row][column] == "exploding"
+
+
+def test_a_growing_long_run_reads_only_its_new_steps(logdir, plugin_client, monkeypatch):
+    client = plugin_client(str(logdir))
+    read = []
+    real_rows = long_runs.LongRun.rows
+
+    def counted(self, start, stop):
+        piece = real_rows(self, start, stop)
+        read.append(len(piece.steps))
+        return piece
+
+    monkeypatch.setattr(long_runs.LongRun, "rows", counted)
+    first = _get(client, "alerts", True, monkeypatch)
+    assert sum(read) == STEPS
+    _write(logdir / "run", STEPS, STEPS + 150, seed=2)
+    client.reload()
+    read.clear()
+    grown = _get(client, "alerts", True, monkeypatch)
+    assert sum(read) == 150  # the new steps only
+    assert grown == _get(client, "alerts", False, monkeypatch)
+    assert grown != first
+
+
+def test_a_rewritten_step_digests_the_run_again(logdir, plugin_client, monkeypatch):
+    """A restarted job that logs steps again (here 1,200 onwards) changes old steps: the digest
+    starts over and answers as the run read whole."""
+    client = plugin_client(str(logdir))
+    _get(client, "alerts", True, monkeypatch)
+    _write(logdir / "run", 1200, STEPS + 50, seed=3)
+    client.reload()
+    assert _get(client, "alerts", True, monkeypatch) == _get(client, "alerts", False, monkeypatch)
+    assert _get(client, "runs", True, monkeypatch)["run"]["gradients"]["steps"] == STEPS + 50
+
+
+def test_blocks_never_span_an_epoch_start():
+    assert digest.BLOCK_STEPS < EPOCH_STEPS and answers.FULL_RESOLUTION_STEPS >= 2000
