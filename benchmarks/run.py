@@ -34,6 +34,7 @@ BENCHMARKS = {
     "torch_overhead": "PyTorch `GradientMonitor` in an eager training loop",
     "sharded_overhead": "PyTorch `GradientMonitor` under FSDP2 (2 CPU ranks)",
     "route_latency": "Route latency in a real TensorBoard",
+    "long_run": "Long runs and big models: 1,000 tensors x 100,000 steps",
     "frontend_paint": "Gradients tab in Chromium",
 }
 
