@@ -155,3 +155,34 @@ def test_a_rewritten_step_digests_the_run_again(logdir, plugin_client, monkeypat
 
 def test_blocks_never_span_an_epoch_start():
     assert digest.BLOCK_STEPS < EPOCH_STEPS and answers.FULL_RESOLUTION_STEPS >= 2000
+
+
+def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, monkeypatch):
+    """A real TensorBoard's plugin digests long runs in the background as TensorBoard reads the
+    logdir (at its reload interval), so the first heatmap and alerts read no step."""
+    import argparse
+    import threading
+
+    from tensorboard import context as tb_context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from tensorboard_gradients.server import plugin
+
+    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400)
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    context = base_plugin.TBContext(
+        logdir=str(logdir), flags=argparse.Namespace(reload_interval=0),
+        data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir)))
+    served = plugin.GradientsLoader().load(context)
+    workers = [t for t in threading.enumerate() if t.name == "tensorboard-gradients digests"]
+    assert workers, "no background digest with TensorBoard's flags"
+    workers[0].join(timeout=120)
+    read = []
+    monkeypatch.setattr(long_runs.LongRun, "rows",
+                        lambda self, start, stop: read.append((start, stop)))
+    loaded = served._data.series(tb_context.RequestContext(), "", "run", "gradients")
+    alerts = loaded.long_run.digest(tg.Thresholds()).alerts()
+    assert read == [] and any(a.kind == "nonfinite" for a in alerts)

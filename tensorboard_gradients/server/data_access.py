@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
@@ -119,13 +120,49 @@ class GradientData:
     """
 
     def __init__(self, data_provider, cache_bytes: int = DEFAULT_CACHE_BYTES, *,
-                 logdir: Optional[str] = None):
+                 logdir: Optional[str] = None, digest_every: Optional[float] = None):
         install_decode_guard()
         self._provider = data_provider
         self._integrity = EventFileIntegrity(logdir)
         self._cache = Cache(cache_bytes)
         self._long_runs = collections.OrderedDict()  # (run, tag) -> LongRun, oldest first
         self._lock = threading.Lock()
+        if digest_every is not None and self._integrity.local:
+            threading.Thread(target=self._digest_loop, args=(digest_every,), daemon=True,
+                             name="tensorboard-gradients digests").start()
+
+    def _digest_loop(self, every: float):
+        """Digests long runs ahead of the first request (`digest_long_runs`), every ``every``
+        seconds (0: once); a failure is logged and tried again next time."""
+        while True:
+            try:
+                self.digest_long_runs()
+            except Exception:  # noqa: BLE001 - a background thread must not die of one run
+                logger.exception("tensorboard-gradients could not digest the long runs")
+            if not every:
+                return
+            time.sleep(every)
+
+    def digest_long_runs(self):
+        """Brings the default digest of every long tag of a local logdir up to date, as
+        TensorBoard reads the logdir: the first heatmap and alerts of a long run then answer
+        at once, and each pass reads only the steps logged since the last."""
+        for run in self._integrity.runs():
+            tags = self._integrity.tags(run)
+            for tag, parsed in tags.items():
+                if parsed.kind != metadata.KIND_STATS:
+                    continue
+                located = self._integrity.located(run, tag)
+                layout = parsed.layout
+                if located is None or not is_long(len(located.steps), len(layout.variables),
+                                                   len(layout.stats)):
+                    continue
+                epochs_tag = metadata.epochs_tag(parsed.name)
+                epochs = tags.get(epochs_tag)
+                if epochs is not None and epochs.kind != metadata.KIND_EPOCHS:
+                    epochs = None
+                long_run, _ = self._updated_long_run(run, tag, parsed, located, epochs)
+                long_run.digest(analysis.Thresholds())
 
     def tags(self, ctx, experiment) -> Dict[str, Dict[str, TagInfo]]:
         """``{run: {tag: TagInfo}}`` of every tag this plugin wrote, any kind."""
@@ -220,21 +257,8 @@ class GradientData:
     def _long_series(self, run, tag, info, located, epochs_info, epochs, damage,
                      mismatch) -> Loaded:
         """A `Loaded` answering from a `LongRun` (brought up to date with the tag's points)."""
-        with self._lock:
-            long_run = self._long_runs.pop((run, tag), None)
-            if long_run is None or long_run.parsed != info.parsed:
-                long_run = LongRun(run, tag, info.parsed)
-            self._long_runs[(run, tag)] = long_run
-            while len(self._long_runs) > MAX_LONG_RUNS:
-                self._long_runs.pop(next(iter(self._long_runs)))
-        marks = None
-        if epochs is not None and len(epochs.steps):
-            points = zip(epochs.steps.tolist(), epochs.wall_times.tolist(), epochs.locations)
-            decoded = reader.read_back(metadata.epochs_tag(info.parsed.name), epochs_info.parsed,
-                                       points, long_run.lost_point)
-            marks = (np.array([p[0] for p in decoded], np.int64),
-                     np.array([int(p[2]) for p in decoded], np.int64))
-        long_run.update(located, marks)
+        long_run, marks = self._updated_long_run(
+            run, tag, info.parsed, located, None if epochs is None else epochs_info.parsed)
         epochs_tag = metadata.epochs_tag(info.parsed.name)
         histogram_tag = metadata.histogram_tag(tag)
         series = dataclasses.replace(
@@ -281,6 +305,27 @@ class GradientData:
                                   (epochs_tag, f"its epoch marks ({epochs_tag!r})"))
             + ((mismatch,) if mismatch else ()),
         )
+
+    def _updated_long_run(self, run, tag, parsed, located, epochs_parsed):
+        """(the `LongRun` of a tag, updated with its points and epoch marks; the marks as
+        ``(first steps, epoch indices)`` or None)."""
+        with self._lock:
+            long_run = self._long_runs.pop((run, tag), None)
+            if long_run is None or long_run.parsed != parsed:
+                long_run = LongRun(run, tag, parsed)
+            self._long_runs[(run, tag)] = long_run
+            while len(self._long_runs) > MAX_LONG_RUNS:
+                self._long_runs.pop(next(iter(self._long_runs)))
+        marks = None
+        epochs_tag = metadata.epochs_tag(parsed.name)
+        epochs = None if epochs_parsed is None else self._integrity.located(run, epochs_tag)
+        if epochs is not None and len(epochs.steps):
+            points = zip(epochs.steps.tolist(), epochs.wall_times.tolist(), epochs.locations)
+            decoded = reader.read_back(epochs_tag, epochs_parsed, points, long_run.lost_point)
+            marks = (np.array([p[0] for p in decoded], np.int64),
+                     np.array([int(p[2]) for p in decoded], np.int64))
+        long_run.update(located, marks)
+        return long_run, marks
 
     def histogram_near(self, ctx, experiment, run: str, tag: str, step: int,
                        tags=None) -> "HistogramAt":

@@ -112,7 +112,7 @@ class Groups:
         """Each step a group of its own."""
         present = ~np.isnan(values) & (classes != analysis.MISSING)
         return cls(classes.copy(), np.where(present, values, 0).astype(np.float64),
-                   present.astype(np.int64))
+                   present.astype(np.int32))
 
     @classmethod
     def concatenated(cls, parts) -> "Groups":

@@ -40,6 +40,7 @@ class _FileScan:
     ours: set = dataclasses.field(default_factory=set)
     others: set = dataclasses.field(default_factory=set)
     points: Dict[str, list] = dataclasses.field(default_factory=dict)
+    contents: Dict[str, bytes] = dataclasses.field(default_factory=dict)  # first metadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,45 @@ class EventFileIntegrity:
             self._located[(directory, tag)] = (signature, located)
             return located
 
+    @property
+    def local(self) -> bool:
+        """Whether the logdir is a local directory (else nothing is checked or located)."""
+        return self._root is not None
+
+    def runs(self):
+        """The names of the logdir's runs (directories holding event files), as TensorBoard
+        names them; none when the logdir is not local."""
+        if self._root is None:
+            return []
+        found = []
+        for directory, _, files in os.walk(self._root):
+            if any(event_files.is_event_file(name) for name in files):
+                relative = os.path.relpath(directory, self._root)
+                found.append(relative.replace(os.sep, "/"))
+        return sorted(found)
+
+    def tags(self, run: str) -> Dict[str, metadata.PluginData]:
+        """``{tag: PluginData}`` of this plugin's tags in the run, by their first metadata in
+        file-name order (as TensorBoard reads it); tags whose metadata does not parse are left
+        out (the routes report them)."""
+        directory = self._directory(run)
+        contents = {}
+        with self._lock:
+            for _, path in _event_files(directory) if directory else ():
+                try:
+                    scan = self._scanned(path)
+                except OSError:
+                    continue
+                for tag, content in scan.contents.items():
+                    contents.setdefault(tag, content)
+        parsed = {}
+        for tag, content in contents.items():
+            try:
+                parsed[tag] = metadata.parse_plugin_data(content)
+            except metadata.UnsupportedFormatError:
+                continue
+        return parsed
+
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
         if self._root is None:
@@ -188,6 +228,8 @@ def _note_points(record: bytes, offset: int, scan: _FileScan):
         if tag not in scan.ours and tag not in scan.others:
             ours = value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME
             (scan.ours if ours else scan.others).add(tag)
+            if ours:
+                scan.contents[tag] = value.metadata.plugin_data.content
         if tag in scan.ours:
             scan.points.setdefault(tag, []).append(
                 (int(event.step), float(event.wall_time), offset, index))

@@ -74,7 +74,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
     plugin_name = metadata.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext):
-        self._data = data_access.GradientData(context.data_provider, logdir=context.logdir)
+        # In a real TensorBoard, long runs are digested as it reads the logdir (at its reload
+        # interval; 0: once), so their first request answers at once.
+        flags = context.flags
+        self._data = data_access.GradientData(
+            context.data_provider, logdir=context.logdir,
+            digest_every=None if flags is None else getattr(flags, "reload_interval", 5))
 
     def get_plugin_apps(self):
         return {
