@@ -5,6 +5,7 @@ against its tag's metadata before it is decoded (`decode_tensor`).
 
 import dataclasses
 import logging
+import math
 from typing import Iterable, Optional, Tuple
 
 import numpy as np
@@ -110,23 +111,24 @@ def check_tensor(tensor, expected: Tuple[int, ...]) -> None:
 
 
 def _checked(tensor, expected):
-    """(numpy dtype, the field holding the values, entry count) of a tensor that passes the
-    checks of `decode_tensor`."""
-    shape = tuple(d.size for d in tensor.tensor_shape.dim)
+    """(numpy dtype, the field holding the values, the packed content bytes) of a tensor that
+    passes the checks of `decode_tensor` (the content is read once: each read copies it)."""
+    shape = tuple([d.size for d in tensor.tensor_shape.dim])
     if shape != tuple(expected):
         raise DamagedPointError(f"a tensor of shape {list(shape)[:8]} where the metadata says "
                                 f"{list(expected)}")
     if tensor.dtype not in _FLOAT_DTYPES:
         raise DamagedPointError(f"a tensor of dtype {tensor.dtype} where floats are expected")
     dtype, field = _FLOAT_DTYPES[tensor.dtype]
-    count = int(np.prod(expected, dtype=np.int64))
-    if tensor.tensor_content:
-        if len(tensor.tensor_content) != count * np.dtype(dtype).itemsize:
-            raise DamagedPointError(f"{len(tensor.tensor_content)} content bytes for {count} "
+    count = math.prod(expected)
+    content = tensor.tensor_content
+    if content:
+        if len(content) != count * np.dtype(dtype).itemsize:
+            raise DamagedPointError(f"{len(content)} content bytes for {count} "
                                     f"{np.dtype(dtype).name} values")
     elif len(getattr(tensor, field)) not in (1, count):
         raise DamagedPointError(f"{len(getattr(tensor, field))} values for {count} entries")
-    return dtype, field
+    return dtype, field, content
 
 
 def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
@@ -140,9 +142,9 @@ def decode_tensor(tensor, expected: Tuple[int, ...]) -> np.ndarray:
     Raises:
       DamagedPointError: the tensor is not a float matrix of exactly ``expected`` shape.
     """
-    dtype, field = _checked(tensor, expected)
-    if tensor.tensor_content:
-        return np.frombuffer(tensor.tensor_content, dtype=dtype).reshape(expected).copy()
+    dtype, field, content = _checked(tensor, expected)
+    if content:  # a fresh bytes object: the array can own it without a copy
+        return np.frombuffer(content, dtype=dtype).reshape(expected)
     values = getattr(tensor, field)
     if dtype == np.float16:  # half_val holds the IEEE bits in ints
         array = np.asarray(values, dtype=np.uint16).view(np.float16)

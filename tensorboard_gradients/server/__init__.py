@@ -18,8 +18,11 @@ A request goes down these layers, each a module:
 * `data_access` - series read through TensorBoard's data provider (both loaders), each tag's
   failure kept to that tag; it relies on `cache` (what is kept between requests),
   `decode_guard` (tensors checked against their metadata before TensorBoard decodes them),
-  `integrity` (records failing their checksum in a local logdir) and `damage` (what was left
-  out, and the sentences that say so).
+  `integrity` (a local logdir's records failing their checksum, and where each logged point
+  lies) and `damage` (what was left out, and the sentences that say so).
+* `long_runs` - tags too long for TensorBoard to hold (local logdirs): read from their event
+  files a few thousand steps at a time; `digest` keeps what their routes need (classes,
+  alerts, per-block heatmap groups), fed as the run grows, in the background.
 
 Where to change what:
 

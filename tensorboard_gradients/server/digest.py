@@ -18,6 +18,7 @@ than by growing (a restarted job rewrote steps, an epoch mark appeared inside a 
 block) is digested again from its first step.
 """
 
+import dataclasses
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -48,9 +49,10 @@ class Digest:
         self._steps = _Rows(np.int64)
         self._wall_times = _Rows(np.float64)
         self._classes = _Rows(np.int8, len(like.variables))  # final rows
-        self._pending: Optional[np.ndarray] = None  # [rows, variables, stats] not in a block yet
+        # The logged values [rows, variables, logged stats] of rows not in a block yet.
+        self._pending: List[np.ndarray] = []
         self._pending_from = 0  # the row of its first row
-        self._groups = {stat: [] for stat in self.stats}  # per stat: Groups of whole blocks
+        self._groups: List[Groups] = []  # of whole blocks, [blocks, variables, stats]
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
 
     @property
@@ -64,8 +66,7 @@ class Digest:
         self._classes.extend(self._stream.feed(rows.steps, rows.wall_times, rows.values))
         self._steps.extend(rows.steps)
         self._wall_times.extend(rows.wall_times)
-        values = np.stack([rows.stat(stat) for stat in self.stats], axis=-1)
-        self._pending = values if self._pending is None else np.concatenate([self._pending, values])
+        self._pending.append(rows.values)
         self._summarise()
 
     def _summarise(self):
@@ -73,20 +74,28 @@ class Digest:
         cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
         if len(cuts) < 2:
             return
-        first, last = cuts[0], cuts[-1]
-        for stat, groups in zip(self.stats, self._groups_of(first, cuts)):
-            self._groups[stat].append(groups)
+        self._groups.append(self._groups_of(cuts))
         self._block_starts.extend(cuts[1:])
-        self._pending = self._pending[last - self._pending_from:]
-        self._pending_from = last
+        pending = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = [pending[cuts[-1] - self._pending_from:]]
+        self._pending_from = cuts[-1]
 
-    def _groups_of(self, first: int, cuts: List[int]):
-        """Per stat, the `Groups` of the pending rows' blocks ``cuts[i]:cuts[i + 1]``."""
-        rows = slice(first - self._pending_from, cuts[-1] - self._pending_from)
-        classes = self.classes(first, cuts[-1])
-        starts = np.asarray(cuts[:-1], dtype=np.int64) - first
-        return [Groups.of_steps(self._pending[rows, :, position], classes).merged(starts)
-                for position in range(len(self.stats))]
+    def _groups_of(self, cuts: List[int]) -> Groups:
+        """The `Groups` (every stat) of the pending rows' blocks ``cuts[i]:cuts[i + 1]``."""
+        if len(self._pending) > 1:
+            self._pending = [np.concatenate(self._pending)]
+        values = self._pending[0][:cuts[-1] - self._pending_from]
+        classes = self.classes(cuts[0], cuts[-1])
+        starts = np.asarray(cuts[:-1], dtype=np.int64) - cuts[0]
+        groups = Groups.of_steps(values, classes).merged(starts)
+        derived = self.stats[len(self.like.stat_names):]
+        if not derived:
+            return groups
+        piece = dataclasses.replace(self.like, values=values)
+        ratios = Groups.of_steps(np.stack([piece.stat(name) for name in derived], axis=-1),
+                                 classes).merged(starts)
+        return Groups(groups.worst, np.concatenate([groups.total, ratios.total], axis=-1),
+                      np.concatenate([groups.count, ratios.count], axis=-1))
 
     def _block_cuts(self, start: int, stop: int, partial: bool = False) -> List[int]:
         """Row boundaries of the blocks in rows ``[start, stop)``, starting with ``start``:
@@ -161,18 +170,18 @@ class Digest:
     def _block_groups(self, stat: str):
         """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
         where blocks start, with the end appended)."""
-        kept = self._groups[stat]
-        if len(kept) > 1:
-            kept[:] = [Groups.concatenated(kept)]
-        parts, starts = list(kept), list(self._block_starts)
-        if self._pending is not None and self.rows > self._pending_from:
+        if len(self._groups) > 1:
+            self._groups[:] = [Groups.concatenated(self._groups)]
+        parts, starts = list(self._groups), list(self._block_starts)
+        if self.rows > self._pending_from:
             cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
-            parts.append(self._groups_of(self._pending_from, cuts)[self.stats.index(stat)])
+            parts.append(self._groups_of(cuts))
             starts.extend(cuts[1:])
         if not parts:
             empty = np.zeros((0, len(self.like.variables)))
-            return Groups(empty.astype(np.int8), empty, empty.astype(np.int64)), np.zeros(1, int)
-        return Groups.concatenated(parts), np.asarray(starts, dtype=np.int64)
+            return Groups(empty.astype(np.int8), empty, empty.astype(np.int32)), np.zeros(1, int)
+        return Groups.concatenated(parts).stat(self.stats.index(stat)), np.asarray(
+            starts, dtype=np.int64)
 
 
 class _Rows:

@@ -66,12 +66,13 @@ def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
 
 @dataclasses.dataclass(frozen=True)
 class Groups:
-    """Groups of consecutive steps of one stat, ready to merge further: ``[groups, variables]``.
+    """Groups of consecutive steps, ready to merge further: ``worst`` is ``[groups, variables]``,
+    ``total``/``count`` the same or ``[groups, variables, stats]`` (several stats at once).
 
     ``worst``: the worst class of the group; ``total``/``count``: over the group's cells of that
     class with a value, their sum (ok), smallest value (vanishing) or largest (exploding,
     non-finite), and how many there are. Merging groups of groups gives what merging their
-    steps gives, so a long run keeps groups of a few hundred steps (`server.digest`) instead of
+    steps gives, so a long run keeps groups of a hundred steps (`server.digest`) instead of
     every step.
     """
 
@@ -79,27 +80,37 @@ class Groups:
     total: np.ndarray
     count: np.ndarray
 
+    def _per_value(self, array):
+        """``array`` (shaped like ``worst``) broadcast to ``total``'s shape."""
+        return array if self.total.ndim == 2 else array[..., None]
+
     def values(self) -> np.ndarray:
         """The value each group shows (the mean, or the extreme of its worst class)."""
+        worst = self._per_value(self.worst)
         with np.errstate(invalid="ignore", divide="ignore"):
-            merged = np.where(self.worst >= analysis.VANISHING, self.total,
-                              self.total / self.count)
-        merged[(self.worst == analysis.MISSING) | (self.count == 0)] = np.nan
+            merged = np.where(worst >= analysis.VANISHING, self.total, self.total / self.count)
+        merged[(worst == analysis.MISSING) | (self.count == 0)] = np.nan
         return merged
+
+    def stat(self, position: int) -> "Groups":
+        """The groups of one of several stats."""
+        return Groups(self.worst, self.total[..., position], self.count[..., position])
 
     def merged(self, starts: np.ndarray) -> "Groups":
         """Consecutive groups from each of ``starts`` to the next merged into one."""
         if len(starts) == len(self.worst):
             return self
         worst = np.maximum.reduceat(self.worst, starts, axis=0)
-        group_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(self.worst))))
-        chosen = (self.worst == worst[group_of]) & (self.count > 0)
-        counts = np.add.reduceat(np.where(chosen, self.count, 0), starts, axis=0)
-        totals = np.add.reduceat(np.where(chosen, self.total, 0), starts, axis=0)
+        lengths = np.diff(np.append(starts, len(self.worst)))
+        chosen = self._per_value(self.worst == np.repeat(worst, lengths, axis=0)) & (
+            self.count > 0)
+        counts = _sums(np.where(chosen, self.count, 0), starts, np.int32)
+        totals = _sums(np.where(chosen, self.total, 0), starts, np.float64)
         flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
         if flagged.size:  # extremes only where a column holds a flagged cell
-            picked = np.where(chosen[:, flagged], self.total[:, flagged], np.nan)
-            flagged_worst = worst[:, flagged]
+            picked = np.where(chosen[:, flagged], self.total[:, flagged], np.nan).astype(
+                np.float64, copy=False)
+            flagged_worst = self._per_value(worst[:, flagged])
             extremes = np.where(flagged_worst == analysis.VANISHING,
                                 np.fmin.reduceat(picked, starts, axis=0),
                                 np.fmax.reduceat(picked, starts, axis=0))
@@ -109,16 +120,30 @@ class Groups:
 
     @classmethod
     def of_steps(cls, values: np.ndarray, classes: np.ndarray) -> "Groups":
-        """Each step a group of its own."""
-        present = ~np.isnan(values) & (classes != analysis.MISSING)
-        return cls(classes.copy(), np.where(present, values, 0).astype(np.float64),
-                   present.astype(np.int32))
+        """Each step a group of its own (``values``: ``[steps, variables]`` or ``[steps,
+        variables, stats]``)."""
+        present = ~np.isnan(values)
+        present &= (classes != analysis.MISSING) if values.ndim == 2 else (
+            classes != analysis.MISSING)[..., None]
+        # ``total`` keeps the NaN of absent cells: a count of 0 leaves them out of every merge.
+        return cls(classes, values, present.view(np.int8))
 
     @classmethod
     def concatenated(cls, parts) -> "Groups":
         parts = list(parts)
         return cls(*(np.concatenate([getattr(p, f) for p in parts])
                      for f in ("worst", "total", "count")))
+
+
+def _sums(array: np.ndarray, starts: np.ndarray, dtype) -> np.ndarray:
+    """The sums of ``array``'s rows from each of ``starts`` to the next, in ``dtype``. Groups of
+    equal length (a long run's blocks) sum as one reshape, several times faster than reduceat."""
+    count = len(array)
+    if len(starts) and count % len(starts) == 0:
+        size = count // len(starts)
+        if np.array_equal(starts, np.arange(0, count, size)):
+            return array.reshape((len(starts), size) + array.shape[1:]).sum(axis=1, dtype=dtype)
+    return np.add.reduceat(array, starts, axis=0, dtype=dtype)
 
 
 def merge(values: np.ndarray, classes: np.ndarray, starts: np.ndarray):
