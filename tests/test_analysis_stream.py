@@ -18,7 +18,8 @@ def random_series(seed):
     and irregular step numbers."""
     rng = np.random.default_rng(seed)
     variables, steps = int(rng.integers(1, 14)), int(rng.integers(0, 260))
-    names = [f"layer_{int(rng.integers(0, variables // 2 + 1)):02d}/v{i}" for i in range(variables)]
+    names = [f"layer_{int(rng.integers(0, variables // 2 + 1)):02d}/v{i}"
+             for i in range(variables)]
     shapes = [None if rng.random() < 0.1 else tuple(rng.integers(1, 9, size=rng.integers(1, 3)))
               for _ in names]
     with_updates = rng.random() < 0.3
@@ -31,7 +32,8 @@ def random_series(seed):
         norms[rng.integers(steps), rng.integers(variables)] *= 10 ** rng.uniform(0.5, 6)
     for _ in range(rng.integers(0, 4) if steps else 0):
         start = int(rng.integers(steps))
-        norms[start:start + int(rng.integers(1, 40)), rng.integers(variables)] *= 10 ** -rng.uniform(2, 9)
+        stop = start + int(rng.integers(1, 40))
+        norms[start:stop, rng.integers(variables)] *= 10 ** -rng.uniform(2, 9)
     values = np.zeros((steps, variables, len(layout.stats)),
                       dtype=np.float64 if rng.random() < 0.2 else np.float32)
     values[..., column["l2_norm"]] = norms
@@ -49,8 +51,8 @@ def random_series(seed):
         values[..., column["weight_l2_norm"]] = 10 ** rng.uniform(-1, 1, size=variables) * (
             rng.random((steps, variables)) >= 0.01)
     if with_updates:
-        values[..., column["update_l2_norm"]] = (10 ** rng.uniform(-7, 1, size=variables)
-                                                 * 10 ** rng.normal(scale=0.3, size=(steps, variables)))
+        noise = 10 ** rng.normal(scale=0.3, size=(steps, variables))
+        values[..., column["update_l2_norm"]] = 10 ** rng.uniform(-7, 1, size=variables) * noise
     missing = rng.random((steps, variables)) < rng.choice([0, 0.05, 0.3])
     if rng.random() < 0.2:
         missing[:, rng.integers(variables)] = True

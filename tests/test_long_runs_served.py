@@ -95,8 +95,8 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(logdir, plugin_cli
     # float64 block totals differ from sums of steps in the last bits only.
     long, short = both("heatmap", stat="l2_norm", axis="epoch")
     assert long["steps"] == short["steps"] and long["classes"] == short["classes"]
-    np.testing.assert_allclose(np.asarray(long["values"], float), np.asarray(short["values"], float),
-                               rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(long["values"], float),
+                               np.asarray(short["values"], float), rtol=1e-12)
 
 
 def test_the_overview_of_a_long_run_hides_no_step(logdir, plugin_client, monkeypatch):
@@ -123,14 +123,13 @@ def test_the_overview_of_a_long_run_hides_no_step(logdir, plugin_client, monkeyp
 def test_a_growing_long_run_reads_only_its_new_steps(logdir, plugin_client, monkeypatch):
     client = plugin_client(str(logdir))
     read = []
-    real_rows = long_runs.LongRun.rows
+    real_feed = digest.Digest.feed
 
-    def counted(self, start, stop):
-        piece = real_rows(self, start, stop)
-        read.append(len(piece.steps))
-        return piece
+    def counted(self, rows):
+        read.append(len(rows.steps))
+        return real_feed(self, rows)
 
-    monkeypatch.setattr(long_runs.LongRun, "rows", counted)
+    monkeypatch.setattr(digest.Digest, "feed", counted)
     first = _get(client, "alerts", True, monkeypatch)
     assert sum(read) == STEPS
     _write(logdir / "run", STEPS, STEPS + 150, seed=2)
@@ -181,8 +180,33 @@ def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, 
     assert workers, "no background digest with TensorBoard's flags"
     workers[0].join(timeout=120)
     read = []
-    monkeypatch.setattr(long_runs.LongRun, "rows",
-                        lambda self, start, stop: read.append((start, stop)))
+    monkeypatch.setattr(digest.Digest, "feed", lambda self, rows: read.append(rows))
     loaded = served._data.series(tb_context.RequestContext(), "", "run", "gradients")
     alerts = loaded.long_run.digest(tg.Thresholds()).alerts()
     assert read == [] and any(a.kind == "nonfinite" for a in alerts)
+
+
+def test_while_the_background_reads_a_long_run_answers_say_how_far_it_got(
+        logdir, plugin_client, monkeypatch):
+    """A request does not wait for the background digest: it answers with the steps read so
+    far and says so in ``sampled``; once the digest has read everything, the full answer
+    (not the kept partial one) is served."""
+    client = plugin_client(str(logdir))
+    _get(client, "runs", True, monkeypatch)  # the run becomes a long run
+    long_run = next(iter(_long_runs_of(client).values()))
+    assert long_run._feeding.acquire(blocking=False)  # as the background digest does
+    try:
+        partial = _get(client, "alerts", True, monkeypatch)
+        heatmap = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
+    finally:
+        long_run._feeding.release()
+    assert partial["alerts"] == [] and "0 of its 1,300 logged steps" in partial["sampled"]
+    assert heatmap["sampled"] == partial["sampled"] and heatmap["steps"] == []
+    complete = _get(client, "alerts", True, monkeypatch)
+    assert complete["sampled"] is None and complete == _get(client, "alerts", False, monkeypatch)
+
+
+def _long_runs_of(client):
+    """The `LongRun`s of the plugin a `plugin_client` serves."""
+    (plugin,) = [p for p in client.application._plugins if p.plugin_name == "gradients"]
+    return plugin._data._long_runs

@@ -290,23 +290,26 @@ def read_back(tag, parsed, points, report) -> List[tuple]:
     or it was not a tensor of the tag's shape) is left out and reported:
     ``report(DAMAGED, tag, path, message)``."""
     expected = expected_shape(parsed)
-    files = {}
+    by_file = collections.defaultdict(list)
+    for point in points:
+        by_file[point[2][0]].append(point)
     decoded, lost = [], collections.Counter()
-    try:
-        for step, wall_time, (path, offset, index) in points:
-            try:
-                if path not in files:
-                    files[path] = event_files.open_regular_file(path)
-                event = event_files.event_at(files[path], offset)
-                value = None if event is None else event.summary.value[index]
-                if value is None or value.tag != tag:
-                    raise DamagedPointError("its record no longer reads back")
-                decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
-            except (OSError, IndexError, DamagedPointError):
-                lost[path] += 1
-    finally:
-        for file in files.values():
-            file.close()
+    for path, in_file in by_file.items():
+        in_file.sort(key=lambda point: point[2][1])
+        try:
+            with event_files.open_regular_file(path) as file:
+                events = event_files.events_at(file, [point[2][1] for point in in_file])
+                for (step, wall_time, (_, _, index)), event in zip(in_file, events):
+                    try:
+                        value = None if event is None else event.summary.value[index]
+                        if value is None or value.tag != tag:
+                            raise DamagedPointError("its record no longer reads back")
+                        decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
+                    except (IndexError, DamagedPointError):
+                        lost[path] += 1
+        except OSError:
+            lost[path] += len(in_file)
+    decoded.sort(key=lambda point: point[0])
     for path, count in lost.items():
         report(DAMAGED, tag, path, f"{count} point(s) could not be read back (the file "
                "changed while it was read)")

@@ -130,8 +130,9 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     """
     query = query.bounded(loaded)
     series = loaded.series
+    sampled = loaded.sampled
     if loaded.long_run is not None:
-        matrix = _long_heatmap(loaded.long_run, query)
+        matrix, sampled = _long_heatmap(loaded.long_run, query)
     else:
         classes = data.analysis(loaded, query.thresholds).classes
         matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
@@ -146,8 +147,8 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
         "last_steps": matrix.last_steps.tolist(),
         "wall_times": encoding.floats(matrix.wall_times),
         "epochs": _epochs(series),
-        "downsampled": matrix.downsampled or loaded.sampled is not None,
-        "sampled": loaded.sampled,
+        "downsampled": matrix.downsampled or sampled is not None,
+        "sampled": sampled,
         **_damage_fields(loaded),
     }
     if query.packed:
@@ -160,39 +161,61 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     return payload
 
 
-def _long_heatmap(long_run, query: HeatmapQuery) -> heatmap.Heatmap:
-    """The heatmap of a long run: a zoom into at most `FULL_RESOLUTION_STEPS` logged steps
-    reads them back and merges them as a short run's; anything wider merges whole blocks of
-    its digest (the blocks at the ends of a zoom are shown whole)."""
-    digest = long_run.digest(query.thresholds)
+def _long_heatmap(long_run, query: HeatmapQuery):
+    """(the heatmap of a long run, why steps are missing or None). A zoom into at most
+    `FULL_RESOLUTION_STEPS` logged steps reads them back and merges them as a short run's;
+    anything wider merges whole blocks of the digest (the blocks at the ends of a zoom whole)."""
     steps = long_run.steps
     rows = (0, len(steps))
     if query.step_range is not None:
         first, last = query.step_range
         rows = (int(np.searchsorted(steps, first, "left")),
                 int(np.searchsorted(steps, last, "right")))
-        if rows[1] - rows[0] <= FULL_RESOLUTION_STEPS and not query.by_epoch:
-            zoom = long_run.rows(*rows)
-            # Rows that did not read back (the file changed) are left out of the zoom.
+    full_resolution = (query.step_range is not None and not query.by_epoch
+                       and rows[1] - rows[0] <= FULL_RESOLUTION_STEPS)
+    zoom = long_run.rows(*rows) if full_resolution else None
+    with long_run.reading(query.thresholds, wait=waits(query.thresholds)) as (digest, unread):
+        if zoom is not None and rows[1] <= digest.rows:
+            # Steps that did not read back (the file changed) are left out of the zoom.
             kept = np.isin(steps[rows[0]:rows[1]], zoom.steps)
             classes = digest.classes(rows[0], rows[1])[kept]
-            return heatmap.build(zoom, query.stat, classes, query.max_steps)
-    matrix, _ = digest.overview(query.stat, query.max_steps,
-                                None if query.step_range is None else rows, query.by_epoch)
-    return matrix
+            matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
+        else:
+            matrix, _ = digest.overview(query.stat, query.max_steps,
+                                        None if query.step_range is None else rows,
+                                        query.by_epoch)
+        return matrix, _still_reading(digest, unread)
+
+
+def waits(thresholds: analysis.Thresholds) -> bool:
+    """Whether an answer waits for a long run's digest to read every step: not under the
+    default thresholds, whose digest the background may be feeding (the answer then says how
+    far it got); other thresholds are read by the request itself."""
+    return thresholds != analysis.Thresholds()
+
+
+def _still_reading(digest, unread: int):
+    if not unread:
+        return None
+    return (f"this long run is still being read from its event files: {digest.rows:,} of its "
+            f"{digest.rows + unread:,} logged steps so far; refresh to see the rest")
 
 
 def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
     """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
     ``sampled`` and ``damaged``/``damage`` as in the heatmap."""
-    found = (loaded.long_run.digest(thresholds).alerts() if loaded.long_run
-             else data.analysis(loaded, thresholds).alerts)
+    sampled = loaded.sampled
+    if loaded.long_run is not None:
+        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
+            found, sampled = digest.alerts(), _still_reading(digest, unread)
+    else:
+        found = data.analysis(loaded, thresholds).alerts
     encoded = [
         dict(alert.to_json(), value=encoding.floats(alert.value),
              threshold=encoding.floats(alert.threshold))
         for alert in found
     ]
-    return {"alerts": encoded, "sampled": loaded.sampled, **_damage_fields(loaded)}
+    return {"alerts": encoded, "sampled": sampled, **_damage_fields(loaded)}
 
 
 def series_answer(data: GradientData, loaded: Loaded, row: int,
@@ -205,8 +228,8 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
     series = loaded.series
     shape = series.shapes[row]
     if loaded.long_run is not None:
-        digest = loaded.long_run.digest(thresholds)
-        blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
+        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, _):
+            blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
         first = next(iter(blocks.values()))
         steps, wall_times, classes = first.steps, first.wall_times, first.classes[row]
         stats = {name: matrix.values[row] for name, matrix in blocks.items()}

@@ -24,7 +24,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.server.heatmap import Groups, Heatmap, step_groups
+from tensorboard_gradients.server.heatmap import (
+    NO_EPOCHS, Groups, Heatmap, NoEpochsError, step_groups,
+)
 
 # Logged steps per block: 1,000 blocks for a 100,000-step run, the columns of its overview;
 # its groups then cost ~13 bytes per variable, stat and block (130 MB for 1,000 x 100,000).
@@ -37,14 +39,16 @@ class Digest:
     Args:
       like: a `GradientSeries` (any rows) with the tag's variables, layers, shapes and stats.
       thresholds: the `analysis.Thresholds` the classes and alerts follow.
-      epoch_starts: the steps where epochs start (blocks are cut there), or None.
+      epoch_starts, epoch_indices: the steps where epochs start (blocks are cut there) and
+        their epoch indices, or None.
     """
 
-    def __init__(self, like, thresholds: analysis.Thresholds, epoch_starts=None):
+    def __init__(self, like, thresholds: analysis.Thresholds, epoch_starts=None,
+                 epoch_indices=None):
         self.like = like
         self.thresholds = thresholds
         self.stats = tuple(like.available_stats)
-        self.epoch_starts = np.asarray([] if epoch_starts is None else epoch_starts, np.int64)
+        self.set_epochs(epoch_starts, epoch_indices)
         self._stream = analysis.AnalysisStream(like, thresholds)
         self._steps = _Rows(np.int64)
         self._wall_times = _Rows(np.float64)
@@ -54,6 +58,11 @@ class Digest:
         self._pending_from = 0  # the row of its first row
         self._groups: List[Groups] = []  # of whole blocks, [blocks, variables, stats]
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
+
+    def set_epochs(self, starts, indices):
+        """The epoch marks: ``starts`` (steps) and their epoch ``indices``, or None."""
+        self.epoch_starts = np.asarray(() if starts is None else starts, np.int64)
+        self.epoch_indices = np.asarray(() if indices is None else indices, np.int64)
 
     @property
     def rows(self) -> int:
@@ -136,14 +145,18 @@ class Digest:
     def overview(self, stat: str, max_columns: int, row_range: Optional[Sequence[int]] = None,
                  by_epoch: bool = False):
         """The heatmap of ``stat`` from whole blocks (the last, unfinished one too): columns of
-        whole blocks, at most ``max_columns`` (``by_epoch``: one per epoch, with its index), of
-        the blocks overlapping rows ``row_range = (first, stop)`` (None: all rows).
+        whole blocks, at most ``max_columns``, of the blocks overlapping rows ``row_range =
+        (first, stop)`` (None: all rows). ``by_epoch``: one column per epoch (blocks never span
+        an epoch start), labelled by the step where its epoch starts, as `heatmap.build` does;
+        `heatmap.NoEpochsError` without epoch marks.
 
         Returns (`Heatmap`, the row where each column starts)."""
+        if by_epoch and not len(self.epoch_starts):
+            raise NoEpochsError(NO_EPOCHS)
         groups, starts = self._block_groups(stat)
-        if row_range is not None and len(starts) > 1:
-            first = max(0, np.searchsorted(starts, row_range[0], "right") - 1)
-            last = np.searchsorted(starts, row_range[1], "left")
+        if row_range is not None:
+            first = max(0, int(np.searchsorted(starts, row_range[0], "right")) - 1)
+            last = max(first, int(np.searchsorted(starts, row_range[1], "left")))
             groups = Groups(groups.worst[first:last], groups.total[first:last],
                             groups.count[first:last])
             starts = starts[first:last + 1]
@@ -151,18 +164,24 @@ class Digest:
         block_rows = starts[:-1]
         epoch_index = None
         if by_epoch:
-            marks = np.searchsorted(self.epoch_starts, steps[block_rows], "right") - 1
+            # Steps before the first mark belong to the first epoch (`heatmap.epoch_groups`).
+            marks = np.maximum(np.searchsorted(self.epoch_starts, steps[block_rows], "right") - 1,
+                               0)
             columns = np.flatnonzero(np.append(True, marks[1:] != marks[:-1]))
-            epoch_index = np.maximum(marks[columns], 0)
-            picked = step_groups(len(columns), max_columns)
-            columns, epoch_index = columns[picked], epoch_index[picked]
+            columns = columns[step_groups(len(columns), max_columns)]
+            epoch_index = self.epoch_indices[marks[columns]]
         else:
             columns = step_groups(len(block_rows), max_columns)
-        merged = groups.merged(columns) if len(columns) else groups
+        if not len(columns):
+            empty = np.zeros((len(self.like.variables), 0))
+            return Heatmap(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), empty,
+                           empty.astype(np.int8), epoch_index, True), columns
+        merged = groups.merged(columns)
         column_rows = block_rows[columns]
-        ends = np.append(column_rows[1:], starts[-1]) - 1
+        ends = np.append(starts[columns[1:]], starts[-1]) - 1
+        column_steps = (self.epoch_starts[marks[columns]] if by_epoch else steps[column_rows])
         return Heatmap(
-            steps=steps[column_rows], last_steps=steps[ends], wall_times=wall_times[column_rows],
+            steps=column_steps, last_steps=steps[ends], wall_times=wall_times[column_rows],
             values=merged.values().T, classes=merged.worst.T, epoch_index=epoch_index,
             downsampled=True,
         ), column_rows

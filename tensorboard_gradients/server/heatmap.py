@@ -19,6 +19,10 @@ class NoEpochsError(ValueError):
     """The series has no epoch marks, so there is no layer-by-epoch view."""
 
 
+NO_EPOCHS = ("this run has no epoch marks (the Keras GradientMonitor records them; "
+             "GradientWriter.write_epoch adds them to other loops), so it has no epoch axis")
+
+
 @dataclasses.dataclass(frozen=True)
 class Heatmap:
     """Columns of one stat: ``values``/``classes`` are ``[variables, columns]``."""
@@ -48,10 +52,7 @@ def epoch_groups(steps: np.ndarray, epoch_starts, epoch_indices):
     ``every_n_steps`` larger than an epoch) has no column.
     """
     if epoch_starts is None or len(epoch_starts) == 0:
-        raise NoEpochsError(
-            "this run has no epoch marks (the Keras GradientMonitor records them; "
-            "GradientWriter.write_epoch adds them to other loops), so it has no epoch axis"
-        )
+        raise NoEpochsError(NO_EPOCHS)
     positions = np.searchsorted(steps, np.asarray(epoch_starts), side="left")
     indices = np.asarray(epoch_indices)
     inside = positions < len(steps)
@@ -71,9 +72,9 @@ class Groups:
 
     ``worst``: the worst class of the group; ``total``/``count``: over the group's cells of that
     class with a value, their sum (ok), smallest value (vanishing) or largest (exploding,
-    non-finite), and how many there are. Merging groups of groups gives what merging their
-    steps gives, so a long run keeps groups of a hundred steps (`server.digest`) instead of
-    every step.
+    non-finite), and how many there are (``total`` is 0 where ``count`` is). Merging groups
+    of groups gives what merging their steps gives, so a long run keeps groups of a hundred
+    steps (`server.digest`) instead of every step.
     """
 
     worst: np.ndarray
@@ -102,14 +103,23 @@ class Groups:
             return self
         worst = np.maximum.reduceat(self.worst, starts, axis=0)
         lengths = np.diff(np.append(starts, len(self.worst)))
-        chosen = self._per_value(self.worst == np.repeat(worst, lengths, axis=0)) & (
-            self.count > 0)
-        counts = _sums(np.where(chosen, self.count, 0), starts, np.int32)
-        totals = _sums(np.where(chosen, self.total, 0), starts, np.float64)
+        counts = _sums(self.count, starts, np.int32)
+        totals = _sums(self.total, starts, np.float64)
+        # Where a merged group's parts differ in class, only those of its worst class count
+        # (few variables: the whole matrix is summed above, those columns again here).
+        expanded = np.repeat(worst, lengths, axis=0)
+        mixed = np.flatnonzero((self.worst != expanded).any(axis=0))
+        if mixed.size:
+            chosen = self._per_value(self.worst[:, mixed] == expanded[:, mixed])
+            counts[:, mixed] = _sums(np.where(chosen, self.count[:, mixed], 0), starts, np.int32)
+            totals[:, mixed] = _sums(np.where(chosen, self.total[:, mixed], 0), starts,
+                                     np.float64)
         flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
         if flagged.size:  # extremes only where a column holds a flagged cell
-            picked = np.where(chosen[:, flagged], self.total[:, flagged], np.nan).astype(
-                np.float64, copy=False)
+            chosen = self._per_value(self.worst[:, flagged] == expanded[:, flagged]) & (
+                self.count[:, flagged] > 0)
+            picked = np.where(chosen, self.total[:, flagged], np.nan).astype(np.float64,
+                                                                              copy=False)
             flagged_worst = self._per_value(worst[:, flagged])
             extremes = np.where(flagged_worst == analysis.VANISHING,
                                 np.fmin.reduceat(picked, starts, axis=0),
@@ -125,8 +135,8 @@ class Groups:
         present = ~np.isnan(values)
         present &= (classes != analysis.MISSING) if values.ndim == 2 else (
             classes != analysis.MISSING)[..., None]
-        # ``total`` keeps the NaN of absent cells: a count of 0 leaves them out of every merge.
-        return cls(classes, values, present.view(np.int8))
+        # An absent cell counts 0 and adds 0, so sums need no mask.
+        return cls(classes, np.where(present, values, 0), present.view(np.int8))
 
     @classmethod
     def concatenated(cls, parts) -> "Groups":

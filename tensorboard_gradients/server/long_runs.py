@@ -9,9 +9,10 @@ histogram asks for, read back from their records (`integrity.EventFileIntegrity.
 Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
 """
 
+import concurrent.futures
+import contextlib
 import threading
 
-import numpy as np
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import reader
@@ -49,7 +50,8 @@ class LongRun:
         self.lost = {}  # (path, message) of points that no longer read back: None
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
         self._digests = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the state above and every digest's
+        self._feeding = threading.Lock()  # held by the one thread feeding digests
 
     @property
     def steps(self):
@@ -70,13 +72,14 @@ class LongRun:
             if not grew:
                 self._digests.clear()
             for digest, _ in self._digests.values():
-                digest.epoch_starts = np.asarray(
-                    () if epoch_starts is None else epoch_starts, np.int64)
+                digest.set_epochs(epoch_starts, epoch_indices)
 
     def rows(self, start: int, stop: int) -> GradientSeries:
         """Logged steps ``start:stop`` read back from their records (a few thousand at most:
         ~44 KB each for 1,000 variables)."""
-        located = self.located
+        return self._rows_of(self.located, start, stop)
+
+    def _rows_of(self, located, start: int, stop: int) -> GradientSeries:
         points = zip(located.steps[start:stop].tolist(), located.wall_times[start:stop].tolist(),
                      located.locations[start:stop])
         return series_from_points(self.run, self.tag, self.parsed,
@@ -91,20 +94,69 @@ class LongRun:
         """Notes points of the run that no longer read back (`reader.read_back`'s report)."""
         self.lost[(path, message)] = None
 
-    def digest(self, thresholds: analysis.Thresholds) -> Digest:
-        """The digest under ``thresholds``, fed up to the current last step (the first request
-        after a change reads the new steps; thresholds other than the defaults read them all,
-        and only the latest such digest is kept)."""
+    @contextlib.contextmanager
+    def reading(self, thresholds: analysis.Thresholds, wait: bool = True):
+        """Yields ``(digest, steps not read into it yet)`` for answering, holding the lock so
+        nothing changes it meanwhile. The digest is first fed up to the last step; unless
+        ``wait`` is false and another thread (the background digest) is feeding it: then as it
+        stands, and the answer says how much is still to read."""
+        if self._feeding.acquire(blocking=wait):
+            try:
+                self._feed(thresholds)
+            finally:
+                self._feeding.release()
         with self._lock:
-            if thresholds not in self._digests:
-                if thresholds != _DEFAULTS:
-                    self._digests = {t: d for t, d in self._digests.items() if t == _DEFAULTS}
-                self._digests[thresholds] = (Digest(self.like, thresholds, self.epoch_starts), 0)
-            digest, read = self._digests[thresholds]
-            for start in range(read, len(self.located.steps), STEPS_PER_READ):
-                digest.feed(self.rows(start, start + STEPS_PER_READ))
-            self._digests[thresholds] = (digest, len(self.located.steps))
+            digest, read = self._entry(thresholds)
+            yield digest, len(self.located.steps) - read
+
+    def digest(self, thresholds: analysis.Thresholds) -> Digest:
+        """The digest under ``thresholds``, fed up to the last step (thresholds other than the
+        defaults read every step the first time; only the latest such digest is kept)."""
+        with self.reading(thresholds) as (digest, _):
             return digest
+
+    def progress(self, thresholds: analysis.Thresholds, wait: bool = True) -> int:
+        """How many steps the digest under ``thresholds`` has read, once fed as `reading`
+        would feed it."""
+        with self.reading(thresholds, wait) as (digest, unread):
+            return len(self.located.steps) - unread
+
+    def _entry(self, thresholds):
+        """(digest, steps read into it) under ``thresholds``, made if new (hold the lock)."""
+        if thresholds not in self._digests:
+            if thresholds != _DEFAULTS:
+                self._digests = {t: d for t, d in self._digests.items() if t == _DEFAULTS}
+            self._digests[thresholds] = (
+                Digest(self.like, thresholds, self.epoch_starts, self.epoch_indices), 0)
+        return self._digests[thresholds]
+
+    def _feed(self, thresholds):
+        """Feeds the digest up to the last step, `STEPS_PER_READ` at a time, reading the next
+        steps while the last are judged (numpy lets the two threads share the CPU). Steps are
+        read without the lock, so answers can be given between two feeds (hold `_feeding`)."""
+        with concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="tensorboard-gradients read") as reader_pool:
+            ahead = None  # (located, start, future rows)
+            while True:
+                with self._lock:
+                    digest, read = self._entry(thresholds)
+                    located = self.located
+                if read >= len(located.steps):
+                    return
+                if ahead is None or ahead[0] is not located or ahead[1] != read:
+                    ahead = (located, read, reader_pool.submit(
+                        self._rows_of, located, read, read + STEPS_PER_READ))
+                rows = ahead[2].result()
+                after = read + min(STEPS_PER_READ, len(located.steps) - read)
+                ahead = None
+                if after < len(located.steps):
+                    ahead = (located, after, reader_pool.submit(
+                        self._rows_of, located, after, after + STEPS_PER_READ))
+                with self._lock:
+                    if self._digests.get(thresholds, (None,))[0] is not digest:
+                        continue  # the old steps changed meanwhile (`update`): start again
+                    digest.feed(rows)
+                    self._digests[thresholds] = (digest, after)
 
 
 _DEFAULTS = analysis.Thresholds()

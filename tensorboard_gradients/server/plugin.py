@@ -130,7 +130,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         loaded = self._load(ctx, experiment, query)
         asked = asked.bounded(loaded)  # the key of the kept answer: equal answers, one copy
         return responses.kept_gzipped_json(
-            request, self._data, loaded, ("heatmap", asked),
+            request, self._data, loaded, _kept_as(loaded, ("heatmap", asked), asked.thresholds),
             lambda: answers.heatmap_answer(self._data, loaded, asked),
         )
 
@@ -146,7 +146,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         loaded = self._load(ctx, experiment, query)
         # Kept gzipped like the heatmap: encoding thousands of alerts is most of the answer's cost.
         return responses.kept_gzipped_json(
-            request, self._data, loaded, ("alerts", thresholds),
+            request, self._data, loaded, _kept_as(loaded, ("alerts", thresholds), thresholds),
             lambda: answers.alerts_answer(self._data, loaded, thresholds),
         )
 
@@ -197,6 +197,14 @@ class GradientsPlugin(base_plugin.TBPlugin):
         content_type = _STATIC_TYPES.get(extension) or mimetypes.guess_type(path)[0]
         with open(path, "rb") as handle:
             return http_util.Respond(request, handle.read(), content_type or "text/plain")
+
+
+def _kept_as(loaded, key: tuple, thresholds) -> tuple:
+    """The key an answer is kept under: a long run's also says how far its digest has read, so
+    an answer given while the run is still being read is not served once more is read."""
+    if loaded.long_run is None:
+        return key
+    return key + (loaded.long_run.progress(thresholds, answers.waits(thresholds)),)
 
 
 class GradientsLoader(base_plugin.TBLoader):
