@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -87,7 +88,15 @@ def test_no_planted_spike_or_nan_is_lost_in_the_overview_or_the_alerts(long_run,
     with TensorBoard(logdir, load_fast=load_fast) as tb:
         tb.wait_for_steps({RUN: STEPS}, timeout=600)
         base = f"{tb.base}/data/plugin/gradients"
-        heatmap = get_json(f"{base}/heatmap?run={RUN}&tag=gradients&stat={STAT}", timeout=120)
+        # The plugin reads this long run in the background; until it is done, answers say so.
+        deadline = time.monotonic() + 300
+        while True:
+            heatmap = get_json(f"{base}/heatmap?run={RUN}&tag=gradients&stat={STAT}",
+                               timeout=120)
+            if heatmap["sampled"] is None or time.monotonic() > deadline:
+                break
+            assert "still being read" in heatmap["sampled"]
+            time.sleep(1)
         alerts = get_json(f"{base}/alerts?run={RUN}&tag=gradients", timeout=120)["alerts"]
     assert heatmap["sampled"] is None and heatmap["downsampled"]  # every step, merged columns
     assert len(heatmap["steps"]) < STEPS

@@ -7,9 +7,13 @@ its event files (`integrity.EventFileIntegrity.located`) in order, once, and kee
 
 * the cell classes of every step (one byte per cell: 100 MB for that run) and the alerts, from
   an `analysis.AnalysisStream` (equal to judging the whole run at once);
-* per stat, the heatmap `heatmap.Groups` of every block of `BLOCK_STEPS` logged steps (a block
-  never spans an epoch start), from which any overview (columns of whole blocks, or epochs) is
-  merged without hiding the worst cell of any step;
+* per stat, the heatmap `heatmap.Groups` of blocks of consecutive logged steps (a block never
+  spans an epoch start), from which any overview (columns of whole blocks, or epochs) is
+  merged without hiding the worst cell of any step. A block is one step at first; when there
+  are more than `MAX_BLOCKS`, neighbours merge in pairs and new blocks take twice as many
+  steps, so there are always between `MAX_BLOCKS / 2` and `MAX_BLOCKS` (every step of a run
+  of 2,000 steps, blocks of 64 steps at 100,000): about as many columns as a screen shows,
+  in bounded memory;
 * the steps, their wall times and record locations, so a zoom into a few thousand steps reads
   just those steps back at full resolution (`data_access`).
 
@@ -28,9 +32,9 @@ from tensorboard_gradients.server.heatmap import (
     NO_EPOCHS, Groups, Heatmap, NoEpochsError, step_groups,
 )
 
-# Logged steps per block: 1,000 blocks for a 100,000-step run, the columns of its overview;
-# its groups then cost ~13 bytes per variable, stat and block (130 MB for 1,000 x 100,000).
-BLOCK_STEPS = 100
+# Blocks kept at most: the overview's finest columns (a screen shows 1,000-4,000); they cost
+# 8 bytes per variable, stat and block (176 MB for 1,000 variables x 11 stats at most).
+MAX_BLOCKS = 2000
 
 
 class Digest:
@@ -58,6 +62,7 @@ class Digest:
         self._pending_from = 0  # the row of its first row
         self._groups: List[Groups] = []  # of whole blocks, [blocks, variables, stats]
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
+        self.block_steps = 1  # logged steps per new block (fewer where an epoch starts)
 
     def set_epochs(self, starts, indices):
         """The epoch marks: ``starts`` (steps) and their epoch ``indices``, or None."""
@@ -88,6 +93,25 @@ class Digest:
         pending = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
         self._pending = [pending[cuts[-1] - self._pending_from:]]
         self._pending_from = cuts[-1]
+        while len(self._block_starts) - 1 > MAX_BLOCKS:
+            self._merge_pairs()
+
+    def _merge_pairs(self):
+        """Merges neighbouring blocks in pairs (never across an epoch start); later blocks
+        take twice as many steps."""
+        groups = Groups.concatenated(self._groups)
+        starts = self._block_starts
+        epoch_rows = set(np.searchsorted(self.steps(), self.epoch_starts).tolist())
+        kept, block = [], 0
+        while block < len(starts) - 1:
+            kept.append(block)
+            pair = block + 1 < len(starts) - 1 and starts[block + 1] not in epoch_rows
+            block += 2 if pair else 1
+        merged = groups.merged(np.asarray(kept))
+        self._groups = [Groups(merged.worst, merged.total.astype(np.float32),
+                               merged.count.astype(np.int32))]
+        self._block_starts = [starts[i] for i in kept] + [starts[-1]]
+        self.block_steps *= 2
 
     def _groups_of(self, cuts: List[int]) -> Groups:
         """The `Groups` (every stat) of the pending rows' blocks ``cuts[i]:cuts[i + 1]``."""
@@ -96,25 +120,26 @@ class Digest:
         values = self._pending[0][:cuts[-1] - self._pending_from]
         classes = self.classes(cuts[0], cuts[-1])
         starts = np.asarray(cuts[:-1], dtype=np.int64) - cuts[0]
-        groups = Groups.of_steps(values, classes).merged(starts)
         derived = self.stats[len(self.like.stat_names):]
-        if not derived:
-            return groups
-        piece = dataclasses.replace(self.like, values=values)
-        ratios = Groups.of_steps(np.stack([piece.stat(name) for name in derived], axis=-1),
-                                 classes).merged(starts)
-        return Groups(groups.worst, np.concatenate([groups.total, ratios.total], axis=-1),
-                      np.concatenate([groups.count, ratios.count], axis=-1))
+        if derived:
+            piece = dataclasses.replace(self.like, values=values)
+            values = np.concatenate(
+                [values, np.stack([piece.stat(name) for name in derived], axis=-1)], axis=-1)
+        groups = Groups.of_steps(values, classes).merged(starts)
+        # Kept in float32: a block's sum of float32 statistics needs no more to be shown.
+        return Groups(groups.worst.copy(), groups.total.astype(np.float32, copy=False),
+                      groups.count.astype(np.int32, copy=False))
 
     def _block_cuts(self, start: int, stop: int, partial: bool = False) -> List[int]:
         """Row boundaries of the blocks in rows ``[start, stop)``, starting with ``start``:
-        every `BLOCK_STEPS` rows and at every epoch start. Rows after the last whole block are
+        every `block_steps` rows and at every epoch start. Rows after the last whole block are
         left out, unless ``partial`` (then ``stop`` is the last boundary)."""
         epoch_rows = np.searchsorted(self.steps(), self.epoch_starts)
         cuts = [start]
         while cuts[-1] < stop:
-            later = epoch_rows[(epoch_rows > cuts[-1]) & (epoch_rows < cuts[-1] + BLOCK_STEPS)]
-            end = int(later.min()) if later.size else cuts[-1] + BLOCK_STEPS
+            size = self.block_steps
+            later = epoch_rows[(epoch_rows > cuts[-1]) & (epoch_rows < cuts[-1] + size)]
+            end = int(later.min()) if later.size else cuts[-1] + size
             if end > stop:
                 if partial:
                     cuts.append(stop)

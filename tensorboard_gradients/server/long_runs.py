@@ -20,8 +20,10 @@ from tensorboard_gradients.format.series import GradientSeries, series_from_poin
 from tensorboard_gradients.server.digest import Digest
 
 # A tag with more logged steps than this is read from its event files. TensorBoard keeps this
-# many points per tag of a local logdir (a random sample of longer tags: never served).
-LONG_RUN_STEPS = 5000
+# many points per tag of a local logdir (a random sample of longer tags: never served), which
+# bounds its memory (histograms of 1,000 variables: 0.5 GB). A digest of up to 2,000 steps has
+# a block per step, so the overview of a run just past it is still every step.
+LONG_RUN_STEPS = 1000
 # ... or with more statistics than this: TensorBoard's data server passes at most 256 MiB per
 # read, and reading and decoding that much per request is already seconds.
 LONG_RUN_BYTES = 128 * 1024 * 1024
