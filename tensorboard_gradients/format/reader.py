@@ -296,23 +296,25 @@ def read_back(tag, parsed, points, report) -> List[tuple]:
     decoded, lost = [], collections.Counter()
     for path, in_file in by_file.items():
         in_file.sort(key=lambda point: point[2][1])
+        taken = 0  # points of this file decoded or refused
         try:
             with event_files.open_regular_file(path) as file:
                 events = event_files.events_at(file, [point[2][1] for point in in_file])
                 for (step, wall_time, (_, _, index)), event in zip(in_file, events):
+                    taken += 1
                     try:
                         value = None if event is None else event.summary.value[index]
                         if value is None or value.tag != tag:
-                            raise DamagedPointError("its record no longer reads back")
+                            raise DamagedPointError("its record no longer reads back (the "
+                                                    "file changed since it was read)")
                         decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
-                    except (IndexError, DamagedPointError):
-                        lost[path] += 1
-        except OSError:
-            lost[path] += len(in_file)
+                    except (IndexError, DamagedPointError) as error:
+                        lost[(path, str(error))] += 1
+        except OSError as error:
+            lost[(path, str(error))] += len(in_file) - taken
     decoded.sort(key=lambda point: point[0])
-    for path, count in lost.items():
-        report(DAMAGED, tag, path, f"{count} point(s) could not be read back (the file "
-               "changed while it was read)")
+    for (path, reason), count in lost.items():
+        report(DAMAGED, tag, path, f"{count} point(s) left out: {reason}")
     return decoded
 
 

@@ -165,25 +165,34 @@ def _long_heatmap(long_run, query: HeatmapQuery):
     """(the heatmap of a long run, why steps are missing or None). A zoom into at most
     `FULL_RESOLUTION_STEPS` logged steps reads them back and merges them as a short run's;
     anything wider merges whole blocks of the digest (the blocks at the ends of a zoom whole)."""
-    steps = long_run.steps
-    rows = (0, len(steps))
-    if query.step_range is not None:
-        first, last = query.step_range
-        rows = (int(np.searchsorted(steps, first, "left")),
-                int(np.searchsorted(steps, last, "right")))
-    full_resolution = (query.step_range is not None and not query.by_epoch
-                       and rows[1] - rows[0] <= FULL_RESOLUTION_STEPS)
-    zoom = long_run.rows(*rows) if full_resolution else None
+    zoom = None
+    if query.step_range is not None and not query.by_epoch:
+        steps = long_run.steps
+        first, last = (int(np.searchsorted(steps, query.step_range[0], "left")),
+                       int(np.searchsorted(steps, query.step_range[1], "right")))
+        if last - first <= FULL_RESOLUTION_STEPS:
+            zoom = long_run.rows(first, last)
     with long_run.reading(query.thresholds, wait=waits(query.thresholds)) as (digest, unread):
-        if zoom is not None and rows[1] <= digest.rows:
-            # Steps that did not read back (the file changed) are left out of the zoom.
-            kept = np.isin(steps[rows[0]:rows[1]], zoom.steps)
-            classes = digest.classes(rows[0], rows[1])[kept]
+        # Rows of the digest: the steps it holds (a step that did not read back is not one).
+        held = digest.steps()
+        rows = None
+        if query.step_range is not None:
+            rows = (int(np.searchsorted(held, query.step_range[0], "left")),
+                    int(np.searchsorted(held, query.step_range[1], "right")))
+        if zoom is not None and (not len(zoom.steps) or zoom.steps[-1] <= (
+                held[-1] if len(held) else -1)):
+            positions = np.searchsorted(held, zoom.steps)
+            inside = positions < len(held)
+            inside[inside] = held[positions[inside]] == zoom.steps[inside]
+            zoom = dataclasses.replace(zoom, steps=zoom.steps[inside],
+                                       wall_times=zoom.wall_times[inside],
+                                       values=zoom.values[inside])
+            picked = positions[inside]
+            classes = (digest.classes(picked[0], picked[-1] + 1)[picked - picked[0]]
+                       if picked.size else np.zeros((0, len(zoom.variables)), np.int8))
             matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
         else:
-            matrix, _ = digest.overview(query.stat, query.max_steps,
-                                        None if query.step_range is None else rows,
-                                        query.by_epoch)
+            matrix, _ = digest.overview(query.stat, query.max_steps, rows, query.by_epoch)
         return matrix, _still_reading(digest, unread)
 
 

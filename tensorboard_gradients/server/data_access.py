@@ -150,19 +150,29 @@ class GradientData:
         for run in self._integrity.runs():
             tags = self._integrity.tags(run)
             for tag, parsed in tags.items():
-                if parsed.kind != metadata.KIND_STATS:
-                    continue
-                located = self._integrity.located(run, tag)
-                layout = parsed.layout
-                if located is None or not is_long(len(located.steps), len(layout.variables),
-                                                   len(layout.stats)):
-                    continue
-                epochs_tag = metadata.epochs_tag(parsed.name)
-                epochs = tags.get(epochs_tag)
-                if epochs is not None and epochs.kind != metadata.KIND_EPOCHS:
-                    epochs = None
-                long_run, _ = self._updated_long_run(run, tag, parsed, located, epochs)
-                long_run.digest(analysis.Thresholds())
+                try:
+                    self._digest_long_tag(run, tag, parsed, tags)
+                except Exception:  # noqa: BLE001 - one tag must not stop the others
+                    logger.exception("run %r tag %r could not be digested", run, tag)
+
+    def _digest_long_tag(self, run, tag, parsed, tags):
+        if parsed.kind != metadata.KIND_STATS:
+            return
+        located = self._integrity.located(run, tag)
+        layout = parsed.layout
+        if located is None or not is_long(len(located.steps), len(layout.variables),
+                                           len(layout.stats)):
+            return
+        with self._lock:
+            # Past the kept number, requests choose which long runs stay: a background pass
+            # over more would read each from its first step, every time.
+            if (run, tag) not in self._long_runs and len(self._long_runs) >= MAX_LONG_RUNS:
+                return
+        epochs = tags.get(metadata.epochs_tag(parsed.name))
+        if epochs is not None and epochs.kind != metadata.KIND_EPOCHS:
+            epochs = None
+        long_run, _ = self._updated_long_run(run, tag, parsed, located, epochs)
+        long_run.digest(analysis.Thresholds())
 
     def tags(self, ctx, experiment) -> Dict[str, Dict[str, TagInfo]]:
         """``{run: {tag: TagInfo}}`` of every tag this plugin wrote, any kind."""
@@ -266,7 +276,7 @@ class GradientData:
             epoch_indices=None if marks is None else marks[1])
         return Loaded(
             series=series, sampled=None, damaged=len(damage.steps_of(tag)),
-            damage=tuple(f"{message} ({path})" for path, message in long_run.lost)
+            damage=long_run.lost_messages()
             + damage.messages_for(tag, (histogram_tag, f"its histograms ({histogram_tag!r})"),
                                   (epochs_tag, f"its epoch marks ({epochs_tag!r})"))
             + ((mismatch,) if mismatch else ()),
@@ -322,6 +332,7 @@ class GradientData:
         if epochs is not None and len(epochs.steps):
             points = zip(epochs.steps.tolist(), epochs.wall_times.tolist(), epochs.locations)
             decoded = reader.read_back(epochs_tag, epochs_parsed, points, long_run.lost_point)
+            decoded = [p for p in decoded if np.isfinite(p[2])]  # a NaN mark marks nothing
             marks = (np.array([p[0] for p in decoded], np.int64),
                      np.array([int(p[2]) for p in decoded], np.int64))
         long_run.update(located, marks)

@@ -93,12 +93,13 @@ class Digest:
         pending = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
         self._pending = [pending[cuts[-1] - self._pending_from:]]
         self._pending_from = cuts[-1]
-        while len(self._block_starts) - 1 > MAX_BLOCKS:
-            self._merge_pairs()
+        while len(self._block_starts) - 1 > MAX_BLOCKS and self._merge_pairs():
+            pass
 
-    def _merge_pairs(self):
+    def _merge_pairs(self) -> bool:
         """Merges neighbouring blocks in pairs (never across an epoch start); later blocks
-        take twice as many steps."""
+        take twice as many steps. False when no two blocks could merge (every block is an
+        epoch: a run of more than `MAX_BLOCKS` epochs keeps a block per epoch)."""
         groups = Groups.concatenated(self._groups)
         starts = self._block_starts
         epoch_rows = set(np.searchsorted(self.steps(), self.epoch_starts).tolist())
@@ -107,11 +108,14 @@ class Digest:
             kept.append(block)
             pair = block + 1 < len(starts) - 1 and starts[block + 1] not in epoch_rows
             block += 2 if pair else 1
+        if len(kept) == len(starts) - 1:
+            return False
         merged = groups.merged(np.asarray(kept))
         self._groups = [Groups(merged.worst, merged.total.astype(np.float32),
                                merged.count.astype(np.int32))]
         self._block_starts = [starts[i] for i in kept] + [starts[-1]]
         self.block_steps *= 2
+        return True
 
     def _groups_of(self, cuts: List[int]) -> Groups:
         """The `Groups` (every stat) of the pending rows' blocks ``cuts[i]:cuts[i + 1]``."""
@@ -188,7 +192,7 @@ class Digest:
         steps, wall_times = self.steps(), self.wall_times()
         block_rows = starts[:-1]
         epoch_index = None
-        if by_epoch:
+        if by_epoch and len(block_rows):
             # Steps before the first mark belong to the first epoch (`heatmap.epoch_groups`).
             marks = np.maximum(np.searchsorted(self.epoch_starts, steps[block_rows], "right") - 1,
                                0)
@@ -197,6 +201,7 @@ class Digest:
             epoch_index = self.epoch_indices[marks[columns]]
         else:
             columns = step_groups(len(block_rows), max_columns)
+            epoch_index = np.zeros(0, np.int64) if by_epoch else None
         if not len(columns):
             empty = np.zeros((len(self.like.variables), 0))
             return Heatmap(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), empty,

@@ -35,8 +35,8 @@ class _FileScan:
     damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
     unreadable: int = 0  # records failing their checksum that do not parse either
     broken_at: Optional[int] = None  # a record length failing its checksum: nothing after it
-    # This plugin's tags in this file (a tag's first value in a file carries its metadata) and
-    # the other tags, and per tag of ours its points: [(step, wall_time, offset, value index)].
+    # This plugin's tags in this file and the other tags (by their first value with plugin
+    # metadata), and per tag its points: [(step, wall_time, offset, value index)].
     ours: set = dataclasses.field(default_factory=set)
     others: set = dataclasses.field(default_factory=set)
     points: Dict[str, list] = dataclasses.field(default_factory=dict)
@@ -217,22 +217,27 @@ def _scan_records(path: str, scan: _FileScan, size: int):
 
 
 def _note_points(record: bytes, offset: int, scan: _FileScan):
-    """Notes where the values of this plugin's tags in an intact record lie."""
-    if metadata.PLUGIN_NAME.encode() not in record and not scan.ours:
-        return  # no value of ours before this plugin's first metadata in the file
+    """Notes where the values of this plugin's tags in an intact record lie. A tag's first
+    value with plugin metadata says whose it is; tensors logged under it before that (their
+    metadata record was damaged) are kept too, as the other readers keep them."""
     event = event_files.parse_event(record)
     if event is None:
         return
     for index, value in enumerate(event.summary.value):
         tag = value.tag
-        if tag not in scan.ours and tag not in scan.others:
-            ours = value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME
-            (scan.ours if ours else scan.others).add(tag)
-            if ours:
-                scan.contents[tag] = value.metadata.plugin_data.content
-        if tag in scan.ours:
-            scan.points.setdefault(tag, []).append(
-                (int(event.step), float(event.wall_time), offset, index))
+        if tag in scan.others:
+            continue
+        if tag not in scan.ours:
+            plugin_data = value.metadata.plugin_data
+            if plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                scan.ours.add(tag)
+                scan.contents[tag] = plugin_data.content
+            elif plugin_data.plugin_name or not value.HasField("tensor"):
+                scan.others.add(tag)
+                scan.points.pop(tag, None)
+                continue
+        scan.points.setdefault(tag, []).append(
+            (int(event.step), float(event.wall_time), offset, index))
 
 
 def _note_damaged_record(record: bytes, scan: _FileScan):

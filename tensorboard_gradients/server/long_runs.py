@@ -49,7 +49,7 @@ class LongRun:
         self.like: GradientSeries = series_from_points(run, tag, parsed, ())
         self.located = None  # integrity.Located of the stats tag
         self.epoch_starts = self.epoch_indices = None
-        self.lost = {}  # (path, message) of points that no longer read back: None
+        self.lost = {}  # (path, message) of points left out when read back: None
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
         self._digests = {}
         self._lock = threading.RLock()  # the state above and every digest's
@@ -67,6 +67,8 @@ class LongRun:
         epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
         with self._lock:
             old = self.located
+            if old is not None and old is not located and _extends(located, old):
+                return  # an older look at the files than the one already taken
             grew = old is not None and _extends(old, located) and _same_marks(
                 self.epoch_starts, epoch_starts, old.steps[-1] if len(old.steps) else None)
             self.located = located
@@ -93,8 +95,13 @@ class LongRun:
             yield self.rows(start, start + STEPS_PER_READ)
 
     def lost_point(self, kind, tag, path, message):
-        """Notes points of the run that no longer read back (`reader.read_back`'s report)."""
-        self.lost[(path, message)] = None
+        """Notes points of the run left out when read back (`reader.read_back`'s report)."""
+        with self._lock:
+            self.lost[(path, message)] = None
+
+    def lost_messages(self):
+        with self._lock:
+            return tuple(f"{message} ({path})" for path, message in self.lost)
 
     @contextlib.contextmanager
     def reading(self, thresholds: analysis.Thresholds, wait: bool = True):
@@ -102,14 +109,16 @@ class LongRun:
         nothing changes it meanwhile. The digest is first fed up to the last step; unless
         ``wait`` is false and another thread (the background digest) is feeding it: then as it
         stands, and the answer says how much is still to read."""
-        if self._feeding.acquire(blocking=wait):
-            try:
+        fed = self._feeding.acquire(blocking=wait)
+        try:
+            if fed:  # holding it until answered: no other feed replaces this digest meanwhile
                 self._feed(thresholds)
-            finally:
+            with self._lock:
+                digest, read = self._entry(thresholds)
+                yield digest, len(self.located.steps) - read
+        finally:
+            if fed:
                 self._feeding.release()
-        with self._lock:
-            digest, read = self._entry(thresholds)
-            yield digest, len(self.located.steps) - read
 
     def digest(self, thresholds: analysis.Thresholds) -> Digest:
         """The digest under ``thresholds``, fed up to the last step (thresholds other than the
