@@ -127,7 +127,11 @@ zoom (<= 2,000 steps) < 1 s, alerts < 2 s and TensorBoard under 2 GiB on either 
 refresh costing in proportion to the new steps (compare it with the first heatmap, which reads
 the whole run); no plant lost anywhere ("found" columns: spikes, then the NaN; plants that were
 missed are listed below the tables). "loaded" is from TensorBoard's start until it serves the
-last step; "peak" sums each process's peak (TensorBoard + data server), an upper bound. A
+last step; "first answer" is a heatmap asked right then ("partial": the plugin was still
+reading the long run from its event files, and the answer said how far it got); "plugin read"
+is from TensorBoard's start until the plugin's answers no longer say so, and the heatmap, zoom
+and alerts columns are measured after it; "peak" sums each process's peak (TensorBoard + data
+server), an upper bound. A
 "timeout" or "failed" cell is a request that did not answer; the reasons and the end of
 TensorBoard's log follow the tables."""
 
@@ -411,6 +415,20 @@ def _wait_for_step(tb, last_step, timeout):
     raise route_latency.RouteError(f"step {last_step} not served after {timeout:g} s")
 
 
+def _wait_until_read(tb, row, settings):
+    """Until the plugin has read the long run (its answers no longer say it is reading):
+    ``row["read_s"]``, seconds from TensorBoard's start."""
+    deadline = time.perf_counter() + settings["load_timeout"]
+    while time.perf_counter() < deadline:
+        answer = _ask(tb, row, "read_poll", "alerts", settings["request_timeout"],
+                      run=RUN, tag=TAG)
+        if answer is not None and answer["sampled"] is None:
+            row["read_s"] = time.perf_counter() - tb.started
+            return
+        time.sleep(1)
+    row["failed"]["reading"] = f"still reading after {settings['load_timeout']:g} s"
+
+
 def _ask(tb, row, label, route, timeout, **params):
     """The JSON answer of the plugin's `route`, its seconds in ``row[label]``; None when it
     fails, with why in ``row["failed"][label]``."""
@@ -453,6 +471,13 @@ def measure_tensorboard(settings, workdir, run_dir, planted, load_fast):
                 row["failed"]["loading"] = str(error)
             else:
                 row["loaded_s"] = time.perf_counter() - tb.started
+                # The first answer as TensorBoard has read the run: the plugin may still be
+                # reading it (the answer then says how far it got).
+                early = _ask(tb, row, "early_heatmap", "heatmap", settings["request_timeout"],
+                             run=RUN, tag=TAG, stat=STAT, encoding="base64",
+                             max_steps=settings["overview_columns"])
+                row["early_partial"] = bool(early and early["sampled"])
+                _wait_until_read(tb, row, settings)
                 _measure_routes(tb, row, settings, planted)
                 row["rss_gib"] = route_latency.tree_memory_gib(tb.process.pid)[0]
                 _measure_refresh(tb, row, settings, os.path.join(logdir, RUN))
@@ -602,7 +627,8 @@ def _diagnose_table(rows, planted):
 
 
 def _tensorboard_table(rows, planted):
-    headers = ["loader", "loaded s", "steps served", "first heatmap s", "zoom s", "zoom columns",
+    headers = ["loader", "loaded s", "first answer s", "plugin read s", "steps served",
+               "first heatmap s", "zoom s", "zoom columns",
                "alerts s", "RSS GiB", "peak GiB", "overview found", "zoom found", "alerts found",
                "append s", "new steps served after s", "refresh heatmap s", "refresh alerts s"]
     cells = []
@@ -612,8 +638,10 @@ def _tensorboard_table(rows, planted):
             continue
         served = "-" if "steps_served" not in r else (
             f"{r['steps_served']:,}" + (" (sampled)" if r["sampled"] else ""))
+        early = _timed(r, "early_heatmap") + (" (partial)" if r.get("early_partial") else "")
         cells.append([
-            _loader(r), _s(r["loaded_s"]), served, _timed(r, "heatmap"), _timed(r, "zoom"),
+            _loader(r), _s(r["loaded_s"]), early, _s(r.get("read_s")), served,
+            _timed(r, "heatmap"), _timed(r, "zoom"),
             f"{r['zoom_columns']:,}" if "zoom_columns" in r else "-", _timed(r, "alerts"),
             _g(r.get("rss_gib")), _g(r.get("peak_gib")),
             _found(planted, r.get("heatmap_missed")),

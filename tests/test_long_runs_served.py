@@ -7,6 +7,7 @@ answer with the one the short-run path (every step through TensorBoard's data pr
 for the same logdir. The real sizes are in `test_long_run.py` and `benchmarks/long_run.py`.
 """
 
+import dataclasses
 import json
 import urllib.parse
 
@@ -218,3 +219,70 @@ def _long_runs_of(client):
     """The `LongRun`s of the plugin a `plugin_client` serves."""
     (plugin,) = [p for p in client.application._plugins if p.plugin_name == "gradients"]
     return plugin._data._long_runs
+
+
+def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():
+    """Blocks never merge across an epoch start: with an epoch every 2 steps and room for 16
+    blocks, merging stops at one block per epoch instead of looping, and the epoch axis
+    still merges each epoch exactly."""
+    import threading
+
+    from tensorboard_gradients.format.layout import Layout
+    from tensorboard_gradients.format.series import GradientSeries
+    from tensorboard_gradients.server import heatmap
+
+    rng = np.random.default_rng(4)
+    layout = Layout.create(["a/kernel", "b/kernel"], [(3, 3)] * 2, with_weights=False)
+    values = np.zeros((200, 2, len(layout.stats)), np.float32)
+    values[..., layout.stats.index("l2_norm")] = 10 ** rng.normal(-2, 0.1, (200, 2))
+    values[..., layout.stats.index("size")] = 9
+    values[77, 1, layout.stats.index("l2_norm")] = 1e4  # exploding
+    steps = np.arange(200)
+    series = GradientSeries("run", "gradients", "gradients", layout.variables, layout.layers,
+                            layout.shapes, layout.stats, steps, steps.astype(float), values,
+                            epoch_starts=steps[::2], epoch_indices=np.arange(100))
+    result = {}
+
+    def digest_it():
+        kept = digest.MAX_BLOCKS
+        digest.MAX_BLOCKS = 16
+        try:
+            made = digest.Digest(dataclasses.replace(series, steps=steps[:0]),
+                                 tg.Thresholds(), series.epoch_starts, series.epoch_indices)
+            for start in range(0, 200, 30):
+                made.feed(dataclasses.replace(series, steps=steps[start:start + 30],
+                                              wall_times=series.wall_times[start:start + 30],
+                                              values=values[start:start + 30]))
+            result["epochs"] = made.overview("l2_norm", 1000, by_epoch=True)[0]
+        finally:
+            digest.MAX_BLOCKS = kept
+
+    worker = threading.Thread(target=digest_it, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "merging blocks did not stop"
+    expected = heatmap.build(series, "l2_norm", tg.classify(series), 1000, by_epoch=True)
+    assert result["epochs"].steps.tolist() == expected.steps.tolist()
+    np.testing.assert_array_equal(result["epochs"].classes, expected.classes)
+    assert result["epochs"].classes[1, 38] == 3  # the exploding step's epoch
+
+
+def test_a_point_that_does_not_read_back_leaves_the_zoom_on_the_right_steps(
+        tmp_path, plugin_client, monkeypatch):
+    """A point of the tag with another shape (a crafted record, another layout under the same
+    tag) is left out and reported; the steps after it keep their own classes in a zoom."""
+    from support import summary_value, tensor_proto, write_event_file
+
+    _write(tmp_path / "run", 0, 500, seed=5)
+    write_event_file(tmp_path / "run", [
+        (500, [summary_value("gradients", tensor_proto(1, (2, 2), float_val=[1.0] * 4))])],
+        name="events.out.tfevents.9999999999.zz")
+    _write(tmp_path / "run", 501, 900, seed=6)
+    client = plugin_client(str(tmp_path))
+    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", first_step=495,
+                last_step=510)
+    short = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=495,
+                 last_step=510)
+    assert 500 not in long["steps"] and long["classes"] == short["classes"]
+    assert long["values"] == short["values"]
+    assert any("left out" in sentence for sentence in long["damage"])

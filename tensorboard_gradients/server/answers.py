@@ -63,8 +63,9 @@ def _tag_overview(data, ctx, experiment, run, tag, tags) -> dict:
         "epochs": 0 if series.epoch_starts is None else len(series.epoch_starts),
         "sampled": loaded.sampled,
     }
-    if loaded.damaged or loaded.damage:  # like "error": only there when there is some
-        overview.update(_damage_fields(loaded))
+    damage = _damage_fields(loaded)
+    if damage["damaged"] or damage["damage"]:  # like "error": only there when there is some
+        overview.update(damage)
     return overview
 
 
@@ -73,7 +74,9 @@ def _step_count(loaded: Loaded) -> int:
 
 
 def _damage_fields(loaded: Loaded) -> dict:
-    return {"damaged": loaded.damaged, "damage": list(loaded.damage)}
+    # A long run's points are read back while answering: what they lost is known only now.
+    lost = loaded.long_run.lost_messages() if loaded.long_run is not None else ()
+    return {"damaged": loaded.damaged, "damage": list(loaded.damage) + list(lost)}
 
 
 def _epochs(series):

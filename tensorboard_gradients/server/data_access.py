@@ -276,8 +276,7 @@ class GradientData:
             epoch_indices=None if marks is None else marks[1])
         return Loaded(
             series=series, sampled=None, damaged=len(damage.steps_of(tag)),
-            damage=long_run.lost_messages()
-            + damage.messages_for(tag, (histogram_tag, f"its histograms ({histogram_tag!r})"),
+            damage=damage.messages_for(tag, (histogram_tag, f"its histograms ({histogram_tag!r})"),
                                   (epochs_tag, f"its epoch marks ({epochs_tag!r})"))
             + ((mismatch,) if mismatch else ()),
             long_run=long_run,
