@@ -1,10 +1,12 @@
 """Gradient series read through TensorBoard's data provider, cached until the run changes.
 
-The plugin's only way to the data (works with both loaders). Every route needs whole series
+The plugin's way to the data (works with both loaders). Every route needs whole series
 (classes depend on each variable's history, merged columns must see every step), so a series is
 read once and kept (`cache`), keyed by the tag's ``(max_step, max_wall_time)`` from the cheap
 ``list_tensors`` call: a run that stopped changing is never read twice, a run still training is
-re-read when it grew.
+re-read when it grew. A tag of a local logdir too long for that (`long_runs.is_long`) is read
+from its event files instead, into a `long_runs.LongRun` that grows with the run, and digested
+in the background as TensorBoard reads the logdir (`GradientData.digest_long_runs`).
 
 One bad file must never break the tab for everything else:
 
@@ -242,26 +244,24 @@ class GradientData:
         key = ("series", experiment, run, tag)
         located = self._integrity.located(run, tag)
         layout = info.parsed.layout
-        if located is not None and is_long(len(located.steps), len(layout.variables),
-                                           len(layout.stats)):
+        long = located is not None and is_long(len(located.steps), len(layout.variables),
+                                               len(layout.stats))
+        if long:
             epochs = None if epochs_info is None else self._integrity.located(run, epochs_tag)
             signature += (len(located.steps), located.steps[-1],
                           None if epochs is None else len(epochs.steps))
-            cached = self._cache.get(key, signature)
-            if cached is not None:
-                return cached
-            with _unreadable_as_error(run, tag):
-                loaded = self._long_series(run, tag, info, located, epochs_info, epochs, damage,
-                                           mismatch)
-            self._cache.put(key, loaded, signature, 0)  # its `LongRun` is kept apart
-            return loaded
         cached = self._cache.get(key, signature)
         if cached is not None:
             return cached
         with _unreadable_as_error(run, tag):
-            loaded = self._load_series(ctx, experiment, run, tag, info, epochs_info, damage,
-                                       mismatch)
-        self._cache.put(key, loaded, signature, loaded.series.values.nbytes)
+            if long:
+                loaded = self._long_series(run, tag, info, located, epochs_info, epochs, damage,
+                                           mismatch)
+            else:
+                loaded = self._load_series(ctx, experiment, run, tag, info, epochs_info, damage,
+                                           mismatch)
+        # A long run's memory is its `LongRun`'s, kept apart (`MAX_LONG_RUNS`).
+        self._cache.put(key, loaded, signature, 0 if long else loaded.series.values.nbytes)
         return loaded
 
     def _long_series(self, run, tag, info, located, epochs_info, epochs, damage,
