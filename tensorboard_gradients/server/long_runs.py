@@ -27,8 +27,9 @@ LONG_RUN_STEPS = 1000
 # ... or with more statistics than this: TensorBoard's data server passes at most 256 MiB per
 # read, and reading and decoding that much per request is already seconds.
 LONG_RUN_BYTES = 128 * 1024 * 1024
-# Steps read back and judged at a time while digesting (1,000 variables: ~90 MB).
-STEPS_PER_READ = 2000
+# Steps read back and judged at a time while digesting (1,000 variables: ~45 MB; two such
+# pieces are in flight, one read while the other is judged).
+STEPS_PER_READ = 1000
 
 
 def is_long(steps: int, variables: int, stats: int) -> bool:
