@@ -147,12 +147,18 @@ class Groups:
 
 def _sums(array: np.ndarray, starts: np.ndarray, dtype) -> np.ndarray:
     """The sums of ``array``'s rows from each of ``starts`` to the next, in ``dtype``. Groups of
-    equal length (a long run's blocks) sum as one reshape, several times faster than reduceat."""
+    equal length but maybe the last (`step_groups`' columns, a long run's blocks) sum as one
+    reshape and the rest, several times faster than reduceat."""
     count = len(array)
-    if len(starts) and count % len(starts) == 0:
-        size = count // len(starts)
-        if np.array_equal(starts, np.arange(0, count, size)):
-            return array.reshape((len(starts), size) + array.shape[1:]).sum(axis=1, dtype=dtype)
+    size = int(starts[1]) if len(starts) > 1 else count
+    if len(starts) and np.array_equal(starts, np.arange(0, count, max(size, 1))):
+        whole = count // size
+        sums = np.empty((len(starts),) + array.shape[1:], dtype=dtype)
+        sums[:whole] = array[:whole * size].reshape((whole, size) + array.shape[1:]).sum(
+            axis=1, dtype=dtype)
+        if whole < len(starts):
+            sums[whole] = array[whole * size:].sum(axis=0, dtype=dtype)
+        return sums
     return np.add.reduceat(array, starts, axis=0, dtype=dtype)
 
 
