@@ -28,7 +28,7 @@ from tensorboard_gradients.analysis.thresholds import Thresholds
 
 
 @dataclasses.dataclass(frozen=True)
-class _Rows:
+class _Subjects:
     """The steps and variables alerts name, for rules judged on the whole run."""
 
     steps: np.ndarray
@@ -116,8 +116,9 @@ class AnalysisStream:
     def alerts(self) -> List[Alert]:
         """The alerts of every step fed so far, most urgent first (see `analysis.diagnose`)."""
         findings = merged_findings(self._findings, self._provisional_findings)
-        rows = _Rows(np.concatenate(self._all_steps) if self._all_steps else np.zeros(0, np.int64),
-                     self._like.variables, self._like.layers)
+        self._all_steps = _joined(self._all_steps)
+        steps = self._all_steps[0] if self._all_steps else np.zeros(0, np.int64)
+        rows = _Subjects(steps, self._like.variables, self._like.layers)
         for rule in RULES:
             if rule.whole_run:
                 builder = AlertBuilder(rows)

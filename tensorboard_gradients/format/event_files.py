@@ -223,12 +223,9 @@ def events_at(file: BinaryIO, offsets) -> Iterator[Optional["event_pb2.Event"]]:
         stop = index + 1  # offsets[index:stop] are read with one read
         while stop < len(offsets) and offsets[stop] - start < _SPAN_BYTES:
             stop += 1
-        file.seek(start)
-        header = file.read(_HEADER.size)
         last = offsets[stop - 1]
-        if last != start:
-            file.seek(last)
-            header = file.read(_HEADER.size)
+        file.seek(last)  # its length says where the span ends
+        header = file.read(_HEADER.size)
         length = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else 0
         end = min(size, last + _HEADER.size + min(length, MAX_RECORD_BYTES) + _FOOTER.size)
         file.seek(start)

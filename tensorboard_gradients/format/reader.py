@@ -250,7 +250,7 @@ class LoggedSeries:
         by_step = {int(step): (wall_time, location) for step, wall_time, location in stats.points}
         self.steps = np.array(sorted(by_step), dtype=np.int64)
         self.wall_times = np.array([by_step[s][0] for s in self.steps.tolist()], np.float64)
-        self._locations = [by_step[s][1] for s in self.steps.tolist()]
+        self.locations = [by_step[s][1] for s in self.steps.tolist()]
         self.refused_points = stats.refused_points
 
     def __len__(self):
@@ -259,10 +259,7 @@ class LoggedSeries:
     def rows(self, start: int, stop: int) -> GradientSeries:
         """The logged steps ``start:stop`` (no epochs, no histograms) as a `GradientSeries`;
         a point that no longer reads back is left out and reported."""
-        points = zip(self.steps[start:stop].tolist(), self.wall_times[start:stop].tolist(),
-                     self._locations[start:stop])
-        return series_from_points(self.run, self.tag, self.parsed,
-                                  read_back(self.tag, self.parsed, points, self._report))
+        return located_rows(self.run, self.tag, self.parsed, self, start, stop, self._report)
 
     def series(self) -> GradientSeries:
         """Every logged step, its epoch marks and histograms, as a `GradientSeries`."""
@@ -281,6 +278,15 @@ class LoggedSeries:
         series = series_from_points(self.run, self.tag, self.parsed, points, epochs, histograms)
         return dataclasses.replace(
             series, damaged_points=series.damaged_points + self.refused_points)
+
+
+def located_rows(run, tag, parsed, located, start: int, stop: int, report) -> GradientSeries:
+    """The logged steps ``start:stop`` of ``located`` (``steps``, ``wall_times`` and
+    ``locations`` of a stats tag's points, in step order) read back as a `GradientSeries`
+    (no epochs, no histograms); what does not read back is left out (`read_back`)."""
+    points = zip(located.steps[start:stop].tolist(), located.wall_times[start:stop].tolist(),
+                 located.locations[start:stop])
+    return series_from_points(run, tag, parsed, read_back(tag, parsed, points, report))
 
 
 def read_back(tag, parsed, points, report) -> List[tuple]:

@@ -160,10 +160,8 @@ class GradientData:
     def _digest_long_tag(self, run, tag, parsed, tags):
         if parsed.kind != metadata.KIND_STATS:
             return
-        located = self._integrity.located(run, tag)
-        layout = parsed.layout
-        if located is None or not is_long(len(located.steps), len(layout.variables),
-                                           len(layout.stats)):
+        located = self._long_points(run, tag, parsed)
+        if located is None:
             return
         with self._lock:
             # Past the kept number, requests choose which long runs stay: a background pass
@@ -242,10 +240,8 @@ class GradientData:
             damage.signature(tag, epochs_tag, metadata.histogram_tag(tag)),
         )
         key = ("series", experiment, run, tag)
-        located = self._integrity.located(run, tag)
-        layout = info.parsed.layout
-        long = located is not None and is_long(len(located.steps), len(layout.variables),
-                                               len(layout.stats))
+        located = self._long_points(run, tag, info.parsed)
+        long = located is not None
         if long:
             epochs = None if epochs_info is None else self._integrity.located(run, epochs_tag)
             signature += (len(located.steps), located.steps[-1],
@@ -315,6 +311,16 @@ class GradientData:
             + ((mismatch,) if mismatch else ()),
         )
 
+    def _long_points(self, run, tag, parsed):
+        """Where the points of stats tag ``tag`` lie (`integrity.Located`) when it is a long
+        run of a local logdir (`long_runs.is_long`); None otherwise."""
+        located = self._integrity.located(run, tag)
+        layout = parsed.layout
+        if located is None or not is_long(len(located.steps), len(layout.variables),
+                                          len(layout.stats)):
+            return None
+        return located
+
     def _updated_long_run(self, run, tag, parsed, located, epochs_parsed):
         """(the `LongRun` of a tag, updated with its points and epoch marks; the marks as
         ``(first steps, epoch indices)`` or None)."""
@@ -346,10 +352,7 @@ class GradientData:
         tags = self.tags(ctx, experiment) if tags is None else tags
         info = self.stats_tag(tags, run, tag)
         histogram_tag = metadata.histogram_tag(tag)
-        located = self._integrity.located(run, tag)
-        layout = info.parsed.layout
-        if located is not None and is_long(len(located.steps), len(layout.variables),
-                                           len(layout.stats)):
+        if self._long_points(run, tag, info.parsed) is not None:
             histogram_info = self._histograms_info(tags, run, tag)
             where = self._integrity.located(run, histogram_tag)
             left_out = self._integrity.run(run).steps_of(histogram_tag)

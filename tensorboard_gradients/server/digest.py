@@ -88,10 +88,9 @@ class Digest:
         cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
         if len(cuts) < 2:
             return
-        self._groups.append(self._groups_of(cuts))
+        self._groups.append(self._groups_of(cuts))  # joins the pending rows into one array
         self._block_starts.extend(cuts[1:])
-        pending = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending = [pending[cuts[-1] - self._pending_from:]]
+        self._pending = [self._pending[0][cuts[-1] - self._pending_from:]]
         self._pending_from = cuts[-1]
         while len(self._block_starts) - 1 > MAX_BLOCKS and self._merge_pairs():
             pass

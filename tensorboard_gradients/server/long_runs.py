@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import threading
 
-
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
@@ -85,10 +84,8 @@ class LongRun:
         return self._rows_of(self.located, start, stop)
 
     def _rows_of(self, located, start: int, stop: int) -> GradientSeries:
-        points = zip(located.steps[start:stop].tolist(), located.wall_times[start:stop].tolist(),
-                     located.locations[start:stop])
-        return series_from_points(self.run, self.tag, self.parsed,
-                                  reader.read_back(self.tag, self.parsed, points, self.lost_point))
+        return reader.located_rows(self.run, self.tag, self.parsed, located, start, stop,
+                                   self.lost_point)
 
     def pieces(self):
         """Every logged step, `STEPS_PER_READ` at a time (a generator of `GradientSeries`)."""
