@@ -121,3 +121,54 @@ def test_zoom_on_the_epoch_axis_starts_with_the_epoch_containing_the_range():
     assert matrix.epoch_index.tolist() == [1, 2]
     assert matrix.steps.tolist() == [10, 20]  # epoch 1 starts at 10, before the range
     assert matrix.last_steps.tolist() == [19, 25]
+
+
+def _merged_by_hand(values, classes, starts):
+    """The never-hide-the-worst rule cell by cell: (values shown, worst class) per column."""
+    ends = list(starts[1:]) + [len(values)]
+    shown = np.full((len(starts),) + values.shape[1:], np.nan)
+    worst = np.zeros((len(starts), values.shape[1]), dtype=np.int8)
+    for column, (start, end) in enumerate(zip(starts, ends)):
+        for variable in range(values.shape[1]):
+            cells = classes[start:end, variable]
+            worst[column, variable] = top = cells.max()
+            for stat in np.ndindex(values.shape[2:]):
+                picked = values[start:end, variable][(slice(None),) + stat][cells == top]
+                picked = picked[~np.isnan(picked)]
+                if top == MISS or not picked.size:
+                    continue
+                shown[(column, variable) + stat] = (
+                    picked.min() if top == VAN else picked.max() if top > VAN else picked.mean())
+    return shown, worst
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_groups_merged_in_stages_equal_the_rule_applied_to_the_steps(seed):
+    """A long run's blocks (`server.digest`) merge groups of groups, in one or more stages,
+    equal-length or not: every stage must give what the rule gives on the steps themselves."""
+    random = np.random.default_rng(seed)
+    steps, variables = int(random.integers(1, 60)), int(random.integers(1, 5))
+    shape = (steps, variables) + ((int(random.integers(1, 4)),) if seed % 2 else ())
+    values = 10.0 ** random.uniform(-9, 3, size=shape)
+    values[random.random(shape) < 0.1] = np.nan
+    # Mostly one class per variable (as runs are), with runs of others mixed in.
+    classes = np.repeat(random.choice([OK, OK, VAN, EXP], size=(1, variables)), steps, axis=0)
+    odd = random.random(classes.shape) < random.choice([0.0, 0.05, 0.3])
+    classes[odd] = random.choice([OK, VAN, EXP, NF, MISS], size=int(odd.sum()))
+    classes = classes.astype(np.int8)
+
+    def random_starts(count):
+        if random.random() < 0.5:  # equal groups, as step_groups and the digest's blocks
+            return heatmap.step_groups(count, int(random.integers(1, count + 1)))
+        cuts = random.choice(np.arange(1, count), size=min(count - 1, int(random.integers(0, 8))),
+                             replace=False) if count > 1 else []
+        return np.sort(np.append(0, cuts)).astype(np.int64)
+
+    groups, rows = heatmap.Groups.of_steps(values, classes), np.arange(steps)
+    for _ in range(int(random.integers(1, 4))):
+        starts = random_starts(len(rows))
+        groups, rows = groups.merged(starts), rows[starts]
+        shown, worst = _merged_by_hand(values.reshape(steps, variables, -1), classes, rows)
+        assert groups.worst.tolist() == worst.tolist()
+        # Sums of up to 60 values of 12 decades in another order: relative 1e-12 is ~1e4 ulps.
+        np.testing.assert_allclose(groups.values().reshape(shown.shape), shown, rtol=1e-12)

@@ -213,45 +213,17 @@ def located_events(path: str, damage: Optional[ReadDamage] = None,
 def events_at(file: BinaryIO, offsets) -> Iterator[Optional["event_pb2.Event"]]:
     """The event of the intact record at each of ``offsets`` (increasing) of an open event
     file, or None for one that no longer reads back (the file was replaced or damaged since it
-    was located). Records close together are read in one go (`_SPAN_BYTES` at most), not one
-    read per record: a long run's steps lie one after another."""
+    was located). A record right after the last one read is read without a seek: a long run's
+    steps lie one after another."""
     size = os.fstat(file.fileno()).st_size
-    offsets = list(offsets)
-    index = 0
-    while index < len(offsets):
-        start = offsets[index]
-        stop = index + 1  # offsets[index:stop] are read with one read
-        while stop < len(offsets) and offsets[stop] - start < _SPAN_BYTES:
-            stop += 1
-        last = offsets[stop - 1]
-        file.seek(last)  # its length says where the span ends
-        header = file.read(_HEADER.size)
-        length = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else 0
-        end = min(size, last + _HEADER.size + min(length, MAX_RECORD_BYTES) + _FOOTER.size)
-        file.seek(start)
-        span = file.read(end - start)
-        for offset in offsets[index:stop]:
-            yield _event_in(span, offset - start)
-        index = stop
-
-
-# Bytes read at once by `events_at` (a few hundred records of a 1,000-variable model).
-_SPAN_BYTES = 32 * 1024 * 1024
-
-
-def _event_in(span: bytes, at: int) -> Optional["event_pb2.Event"]:
-    """The event of the intact record starting at ``at`` in ``span``, or None."""
-    if len(span) - at < _HEADER.size:
-        return None
-    header = span[at:at + _HEADER.size]
-    length, length_crc = _HEADER.unpack(header)
-    end = at + _HEADER.size + length
-    if _masked_crc32c(header[:8]) != length_crc or end + _FOOTER.size > len(span):
-        return None
-    data = span[at + _HEADER.size:end]
-    if _masked_crc32c(data) != _FOOTER.unpack(span[end:end + _FOOTER.size])[0]:
-        return None
-    return parse_event(data)
+    position = None
+    for offset in offsets:
+        if offset != position:
+            file.seek(offset)
+        record = _record_at(file, offset, size)
+        whole = isinstance(record, Record)
+        position = record.end if whole else None
+        yield parse_event(record.data) if whole and record.intact else None
 
 
 def parse_event(data: bytes) -> Optional["event_pb2.Event"]:
@@ -308,19 +280,34 @@ def iter_records(file: BinaryIO, start: int, size: int, damage: ReadDamage) -> I
     file.seek(start)
     offset = start
     while size - offset >= _HEADER.size:
-        header = file.read(_HEADER.size)
-        if len(header) != _HEADER.size:
-            return  # the file was truncated while being read
-        length, length_crc = _HEADER.unpack(header)
-        if _masked_crc32c(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
+        record = _record_at(file, offset, size)
+        if record is _BROKEN_FRAMING:
             damage.framing_broken_at, damage.unread_bytes = offset, size - offset
             return
-        end = offset + _HEADER.size + length + _FOOTER.size
-        if end > size:
-            return  # the writer has not finished this record yet
-        data = file.read(length)
-        footer = file.read(_FOOTER.size)
-        if len(data) != length or len(footer) != _FOOTER.size:
-            return  # the file was truncated while being read
-        offset = end
-        yield Record(end, data, _masked_crc32c(data) == _FOOTER.unpack(footer)[0])
+        if record is None:
+            return
+        offset = record.end
+        yield record
+
+
+_BROKEN_FRAMING = object()
+
+
+def _record_at(file: BinaryIO, offset: int, size: int):
+    """The `Record` at ``offset`` of a file positioned there and ``size`` bytes long; None when
+    it runs past ``size`` (still being written) or the file was truncated while being read;
+    `_BROKEN_FRAMING` when its length fails its checksum or exceeds `MAX_RECORD_BYTES`."""
+    header = file.read(_HEADER.size)
+    if len(header) != _HEADER.size:
+        return None
+    length, length_crc = _HEADER.unpack(header)
+    if _masked_crc32c(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
+        return _BROKEN_FRAMING
+    end = offset + _HEADER.size + length + _FOOTER.size
+    if end > size:
+        return None  # the writer has not finished this record yet
+    data = file.read(length)
+    footer = file.read(_FOOTER.size)
+    if len(data) != length or len(footer) != _FOOTER.size:
+        return None
+    return Record(end, data, _masked_crc32c(data) == _FOOTER.unpack(footer)[0])

@@ -60,7 +60,12 @@ class Digest:
         # The logged values [rows, variables, logged stats] of rows not in a block yet.
         self._pending: List[np.ndarray] = []
         self._pending_from = 0  # the row of its first row
-        self._groups: List[Groups] = []  # of whole blocks, [blocks, variables, stats]
+        # The `Groups` of whole blocks: worst [blocks, variables], total and count [blocks,
+        # variables, stats], kept in float32 (a block's sum of float32 statistics needs no more
+        # to be shown) and merged in place.
+        self._worst = _Rows(np.int8, len(like.variables))
+        self._total = _Rows(np.float32, len(like.variables), len(self.stats))
+        self._count = _Rows(np.int32, len(like.variables), len(self.stats))
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
         self.block_steps = 1  # logged steps per new block (fewer where an epoch starts)
 
@@ -88,7 +93,7 @@ class Digest:
         cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
         if len(cuts) < 2:
             return
-        self._groups.append(self._groups_of(cuts))  # joins the pending rows into one array
+        self._add_blocks(self._groups_of(cuts))  # joins the pending rows into one array
         self._block_starts.extend(cuts[1:])
         self._pending = [self._pending[0][cuts[-1] - self._pending_from:]]
         self._pending_from = cuts[-1]
@@ -99,7 +104,6 @@ class Digest:
         """Merges neighbouring blocks in pairs (never across an epoch start); later blocks
         take twice as many steps. False when no two blocks could merge (every block is an
         epoch: a run of more than `MAX_BLOCKS` epochs keeps a block per epoch)."""
-        groups = Groups.concatenated(self._groups)
         starts = self._block_starts
         epoch_rows = set(np.searchsorted(self.steps(), self.epoch_starts).tolist())
         kept, block = [], 0
@@ -109,9 +113,10 @@ class Digest:
             block += 2 if pair else 1
         if len(kept) == len(starts) - 1:
             return False
-        merged = groups.merged(np.asarray(kept))
-        self._groups = [Groups(merged.worst, merged.total.astype(np.float32),
-                               merged.count.astype(np.int32))]
+        merged = self._blocks().merged(np.asarray(kept), np.float32)
+        for rows in (self._worst, self._total, self._count):
+            rows.clear()
+        self._add_blocks(merged)
         self._block_starts = [starts[i] for i in kept] + [starts[-1]]
         self.block_steps *= 2
         return True
@@ -128,10 +133,17 @@ class Digest:
             piece = dataclasses.replace(self.like, values=values)
             values = np.concatenate(
                 [values, np.stack([piece.stat(name) for name in derived], axis=-1)], axis=-1)
-        groups = Groups.of_steps(values, classes).merged(starts)
-        # Kept in float32: a block's sum of float32 statistics needs no more to be shown.
-        return Groups(groups.worst.copy(), groups.total.astype(np.float32, copy=False),
-                      groups.count.astype(np.int32, copy=False))
+        return Groups.of_steps(values, classes).merged(starts, np.float32)
+
+    def _blocks(self) -> Groups:
+        """The whole blocks' `Groups` (views: valid until the next feed)."""
+        return Groups(self._worst.view(), self._total.view(), self._count.view())
+
+    def _add_blocks(self, groups: Groups):
+        """Appends blocks (copied: blocks of one step would otherwise keep the piece read)."""
+        self._worst.extend(groups.worst)
+        self._total.extend(groups.total)
+        self._count.extend(groups.count)
 
     def _block_cuts(self, start: int, stop: int, partial: bool = False) -> List[int]:
         """Row boundaries of the blocks in rows ``[start, stop)``, starting with ``start``:
@@ -218,18 +230,13 @@ class Digest:
     def _block_groups(self, stat: str):
         """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
         where blocks start, with the end appended)."""
-        if len(self._groups) > 1:
-            self._groups[:] = [Groups.concatenated(self._groups)]
-        parts, starts = list(self._groups), list(self._block_starts)
+        position = self.stats.index(stat)
+        parts, starts = [self._blocks().stat(position)], list(self._block_starts)
         if self.rows > self._pending_from:
             cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
-            parts.append(self._groups_of(cuts))
+            parts.append(self._groups_of(cuts).stat(position))
             starts.extend(cuts[1:])
-        if not parts:
-            empty = np.zeros((0, len(self.like.variables)))
-            return Groups(empty.astype(np.int8), empty, empty.astype(np.int32)), np.zeros(1, int)
-        return Groups.concatenated(parts).stat(self.stats.index(stat)), np.asarray(
-            starts, dtype=np.int64)
+        return Groups.concatenated(parts), np.asarray(starts, dtype=np.int64)
 
 
 class _Rows:
@@ -249,6 +256,9 @@ class _Rows:
             self._array = grown
         self._array[self._count:needed] = rows
         self._count = needed
+
+    def clear(self):
+        self._count = 0
 
     def view(self) -> np.ndarray:
         return self._array[:self._count]

@@ -8,6 +8,7 @@ still colours its column at any zoom level.
 """
 
 import dataclasses
+import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -97,44 +98,53 @@ class Groups:
         """The groups of one of several stats."""
         return Groups(self.worst, self.total[..., position], self.count[..., position])
 
-    def merged(self, starts: np.ndarray) -> "Groups":
-        """Consecutive groups from each of ``starts`` to the next merged into one."""
+    def merged(self, starts: np.ndarray, dtype=np.float64) -> "Groups":
+        """Consecutive groups from each of ``starts`` to the next merged into one, their
+        totals summed in ``dtype``."""
         if len(starts) == len(self.worst):
             return self
         worst = np.maximum.reduceat(self.worst, starts, axis=0)
         lengths = np.diff(np.append(starts, len(self.worst)))
+        # Every merged cell summed as if its parts were all of its class; then the few cells
+        # whose parts differ in class, or that show an extreme (a flagged class), are merged
+        # again from their own parts only: a spike costs its cells, not its whole column.
         counts = _sums(self.count, starts, np.int32)
-        totals = _sums(self.total, starts, np.float64)
-        # Where a merged group's parts differ in class, only those of its worst class count
-        # (few variables: the whole matrix is summed above, those columns again here).
-        expanded = np.repeat(worst, lengths, axis=0)
-        mixed = np.flatnonzero((self.worst != expanded).any(axis=0))
-        if mixed.size:
-            chosen = self._per_value(self.worst[:, mixed] == expanded[:, mixed])
-            counts[:, mixed] = _sums(np.where(chosen, self.count[:, mixed], 0), starts, np.int32)
-            totals[:, mixed] = _sums(np.where(chosen, self.total[:, mixed], 0), starts,
-                                     np.float64)
-        flagged = np.flatnonzero((worst >= analysis.VANISHING).any(axis=0))
-        if flagged.size:  # extremes only where a column holds a flagged cell
-            chosen = self._per_value(self.worst[:, flagged] == expanded[:, flagged]) & (
-                self.count[:, flagged] > 0)
-            picked = np.where(chosen, self.total[:, flagged], np.nan).astype(np.float64,
-                                                                              copy=False)
-            flagged_worst = self._per_value(worst[:, flagged])
-            extremes = np.where(flagged_worst == analysis.VANISHING,
-                                np.fmin.reduceat(picked, starts, axis=0),
-                                np.fmax.reduceat(picked, starts, axis=0))
-            totals[:, flagged] = np.where(flagged_worst >= analysis.VANISHING, extremes,
-                                          totals[:, flagged])
+        totals = _sums(self.total, starts, dtype)
+        differs = np.logical_or.reduceat(self.worst != np.repeat(worst, lengths, axis=0),
+                                         starts, axis=0)
+        groups, columns = np.nonzero(differs | (worst >= analysis.VANISHING))
+        if groups.size:
+            counts[groups, columns], totals[groups, columns] = self._merged_cells(
+                starts[groups], lengths[groups], columns, worst[groups, columns], dtype)
         return Groups(worst, totals, counts)
+
+    def _merged_cells(self, firsts, lengths, columns, worst, dtype):
+        """(count, total) of the merged cells whose parts are rows ``firsts[i]`` on
+        (``lengths[i]`` of them) of column ``columns[i]``, their worst class ``worst[i]``."""
+        ends = np.cumsum(lengths)
+        segments = ends - lengths  # where each cell's parts start among all the parts
+        rows = np.repeat(firsts - segments, lengths) + np.arange(ends[-1])
+        parts = np.repeat(columns, lengths)
+        chosen = self._per_value(self.worst[rows, parts] == np.repeat(worst, lengths))
+        count, total = self.count[rows, parts], self.total[rows, parts]
+        counts = np.add.reduceat(np.where(chosen, count, 0), segments, axis=0, dtype=np.int32)
+        sums = np.add.reduceat(np.where(chosen, total, 0), segments, axis=0, dtype=dtype)
+        picked = np.where(chosen & (count > 0), total, np.nan).astype(dtype, copy=False)
+        worst = self._per_value(worst)
+        totals = np.where(worst == analysis.VANISHING, np.fmin.reduceat(picked, segments, axis=0),
+                          np.fmax.reduceat(picked, segments, axis=0))
+        return counts, np.where(worst >= analysis.VANISHING, totals, sums)
 
     @classmethod
     def of_steps(cls, values: np.ndarray, classes: np.ndarray) -> "Groups":
         """Each step a group of its own (``values``: ``[steps, variables]`` or ``[steps,
         variables, stats]``)."""
-        present = ~np.isnan(values)
-        present &= (classes != analysis.MISSING) if values.ndim == 2 else (
-            classes != analysis.MISSING)[..., None]
+        absent = np.isnan(values)
+        missing = classes == analysis.MISSING
+        if not missing.any() and not absent.any():  # most steps of most runs: no mask to apply
+            return cls(classes, values, np.ones(values.shape, dtype=np.int8))
+        absent |= missing if values.ndim == 2 else missing[..., None]
+        present = ~absent
         # An absent cell counts 0 and adds 0, so sums need no mask.
         return cls(classes, np.where(present, values, 0), present.view(np.int8))
 
@@ -154,8 +164,11 @@ def _sums(array: np.ndarray, starts: np.ndarray, dtype) -> np.ndarray:
     if len(starts) and np.array_equal(starts, np.arange(0, count, max(size, 1))):
         whole = count // size
         sums = np.empty((len(starts),) + array.shape[1:], dtype=dtype)
-        sums[:whole] = array[:whole * size].reshape((whole, size) + array.shape[1:]).sum(
-            axis=1, dtype=dtype)
+        # Flattened: numpy casts float32 to float64 sums by long inner loops then, not by the
+        # last axis's few stats at a time (15x slower).
+        inner = math.prod(array.shape[1:])
+        array[:whole * size].reshape(whole, size, inner).sum(
+            axis=1, dtype=dtype, out=sums[:whole].reshape(whole, inner))
         if whole < len(starts):
             sums[whole] = array[whole * size:].sum(axis=0, dtype=dtype)
         return sums
