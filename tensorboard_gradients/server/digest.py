@@ -22,6 +22,7 @@ than by growing (a restarted job rewrote steps, an epoch mark appeared inside a 
 block) is digested again from its first step.
 """
 
+import concurrent.futures
 import dataclasses
 from typing import List, Optional, Sequence
 
@@ -78,19 +79,35 @@ class Digest:
     def rows(self) -> int:
         return self._stream.rows
 
-    def feed(self, rows) -> None:
-        """Adds the next logged steps (a `GradientSeries` of rows after every row fed so far)."""
+    def feed(self, rows, alongside: Optional[concurrent.futures.Executor] = None) -> None:
+        """Adds the next logged steps (a `GradientSeries` of rows after every row fed so far).
+
+        ``alongside``: an executor (of one worker) in which the rows already judged are
+        summarised into blocks while these are judged (numpy lets the two share the CPU); the
+        rows judged now then wait for the next feed, or for `summarise`."""
         if not len(rows.steps):
             return
-        self._classes.extend(self._stream.feed(rows.steps, rows.wall_times, rows.values))
+        cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
+        summarising = (alongside.submit(self._summarise, cuts)
+                       if alongside is not None and len(cuts) > 1 else None)
+        try:  # the summary reads only rows already final, and nothing the stream changes
+            final = self._stream.feed(rows.steps, rows.wall_times, rows.values)
+        finally:
+            if summarising is not None:
+                summarising.result()
+        self._classes.extend(final)
         self._steps.extend(rows.steps)
         self._wall_times.extend(rows.wall_times)
         self._pending.append(rows.values)
-        self._summarise()
+        if alongside is None:
+            self.summarise()
 
-    def _summarise(self):
+    def summarise(self):
         """Turns the pending rows whose classes are final into whole blocks."""
-        cuts = self._block_cuts(self._pending_from, self._stream.final_rows)
+        self._summarise(self._block_cuts(self._pending_from, self._stream.final_rows))
+
+    def _summarise(self, cuts: List[int]):
+        """Turns the pending rows ``cuts[0]:cuts[-1]`` into the blocks between ``cuts``."""
         if len(cuts) < 2:
             return
         self._add_blocks(self._groups_of(cuts))  # joins the pending rows into one array

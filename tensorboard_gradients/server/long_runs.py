@@ -141,17 +141,21 @@ class LongRun:
 
     def _feed(self, thresholds):
         """Feeds the digest up to the last step, `STEPS_PER_READ` at a time, reading the next
-        steps while the last are judged (numpy lets the two threads share the CPU). Steps are
-        read without the lock, so answers can be given between two feeds (hold `_feeding`)."""
+        steps and summarising the steps judged before while the last are judged (numpy lets
+        the three threads share the CPU). Steps are read without the lock, so answers can be
+        given between two feeds (hold `_feeding`)."""
         with concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="tensorboard-gradients read") as reader_pool:
+                max_workers=1, thread_name_prefix="tensorboard-gradients read") as reader_pool, \
+                concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="tensorboard-gradients summary") as summary:
             ahead = None  # (located, start, future rows)
             while True:
                 with self._lock:
                     digest, read = self._entry(thresholds)
                     located = self.located
-                if read >= len(located.steps):
-                    return
+                    if read >= len(located.steps):
+                        digest.summarise()
+                        return
                 if ahead is None or ahead[0] is not located or ahead[1] != read:
                     ahead = (located, read, reader_pool.submit(
                         self._rows_of, located, read, read + STEPS_PER_READ))
@@ -164,7 +168,7 @@ class LongRun:
                 with self._lock:
                     if self._digests.get(thresholds, (None,))[0] is not digest:
                         continue  # the old steps changed meanwhile (`update`): start again
-                    digest.feed(rows)
+                    digest.feed(rows, alongside=summary)
                     self._digests[thresholds] = (digest, after)
 
 
