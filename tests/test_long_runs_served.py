@@ -207,10 +207,13 @@ def test_while_the_background_reads_a_long_run_answers_say_how_far_it_got(
     try:
         partial = _get(client, "alerts", True, monkeypatch)
         heatmap = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
+        details = _get(client, "series", True, monkeypatch, variable_index=0)
     finally:
         long_run._feeding.release()
     assert partial["alerts"] == [] and "0 of its 1,300 logged steps" in partial["sampled"]
     assert heatmap["sampled"] == partial["sampled"] and heatmap["steps"] == []
+    assert details["sampled"] == partial["sampled"] and details["steps"] == []
+    assert _get(client, "series", True, monkeypatch, variable_index=0)["sampled"] is None
     complete = _get(client, "alerts", True, monkeypatch)
     assert complete["sampled"] is None and complete == _get(client, "alerts", False, monkeypatch)
 

@@ -236,12 +236,14 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
 
     A long run (`long_runs`) answers per block of its digest (``downsampled``: each point is a
     block's merged value and worst class, its step the block's first; no step's worst cell is
-    hidden); short runs every logged step."""
+    hidden); short runs every logged step. ``sampled`` as in the heatmap."""
     series = loaded.series
     shape = series.shapes[row]
+    sampled = loaded.sampled
     if loaded.long_run is not None:
-        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, _):
+        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
             blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
+            sampled = _still_reading(digest, unread)
         first = next(iter(blocks.values()))
         steps, wall_times, classes = first.steps, first.wall_times, first.classes[row]
         stats = {name: matrix.values[row] for name, matrix in blocks.items()}
@@ -262,6 +264,7 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
         "classes": encoding.class_names(classes),
         "epochs": _epochs(series),
         "downsampled": loaded.long_run is not None,
+        "sampled": sampled,
     }
 
 
