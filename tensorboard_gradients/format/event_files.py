@@ -211,10 +211,10 @@ def located_events(path: str, damage: Optional[ReadDamage] = None,
 
 
 def events_at(file: BinaryIO, offsets) -> Iterator[Optional["event_pb2.Event"]]:
-    """The event of the intact record at each of ``offsets`` (increasing) of an open event
-    file, or None for one that no longer reads back (the file was replaced or damaged since it
-    was located). A record right after the last one read is read without a seek: a long run's
-    steps lie one after another."""
+    """The event of the intact record at each of ``offsets`` of an open event file, or None for
+    one that no longer reads back (the file was replaced or damaged since it was located). A
+    record right after the last one read is read without a seek: a long run's steps lie one
+    after another."""
     size = os.fstat(file.fileno()).st_size
     position = None
     for offset in offsets:

@@ -34,7 +34,8 @@ from tensorboard_gradients.server.heatmap import (
 )
 
 # Blocks kept at most: the overview's finest columns (a screen shows 1,000-4,000); they cost
-# 8 bytes per variable, stat and block (176 MB for 1,000 variables x 11 stats at most).
+# 8 bytes per variable, stat and block (176 MB for 1,000 variables x 11 stats; up to one read's
+# blocks more until they next merge in pairs).
 MAX_BLOCKS = 2000
 
 
@@ -64,9 +65,7 @@ class Digest:
         # The `Groups` of whole blocks: worst [blocks, variables], total and count [blocks,
         # variables, stats], kept in float32 (a block's sum of float32 statistics needs no more
         # to be shown) and merged in place.
-        self._worst = _Rows(np.int8, len(like.variables))
-        self._total = _Rows(np.float32, len(like.variables), len(self.stats))
-        self._count = _Rows(np.int32, len(like.variables), len(self.stats))
+        self._new_blocks()
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
         self.block_steps = 1  # logged steps per new block (fewer where an epoch starts)
 
@@ -131,8 +130,7 @@ class Digest:
         if len(kept) == len(starts) - 1:
             return False
         merged = self._blocks().merged(np.asarray(kept), np.float32)
-        for rows in (self._worst, self._total, self._count):
-            rows.clear()
+        self._new_blocks(capacity=len(kept))  # the room blocks of one step took is given back
         self._add_blocks(merged)
         self._block_starts = [starts[i] for i in kept] + [starts[-1]]
         self.block_steps *= 2
@@ -153,8 +151,14 @@ class Digest:
         return Groups.of_steps(values, classes).merged(starts, np.float32)
 
     def _blocks(self) -> Groups:
-        """The whole blocks' `Groups` (views: valid until the next feed)."""
+        """The whole blocks' `Groups` (views: valid until blocks are next added or merged)."""
         return Groups(self._worst.view(), self._total.view(), self._count.view())
+
+    def _new_blocks(self, capacity: int = MAX_BLOCKS):
+        width = (len(self.like.variables), len(self.stats))
+        self._worst = _Rows(np.int8, width[0], capacity=capacity)
+        self._total = _Rows(np.float32, *width, capacity=capacity)
+        self._count = _Rows(np.int32, *width, capacity=capacity)
 
     def _add_blocks(self, groups: Groups):
         """Appends blocks (copied: blocks of one step would otherwise keep the piece read)."""
@@ -259,8 +263,8 @@ class Digest:
 class _Rows:
     """A growing array of rows (amortised appends, no copy on read)."""
 
-    def __init__(self, dtype, *width):
-        self._array = np.zeros((1024,) + width, dtype=dtype)
+    def __init__(self, dtype, *width, capacity: int = 1024):
+        self._array = np.zeros((max(capacity, 1),) + width, dtype=dtype)
         self._count = 0
 
     def extend(self, rows):
@@ -273,9 +277,6 @@ class _Rows:
             self._array = grown
         self._array[self._count:needed] = rows
         self._count = needed
-
-    def clear(self):
-        self._count = 0
 
     def view(self) -> np.ndarray:
         return self._array[:self._count]

@@ -100,7 +100,8 @@ class Groups:
 
     def merged(self, starts: np.ndarray, dtype=np.float64) -> "Groups":
         """Consecutive groups from each of ``starts`` to the next merged into one, their
-        totals summed in ``dtype``."""
+        totals summed in ``dtype`` (itself when every group stays alone)."""
+        starts = np.asarray(starts, dtype=np.int64)
         if len(starts) == len(self.worst):
             return self
         worst = np.maximum.reduceat(self.worst, starts, axis=0)
@@ -109,7 +110,8 @@ class Groups:
         # whose parts differ in class, or that show an extreme (a flagged class), are merged
         # again from their own parts only: a spike costs its cells, not its whole column.
         counts = _sums(self.count, starts, np.int32)
-        totals = _sums(self.total, starts, dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # float32 near its limit: inf shows
+            totals = _sums(self.total, starts, dtype)
         differs = np.logical_or.reduceat(self.worst != np.repeat(worst, lengths, axis=0),
                                          starts, axis=0)
         groups, columns = np.nonzero(differs | (worst >= analysis.VANISHING))
@@ -128,7 +130,8 @@ class Groups:
         chosen = self._per_value(self.worst[rows, parts] == np.repeat(worst, lengths))
         count, total = self.count[rows, parts], self.total[rows, parts]
         counts = np.add.reduceat(np.where(chosen, count, 0), segments, axis=0, dtype=np.int32)
-        sums = np.add.reduceat(np.where(chosen, total, 0), segments, axis=0, dtype=dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = np.add.reduceat(np.where(chosen, total, 0), segments, axis=0, dtype=dtype)
         picked = np.where(chosen & (count > 0), total, np.nan).astype(dtype, copy=False)
         worst = self._per_value(worst)
         totals = np.where(worst == analysis.VANISHING, np.fmin.reduceat(picked, segments, axis=0),

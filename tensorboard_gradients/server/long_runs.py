@@ -168,7 +168,12 @@ class LongRun:
                 with self._lock:
                     if self._digests.get(thresholds, (None,))[0] is not digest:
                         continue  # the old steps changed meanwhile (`update`): start again
-                    digest.feed(rows, alongside=summary)
+                    try:
+                        digest.feed(rows, alongside=summary)
+                    except BaseException:
+                        # Half fed, it could take no later step: the next request starts over.
+                        self._digests.pop(thresholds, None)
+                        raise
                     self._digests[thresholds] = (digest, after)
 
 
