@@ -1,0 +1,70 @@
+"""A long run's digest (`server.digest`), fed a few steps at a time, serves the overview the
+never-hide-the-worst merge gives on every step read so far: with blocks merged in place, epoch
+cuts, and the blocks summarised in a second thread while the next steps are judged."""
+
+import concurrent.futures
+import dataclasses
+
+import numpy as np
+import pytest
+
+from test_analysis_stream import random_series
+from tensorboard_gradients.server import digest, heatmap
+
+
+def _piece(series, start, stop):
+    return dataclasses.replace(series, steps=series.steps[start:stop],
+                               wall_times=series.wall_times[start:stop],
+                               values=series.values[start:stop])
+
+
+def _assert_overview_is_the_merge_of_every_step(fed, series, rows):
+    """Every stat's overview (by step, and by epoch when marked) equals `heatmap.merge` of the
+    first ``rows`` steps under the digest's own classes and columns."""
+    steps = _piece(series, 0, rows)
+    classes = fed.classes()
+    assert classes.shape == (rows, len(series.variables))
+    for stat in series.available_stats:
+        for by_epoch in (False, True) if len(fed.epoch_starts) and rows else (False,):
+            matrix, column_rows = fed.overview(stat, 2**62, by_epoch=by_epoch)
+            if not rows:
+                assert matrix.values.shape[1] == 0
+                continue
+            values = steps.stat(stat)
+            expected, worst = heatmap.merge(values, classes, np.asarray(column_rows))
+            assert matrix.classes.tolist() == worst.T.tolist()
+            # Blocks keep their cells' sums in float32, summed in any order: a mean of c <= n
+            # cells is then off by at most (c - 1) * 2**-24 * max|x| (to first order), plus
+            # 2**-24 * max|x| for a float64 value stored in float32, within n * 2**-23 * max|x|
+            # for a column of n steps. Where either side is not finite they must be equal.
+            column_rows = np.asarray(column_rows)
+            lengths = np.diff(np.append(column_rows, rows))
+            largest = np.maximum.reduceat(np.abs(np.nan_to_num(values, posinf=0, neginf=0)),
+                                          column_rows, axis=0)
+            bound = (lengths[:, None] * 2**-23 * largest).T
+            finite = np.isfinite(matrix.values) & np.isfinite(expected.T)
+            assert (np.abs(matrix.values - expected.T)[finite] <= bound[finite]).all()
+            assert np.array_equal(matrix.values[~finite], expected.T[~finite], equal_nan=True)
+
+@pytest.mark.parametrize("alongside", [False, True], ids=["one thread", "two threads"])
+@pytest.mark.parametrize("seed", range(25))
+def test_a_digest_fed_in_pieces_serves_the_merge_of_every_step(seed, alongside, monkeypatch):
+    monkeypatch.setattr(digest, "MAX_BLOCKS", 8)  # blocks merge in pairs many times
+    series, thresholds = random_series(seed)
+    count = len(series.steps)
+    random = np.random.default_rng(seed + 1000)
+    epoch_starts = epoch_indices = None
+    if count and random.random() < 0.5:
+        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
+        epoch_indices = np.arange(len(epoch_starts))
+    fed = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as summary:
+        start = 0
+        while start < count:
+            stop = min(count, start + int(random.integers(1, 40)))
+            fed.feed(_piece(series, start, stop), alongside=summary if alongside else None)
+            start = stop
+            _assert_overview_is_the_merge_of_every_step(fed, series, start)
+    fed.summarise()
+    _assert_overview_is_the_merge_of_every_step(fed, series, count)
+    assert len(fed._block_starts) - 1 <= digest.MAX_BLOCKS
