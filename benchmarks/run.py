@@ -2,7 +2,9 @@
 
     python benchmarks/run.py [--quick] [--only NAME[,NAME]] [--output PATH] [--workdir DIR]
 
-Each benchmark runs in a fresh process, so TensorFlow's state, memory and a crash of one stay out
+With ``--only``, an existing report keeps its other sections: the benchmarks rerun replace
+their own sections (each then says when and on what it was rerun). Each benchmark runs in a
+fresh process, so TensorFlow's state, memory and a crash of one stay out
 of the others; a benchmark that fails is reported in its section and the others still run, and the
 exit status is 1. `--quick` takes each benchmark's quick settings (small sizes, few rounds: a
 smoke run of a few minutes whose numbers are noisy); the same settings are `--quick` of each
@@ -13,6 +15,7 @@ import argparse
 import importlib
 import multiprocessing
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -111,6 +114,38 @@ def header(env, quick, took, sections, notes_link):
     ])
 
 
+def spliced(report, sections, env, quick):
+    """``report`` (an earlier RESULTS.md) with ``sections`` (benchmarks rerun alone with
+    ``--only``) in place of theirs, or appended; each says when, on what and how it was rerun,
+    and the table at the top points to it. The other sections stay as they were."""
+    for rerun in sections:
+        heading = f"## {BENCHMARKS[rerun.name]}\n"
+        title, body = rerun.text.split("\n\n", 1)
+        text = "\n\n".join([
+            title,
+            f"_Rerun alone ({'quick' if quick else 'full'} settings): `{_command_line()}`, "
+            "on this machine:_",
+            _common.render_environment(env),
+            body,
+        ]) + "\n\n"
+        start = report.find(heading)
+        if start < 0:
+            report = report.rstrip("\n") + "\n\n" + text
+        else:
+            end = report.find("\n## ", start + len(heading))
+            report = report[:start] + text + ("" if end < 0 else report[end + 1:])
+        line = (f"| {rerun.name} | {rerun.status} (rerun alone {env['date']}, see its "
+                f"section) | {rerun.took} |")
+        row = re.compile(rf"^\| {re.escape(rerun.name)} \|.*$", re.M)
+        if row.search(report):
+            report = row.sub(line, report, count=1)
+        else:  # a benchmark newer than the report: a row at the end of the table at the top
+            table = re.search(r"^\| benchmark \| result \| took \|\n(?:\|.*\n)*", report, re.M)
+            if table:
+                report = report[:table.end()] + line + "\n" + report[table.end():]
+    return report
+
+
 def _command_line():
     return " ".join(shlex.quote(a) for a in ["python"] + sys.argv)
 
@@ -151,11 +186,17 @@ def main():
             shutil.rmtree(workdir, ignore_errors=True)
     # The sections link NOTES.md relative to benchmarks/; keep the links right elsewhere too.
     notes_link = os.path.relpath(NOTES, os.path.dirname(os.path.abspath(args.output)))
-    text = "\n\n".join(
-        [header(env, args.quick, time.perf_counter() - start, sections, notes_link)]
-        + [s.text.replace("](NOTES.md", f"]({notes_link}") for s in sections])
+    sections = [s._replace(text=s.text.replace("](NOTES.md", f"]({notes_link}"))
+                for s in sections]
+    if args.only and os.path.exists(args.output):
+        with open(args.output) as f:
+            text = spliced(f.read(), sections, env, args.quick)
+    else:
+        text = "\n\n".join(
+            [header(env, args.quick, time.perf_counter() - start, sections, notes_link)]
+            + [s.text for s in sections])
     with open(args.output, "w") as f:
-        f.write(text + "\n")
+        f.write(text.rstrip("\n") + "\n")
     failed = [s.name for s in sections if s.failed]
     print(f"wrote {args.output}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     sys.exit(1 if failed else 0)
