@@ -150,6 +150,27 @@ def test_a_growing_long_run_reads_only_its_new_steps(logdir, plugin_client, monk
     assert grown != first
 
 
+def test_a_digest_that_failed_half_fed_is_read_again_by_the_next_request(
+        logdir, plugin_client, monkeypatch):
+    """A failure while summarising (say, out of memory) fails that request only: the half-fed
+    digest could take no later step, so it is dropped and the next request reads the run."""
+    client = plugin_client(str(logdir))
+    real_summarise = digest.Digest._summarise
+    failures = []
+
+    def fails_once(self, cuts):
+        if not failures:
+            failures.append(cuts)
+            raise MemoryError("no room for the blocks")
+        return real_summarise(self, cuts)
+
+    monkeypatch.setattr(digest.Digest, "_summarise", fails_once)
+    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400)
+    response = client.get(BASE + "alerts?run=run&tag=gradients")
+    assert response.status_code == 500 and failures
+    assert _get(client, "alerts", True, monkeypatch) == _get(client, "alerts", False, monkeypatch)
+
+
 def test_a_rewritten_step_digests_the_run_again(logdir, plugin_client, monkeypatch):
     """A restarted job that logs steps again (here 1,200 onwards) changes old steps: the digest
     starts over and answers as the run read whole."""
