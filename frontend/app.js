@@ -19,6 +19,9 @@ import { Toolbar } from "./toolbar.js";
 import { Vocabulary } from "./vocabulary.js";
 
 const REFRESH_MS = 30000;
+// While the plugin is still reading a long run (right after TensorBoard starts), the tab asks
+// again this often, so the whole run replaces the partial view without a reload.
+const READING_POLL_MS = 3000;
 const HOVER_STATS_DELAY_MS = 150;
 
 export class App {
@@ -177,6 +180,9 @@ export class App {
     this.setStatus(notes.join(" "), matrix.sampled || matrix.damage.length ? "warning" : "info");
     if (this.selected) this.selectCell(...this.selected, true);
     this.refetchIfWider();
+    if (matrix.stepsToRead > 0) {
+      setTimeout(() => { if (token === this.loadToken) this.load(); }, READING_POLL_MS);
+    }
   }
 
   /** The plot grew well past the width the columns were fetched for: one column per pixel again. */

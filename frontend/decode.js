@@ -73,6 +73,7 @@ export function decodeHeatmap(body, vocabulary) {
     epochIndex: body.epoch_index || null,
     downsampled: Boolean(body.downsampled),
     sampled: body.sampled || null,
+    stepsToRead: body.steps_to_read || 0, // of a long run the plugin is still reading
     damaged: body.damaged || 0, // logged steps left out as damaged; `damage` says why
     damage: body.damage || [],
     value(row, column) { return values[row * columns + column]; },

@@ -99,10 +99,14 @@ def launch_chromium(playwright):
 class Tab:
     """The plugin's page as TensorBoard frames it (`data/plugin_entry.html?name=gradients`)."""
 
-    def __init__(self, browser, base, hash_="", viewport=(1400, 900)):
+    def __init__(self, browser, base, hash_="", viewport=(1400, 900), routes=()):
+        """``routes``: ``(url pattern, handler)`` pairs given to ``page.route`` before the
+        page opens."""
         self.page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
         self.errors = []
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        for pattern, handler in routes:
+            self.page.route(pattern, handler)
         self.base = base
         self.page.goto(f"{base}/data/plugin_entry.html?name=gradients{hash_}")
 

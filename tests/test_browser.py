@@ -7,6 +7,7 @@ $GRADIENTS_ARTIFACTS (default: the test's tmp dir). `test_demo_end_to_end.py` ch
 scenario against the CLI.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -385,4 +386,45 @@ def test_a_statistic_the_tab_does_not_know_is_offered_and_drawn(browser, tmp_pat
         tab.page.wait_for_function("window.gradientsApp.matrix && window.gradientsApp.matrix.stat"
                                    " === 'sign_agreement' && window.gradientsApp.drawn")
         assert len(np.unique(tab.pixels().reshape(-1, 4), axis=0)) > 2, "the heatmap is drawn"
+        tab.close()
+
+
+def test_a_long_run_still_being_read_is_asked_again_until_whole(browser, tmp_path):
+    """Right after TensorBoard starts, the plugin may still be reading a long run: its answers
+    show the steps read so far and count the rest (``steps_to_read``). The tab then asks again
+    by itself until the run is whole. A run that reads in a blink is made to answer "still
+    being read" once (the first heatmap's answer rewritten in the browser), so the test sees
+    the tab come back for the rest."""
+    rng = np.random.default_rng(0)
+    with tg.GradientWriter(str(tmp_path / "long")) as writer:
+        for step in range(1300):  # more logged steps than TensorBoard keeps: a long run
+            writer.write(step, {"dense/kernel": rng.normal(size=(4, 3)),
+                                "dense/bias": rng.normal(size=3)})
+    answers = []
+
+    def first_answer_partial(route):
+        response = route.fetch()
+        body = response.json()
+        answers.append(body["steps_to_read"])
+        if len(answers) == 1:
+            body.update(steps_to_read=700, sampled="this long run is still being read from its "
+                        "event files: 600 of its 1,300 logged steps so far")
+        headers = {name: value for name, value in response.headers.items()
+                   if name.lower() not in ("content-encoding", "content-length")}
+        route.fulfill(status=response.status, headers=headers, body=json.dumps(body))
+
+    with TensorBoard(tmp_path) as tensorboard:
+        tensorboard.wait_for_steps({"long": 1300})
+        tab = Tab(browser, tensorboard.base, "#run=long&tag=gradients",
+                  routes=[("**/data/plugin/gradients/heatmap?*", first_answer_partial)])
+        tab.page.wait_for_function(  # one check: the tab may ask again right after
+            "window.gradientsApp && window.gradientsApp.matrix"
+            " && window.gradientsApp.matrix.stepsToRead === 700"
+            " && document.querySelector('.status').textContent.includes('still being read')")
+        # No click, no reload: the tab asks again and draws the whole run.
+        tab.page.wait_for_function("window.gradientsApp.drawn"
+                                   " && window.gradientsApp.matrix.stepsToRead === 0", timeout=20000)
+        assert answers[0] == 0 and len(answers) >= 2
+        assert "still being read" not in tab.page.locator(".status").inner_text()
+        assert tab.page.evaluate("window.gradientsApp.matrix.lastSteps.at(-1)") == 1299
         tab.close()

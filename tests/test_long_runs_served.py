@@ -234,7 +234,9 @@ def test_while_the_background_reads_a_long_run_answers_say_how_far_it_got(
     assert partial["alerts"] == [] and "0 of its 1,300 logged steps" in partial["sampled"]
     assert heatmap["sampled"] == partial["sampled"] and heatmap["steps"] == []
     assert details["sampled"] == partial["sampled"] and details["steps"] == []
-    assert _get(client, "series", True, monkeypatch, variable_index=0)["sampled"] is None
+    assert partial["steps_to_read"] == heatmap["steps_to_read"] == details["steps_to_read"] == 1300
+    whole = _get(client, "series", True, monkeypatch, variable_index=0)
+    assert whole["sampled"] is None and whole["steps_to_read"] == 0
     complete = _get(client, "alerts", True, monkeypatch)
     assert complete["sampled"] is None and complete == _get(client, "alerts", False, monkeypatch)
 

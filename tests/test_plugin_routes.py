@@ -75,8 +75,9 @@ def test_heatmap_shape_and_non_finite_encoding(client):
     assert status == 200
     assert set(body) == {
         "run", "tag", "stat", "variables", "layers", "steps", "last_steps", "wall_times", "values",
-        "classes", "epochs", "downsampled", "sampled", "damaged", "damage",
+        "classes", "epochs", "downsampled", "sampled", "steps_to_read", "damaged", "damage",
     }
+    assert body["steps_to_read"] == 0
     assert (body["damaged"], body["damage"]) == (0, [])
     assert body["variables"] == VARIABLES and body["layers"] == ["dense", "dense", "out"]
     assert body["steps"] == list(range(STEPS)) and not body["downsampled"]

@@ -129,13 +129,15 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     (`encoding.packed_matrix`). ``step_range`` zooms into a step range; cells keep the classes
     judged on the whole run.
     ``sampled`` explains when TensorBoard could not deliver every logged step (else null);
-    ``damaged``/``damage`` count and explain logged steps left out as damaged.
+    ``steps_to_read`` counts the logged steps of a long run the plugin has still to read (the
+    tab asks again until it is 0); ``damaged``/``damage`` count and explain logged steps left
+    out as damaged.
     """
     query = query.bounded(loaded)
     series = loaded.series
-    sampled = loaded.sampled
+    sampled, unread = loaded.sampled, 0
     if loaded.long_run is not None:
-        matrix, sampled = _long_heatmap(loaded.long_run, query)
+        matrix, sampled, unread = _long_heatmap(loaded.long_run, query)
     else:
         classes = data.analysis(loaded, query.thresholds).classes
         matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
@@ -152,6 +154,7 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
         "epochs": _epochs(series),
         "downsampled": matrix.downsampled or sampled is not None,
         "sampled": sampled,
+        "steps_to_read": unread,
         **_damage_fields(loaded),
     }
     if query.packed:
@@ -165,7 +168,8 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
 
 
 def _long_heatmap(long_run, query: HeatmapQuery):
-    """(the heatmap of a long run, why steps are missing or None). A zoom into at most
+    """(the heatmap of a long run, why steps are missing or None, the steps still to read). A
+    zoom into at most
     `FULL_RESOLUTION_STEPS` logged steps reads them back and merges them as a short run's;
     anything wider merges whole blocks of the digest (the blocks at the ends of a zoom whole)."""
     zoom = None
@@ -196,7 +200,7 @@ def _long_heatmap(long_run, query: HeatmapQuery):
             matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
         else:
             matrix, _ = digest.overview(query.stat, query.max_steps, rows, query.by_epoch)
-        return matrix, _still_reading(digest, unread)
+        return matrix, _still_reading(digest, unread), unread
 
 
 def waits(thresholds: analysis.Thresholds) -> bool:
@@ -210,13 +214,13 @@ def _still_reading(digest, unread: int):
     if not unread:
         return None
     return (f"this long run is still being read from its event files: {digest.rows:,} of its "
-            f"{digest.rows + unread:,} logged steps so far; refresh to see the rest")
+            f"{digest.rows + unread:,} logged steps so far (the tab shows the rest as it is read)")
 
 
 def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
     """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
-    ``sampled`` and ``damaged``/``damage`` as in the heatmap."""
-    sampled = loaded.sampled
+    ``sampled``, ``steps_to_read`` and ``damaged``/``damage`` as in the heatmap."""
+    sampled, unread = loaded.sampled, 0
     if loaded.long_run is not None:
         with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
             found, sampled = digest.alerts(), _still_reading(digest, unread)
@@ -227,7 +231,8 @@ def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thres
              threshold=encoding.floats(alert.threshold))
         for alert in found
     ]
-    return {"alerts": encoded, "sampled": sampled, **_damage_fields(loaded)}
+    return {"alerts": encoded, "sampled": sampled, "steps_to_read": unread,
+            **_damage_fields(loaded)}
 
 
 def series_answer(data: GradientData, loaded: Loaded, row: int,
@@ -236,10 +241,11 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
 
     A long run (`long_runs`) answers per block of its digest (``downsampled``: each point is a
     block's merged value and worst class, its step the block's first; no step's worst cell is
-    hidden); short runs every logged step. ``sampled`` as in the heatmap."""
+    hidden); short runs every logged step. ``sampled`` and ``steps_to_read`` as in the
+    heatmap."""
     series = loaded.series
     shape = series.shapes[row]
-    sampled = loaded.sampled
+    sampled, unread = loaded.sampled, 0
     if loaded.long_run is not None:
         with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
             blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
@@ -265,6 +271,7 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
         "epochs": _epochs(series),
         "downsampled": loaded.long_run is not None,
         "sampled": sampled,
+        "steps_to_read": unread,
     }
 
 
