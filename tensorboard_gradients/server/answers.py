@@ -8,6 +8,7 @@ before the JSON text and gzip. Errors are exceptions, which `responses` maps to 
 load, call these and respond; a test calls them directly.
 """
 
+import contextlib
 import dataclasses
 from typing import Optional, Tuple
 
@@ -135,9 +136,9 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     """
     query = query.bounded(loaded)
     series = loaded.series
-    sampled, unread = loaded.sampled, 0
+    progress = _read_whole(loaded)
     if loaded.long_run is not None:
-        matrix, sampled, unread = _long_heatmap(loaded.long_run, query)
+        matrix, progress = _long_heatmap(loaded.long_run, query)
     else:
         classes = data.analysis(loaded, query.thresholds).classes
         matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
@@ -152,9 +153,8 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
         "last_steps": matrix.last_steps.tolist(),
         "wall_times": encoding.floats(matrix.wall_times),
         "epochs": _epochs(series),
-        "downsampled": matrix.downsampled or sampled is not None,
-        "sampled": sampled,
-        "steps_to_read": unread,
+        "downsampled": matrix.downsampled or progress["sampled"] is not None,
+        **progress,
         **_damage_fields(loaded),
     }
     if query.packed:
@@ -168,8 +168,7 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
 
 
 def _long_heatmap(long_run, query: HeatmapQuery):
-    """(the heatmap of a long run, why steps are missing or None, the steps still to read). A
-    zoom into at most
+    """(the heatmap of a long run, how far it is read: `_digest_of`). A zoom into at most
     `FULL_RESOLUTION_STEPS` logged steps reads them back and merges them as a short run's;
     anything wider merges whole blocks of the digest (the blocks at the ends of a zoom whole)."""
     zoom = None
@@ -179,7 +178,7 @@ def _long_heatmap(long_run, query: HeatmapQuery):
                        int(np.searchsorted(steps, query.step_range[1], "right")))
         if last - first <= FULL_RESOLUTION_STEPS:
             zoom = long_run.rows(first, last)
-    with long_run.reading(query.thresholds, wait=waits(query.thresholds)) as (digest, unread):
+    with _digest_of(long_run, query.thresholds) as (digest, progress):
         # Rows of the digest: the steps it holds (a step that did not read back is not one).
         held = digest.steps()
         rows = None
@@ -200,7 +199,7 @@ def _long_heatmap(long_run, query: HeatmapQuery):
             matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
         else:
             matrix, _ = digest.overview(query.stat, query.max_steps, rows, query.by_epoch)
-        return matrix, _still_reading(digest, unread), unread
+        return matrix, progress
 
 
 def waits(thresholds: analysis.Thresholds) -> bool:
@@ -210,20 +209,30 @@ def waits(thresholds: analysis.Thresholds) -> bool:
     return thresholds != analysis.Thresholds()
 
 
-def _still_reading(digest, unread: int):
-    if not unread:
-        return None
-    return (f"this long run is still being read from its event files: {digest.rows:,} of its "
+@contextlib.contextmanager
+def _digest_of(long_run, thresholds: analysis.Thresholds):
+    """Yields a long run's digest under ``thresholds`` as an answer reads it (`waits`), and how
+    far it is read: the answer's ``sampled`` (why steps are missing, or None) and
+    ``steps_to_read``."""
+    with long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
+        sampled = None if not unread else (
+            f"this long run is still being read from its event files: {digest.rows:,} of its "
             f"{digest.rows + unread:,} logged steps so far (the tab shows the rest as it is read)")
+        yield digest, {"sampled": sampled, "steps_to_read": unread}
+
+
+def _read_whole(loaded: Loaded) -> dict:
+    """``sampled`` and ``steps_to_read`` of a run TensorBoard delivers (none left to read)."""
+    return {"sampled": loaded.sampled, "steps_to_read": 0}
 
 
 def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
     """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
     ``sampled``, ``steps_to_read`` and ``damaged``/``damage`` as in the heatmap."""
-    sampled, unread = loaded.sampled, 0
+    progress = _read_whole(loaded)
     if loaded.long_run is not None:
-        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
-            found, sampled = digest.alerts(), _still_reading(digest, unread)
+        with _digest_of(loaded.long_run, thresholds) as (digest, progress):
+            found = digest.alerts()
     else:
         found = data.analysis(loaded, thresholds).alerts
     encoded = [
@@ -231,8 +240,7 @@ def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thres
              threshold=encoding.floats(alert.threshold))
         for alert in found
     ]
-    return {"alerts": encoded, "sampled": sampled, "steps_to_read": unread,
-            **_damage_fields(loaded)}
+    return {"alerts": encoded, **progress, **_damage_fields(loaded)}
 
 
 def series_answer(data: GradientData, loaded: Loaded, row: int,
@@ -245,11 +253,10 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
     heatmap."""
     series = loaded.series
     shape = series.shapes[row]
-    sampled, unread = loaded.sampled, 0
+    progress = _read_whole(loaded)
     if loaded.long_run is not None:
-        with loaded.long_run.reading(thresholds, wait=waits(thresholds)) as (digest, unread):
+        with _digest_of(loaded.long_run, thresholds) as (digest, progress):
             blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
-            sampled = _still_reading(digest, unread)
         first = next(iter(blocks.values()))
         steps, wall_times, classes = first.steps, first.wall_times, first.classes[row]
         stats = {name: matrix.values[row] for name, matrix in blocks.items()}
@@ -270,8 +277,7 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
         "classes": encoding.class_names(classes),
         "epochs": _epochs(series),
         "downsampled": loaded.long_run is not None,
-        "sampled": sampled,
-        "steps_to_read": unread,
+        **progress,
     }
 
 
