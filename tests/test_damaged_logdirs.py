@@ -94,7 +94,8 @@ BAD_METADATA = {
     "not_an_object": (b"[1, 1]", "not a JSON object"),
     "deeply_nested": (b'{"format_version": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not valid"),
     "version_empty": (_stats_content(format_version=[]), "format_version"),
-    "version_overflow": (_VALID.replace('"format_version": [1, 1]', '"format_version": [1e999, 1]')
+    "version_overflow": (_VALID.replace(f'"format_version": {json.dumps(list(metadata.FORMAT_VERSION))}',
+                                         '"format_version": [1e999, 1]')
                          .encode(), "format_version"),
     "version_bool": (_stats_content(format_version=[True, 1]), "format_version"),
     "version_absurd": (_stats_content(format_version=[1, 10**30]), "format_version"),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from test_analysis_stream import random_series
+from tensorboard_gradients.format import metadata
 from tensorboard_gradients.server import digest, heatmap
 
 
@@ -68,3 +69,70 @@ def test_a_digest_fed_in_pieces_serves_the_merge_of_every_step(seed, alongside, 
     fed.summarise()
     _assert_overview_is_the_merge_of_every_step(fed, series, count)
     assert len(fed._block_starts) - 1 <= digest.MAX_BLOCKS
+
+
+def _assert_same_answers(restored, fed):
+    """``restored`` answers every question the routes ask as ``fed`` does (bit for bit: its
+    blocks are the fed digest's, written and read back)."""
+    assert restored.rows == fed.rows and restored.block_steps == fed.block_steps
+    assert np.array_equal(restored.steps(), fed.steps())
+    assert np.array_equal(restored.classes(), fed.classes())
+    assert restored.alerts() == fed.alerts()
+    for stat in fed.stats:
+        for by_epoch in (False, True) if len(fed.epoch_starts) else (False,):
+            for row_range in (None, (fed.rows // 3, fed.rows // 2 + 1)):
+                for columns in (7, 2**62):
+                    mine, mine_rows = restored.overview(stat, columns, row_range, by_epoch)
+                    theirs, their_rows = fed.overview(stat, columns, row_range, by_epoch)
+                    assert np.array_equal(mine_rows, their_rows)
+                    for field in ("steps", "last_steps", "wall_times", "values", "classes"):
+                        assert np.array_equal(getattr(mine, field), getattr(theirs, field),
+                                              equal_nan=field == "values"), field
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_digest_restored_from_its_records_answers_as_the_digest_fed(seed, monkeypatch):
+    """The writer's records (`Digest.record`, through the on-disk encoding) after any number
+    of feeds restore a digest that answers as the one fed; blocks merging between records
+    (MAX_BLOCKS 8) are written whole again. A record lost, a voided digest, other thresholds
+    or other epoch marks are refused or cut where the records stop following."""
+    monkeypatch.setattr(digest, "MAX_BLOCKS", 8)
+    series, thresholds = random_series(seed)
+    count = len(series.steps)
+    if not count:
+        return
+    random = np.random.default_rng(seed + 2000)
+    epoch_starts = epoch_indices = None
+    if random.random() < 0.5:
+        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
+        epoch_indices = np.arange(len(epoch_starts))
+    fed = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices)
+    written, records, rows_after = digest.Written(), [], []
+    start = 0
+    while start < count:
+        stop = min(count, start + int(random.integers(1, 60)))
+        fed.feed(_piece(series, start, stop))
+        start = stop
+        arrays, written = fed.record(written)
+        arrays["analysis"] = digest.analysis_identity(thresholds)
+        records.append(metadata.decode_digest(metadata.encode_digest(arrays)))
+        rows_after.append(stop)
+        restored = digest.Digest.restored(_piece(series, 0, 0), thresholds, records,
+                                          series.wall_times, epoch_starts, epoch_indices)
+        _assert_same_answers(restored, fed)
+    if len(records) > 2:  # a lost record: the records before it still restore
+        cut = int(random.integers(1, len(records) - 1))
+        kept = digest.Digest.restored(_piece(series, 0, 0), thresholds,
+                                      records[:cut] + records[cut + 1:], series.wall_times,
+                                      epoch_starts, epoch_indices)
+        assert kept.rows == rows_after[cut - 1]
+    with pytest.raises(ValueError, match="voided"):
+        digest.Digest.restored(_piece(series, 0, 0), thresholds,
+                               records + [{"void": np.int64(1)}], series.wall_times)
+    other = dataclasses.replace(thresholds, sustain_steps=thresholds.sustain_steps + 1)
+    with pytest.raises(ValueError, match="no digest record of this analysis"):
+        digest.Digest.restored(_piece(series, 0, 0), other, records, series.wall_times,
+                               epoch_starts, epoch_indices)
+    if epoch_starts is not None:
+        with pytest.raises(ValueError, match="other epoch starts"):
+            digest.Digest.restored(_piece(series, 0, 0), thresholds, records, series.wall_times)

@@ -5,6 +5,10 @@ costs only its new steps.
 Runs here are small; the tests make them "long" by lowering `LONG_RUN_STEPS`, and compare each
 answer with the one the short-run path (every step through TensorBoard's data provider) gives
 for the same logdir. The real sizes are in `test_long_run.py` and `benchmarks/long_run.py`.
+
+Runs are written without the writer's digest (``digest=False``, as by format 1.1 writers), so
+the plugin digests them itself, unless a test says otherwise (``written_logdir``): then the
+plugin answers from the writer's digest records (`format.digest_feed`).
 """
 
 import dataclasses
@@ -39,12 +43,12 @@ def _gradients(rng, step, scale):
     return grads
 
 
-def _write(directory, first, last, seed):
+def _write(directory, first, last, seed, digest=False, writer=None):
     rng = np.random.default_rng(seed)
     scale = 10 ** np.linspace(-3, -1, VARIABLES)
     weights = {f"layer_{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}":
                np.ones((4, 3) if i % 2 == 0 else (3,)) for i in range(VARIABLES)}
-    with tg.GradientWriter(str(directory)) as writer:
+    with (writer or tg.GradientWriter(str(directory), digest=digest)) as writer:
         for step in range(first, last):
             if step % EPOCH_STEPS == 0:
                 writer.write_epoch(step, step // EPOCH_STEPS)
@@ -55,6 +59,12 @@ def _write(directory, first, last, seed):
 @pytest.fixture()
 def logdir(tmp_path):
     _write(tmp_path / "run", 0, STEPS, seed=1)
+    return tmp_path
+
+
+@pytest.fixture()
+def written_logdir(tmp_path):
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
     return tmp_path
 
 
@@ -69,13 +79,21 @@ def _get(client, route, long, monkeypatch, **params):
     return json.loads(body) if response.mimetype == "application/json" else body.decode()
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["plugin_digest", "writer_digest"])
 @pytest.mark.parametrize("max_blocks", [digest.MAX_BLOCKS, 64])
-def test_every_route_answers_a_long_run_as_the_run_read_whole(logdir, plugin_client,
-                                                              monkeypatch, max_blocks):
+def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_client,
+                                                              monkeypatch, max_blocks, written):
     """With one block per step, and with blocks merged in pairs five times over (64 blocks
-    at most: blocks of 32 steps, cut at epoch starts)."""
+    at most: blocks of 32 steps, cut at epoch starts); digested by the plugin, or by the
+    writer (then the plugin judges no step)."""
     monkeypatch.setattr(digest, "MAX_BLOCKS", max_blocks)
-    client = plugin_client(str(logdir))
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=written)
+    fed = []
+    real_feed = digest.Digest.feed
+    monkeypatch.setattr(digest.Digest, "feed",
+                        lambda self, rows, **options: fed.append(rows) or real_feed(
+                            self, rows, **options))
+    client = plugin_client(str(tmp_path))
 
     def both(route, **params):
         return (_get(client, route, True, monkeypatch, **params),
@@ -104,29 +122,39 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(logdir, plugin_cli
     assert long["epoch_index"] == short["epoch_index"]
     np.testing.assert_allclose(np.asarray(long["values"], float),
                                np.asarray(short["values"], float), rtol=EPOCH_STEPS * 2**-24)
+    assert (fed == []) == written  # the writer's digest: no step judged again
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["plugin_digest", "writer_digest"])
 @pytest.mark.parametrize("max_blocks", [digest.MAX_BLOCKS, 40])
-def test_the_overview_of_a_long_run_hides_no_step(logdir, plugin_client, monkeypatch,
-                                                  max_blocks):
+def test_the_overview_of_a_long_run_hides_no_step(tmp_path, plugin_client, monkeypatch,
+                                                  max_blocks, written):
     """Overview columns are whole blocks of the digest; each column's class is the worst of
     its steps (as judged on the whole run)."""
     monkeypatch.setattr(digest, "MAX_BLOCKS", max_blocks)
-    client = plugin_client(str(logdir))
-    steps_of_columns = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", max_steps=8)
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=written)
+    client = plugin_client(str(tmp_path))
+    steps_of_columns = _assert_hides_no_step(client, monkeypatch, max_steps=8)
     assert len(steps_of_columns["steps"]) == 8
-    per_step = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", max_steps=STEPS)
-    classes = np.array(per_step["classes"])
-    order = {name: i for i, name in enumerate(["missing", "ok", "vanishing", "exploding",
-                                                "nonfinite"])}
-    for column, (first, last) in enumerate(zip(steps_of_columns["steps"],
-                                               steps_of_columns["last_steps"])):
-        worst = [max(row[first:last + 1], key=order.get) for row in classes]
-        assert [row[column] for row in steps_of_columns["classes"]] == worst
     flagged = {(int(np.searchsorted(steps_of_columns["steps"], step, "right") - 1), row)
                for step, row in SPIKES}
     for column, row in flagged:
         assert steps_of_columns["classes"][row][column] == "exploding"
+
+
+def _assert_hides_no_step(client, monkeypatch, **params):
+    """The long run's overview (``params``), each column's classes the worst of its steps'
+    in the run read whole (steps are 0, 1, ...)."""
+    overview = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", **params)
+    per_step = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", max_steps=10_000)
+    classes = np.array(per_step["classes"])
+    order = {name: i for i, name in enumerate(["missing", "ok", "vanishing", "exploding",
+                                                "nonfinite"])}
+    for column, (first, last) in enumerate(zip(overview["steps"], overview["last_steps"])):
+        worst = [max(row[first:last + 1], key=order.get) for row in classes]
+        assert [row[column] for row in overview["classes"]] == worst
+    assert overview["last_steps"][-1] == per_step["steps"][-1]
+    return overview
 
 
 def test_a_growing_long_run_reads_only_its_new_steps(logdir, plugin_client, monkeypatch):
@@ -312,3 +340,81 @@ def test_a_point_that_does_not_read_back_leaves_the_zoom_on_the_right_steps(
     assert 500 not in long["steps"] and long["classes"] == short["classes"]
     assert long["values"] == short["values"]
     assert any("left out" in sentence for sentence in long["damage"])
+
+
+def _fed_rows(monkeypatch):
+    """The rows the plugin judges itself from now on (`Digest.feed`), counted."""
+    fed = []
+    real_feed = digest.Digest.feed
+    monkeypatch.setattr(digest.Digest, "feed", lambda self, rows, **options: fed.append(
+        len(rows.steps)) or real_feed(self, rows, **options))
+    return fed
+
+
+def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_read(
+        written_logdir, plugin_client, monkeypatch):
+    """Another writer's steps after the records (a restarted job: another file, no record of
+    its own yet) are not in the writer's digest: while the plugin reads the run itself, the
+    answers are the digest's at once, saying how many steps are still to read; then the whole
+    run's."""
+    client = plugin_client(str(written_logdir))
+    fed = _fed_rows(monkeypatch)
+    first = _get(client, "alerts", True, monkeypatch)
+    assert fed == [] and first["steps_to_read"] == 0
+    _write(written_logdir / "run", STEPS, STEPS + 150, seed=2, digest=True)
+    client.reload()
+    long_run = next(iter(_long_runs_of(client).values()))
+    _get(client, "runs", True, monkeypatch)
+    assert long_run._feeding.acquire(blocking=False)  # as the background digest does
+    try:
+        partial = _get(client, "alerts", True, monkeypatch)
+        heatmap_ = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
+    finally:
+        long_run._feeding.release()
+    assert partial["alerts"] == first["alerts"] and partial["steps_to_read"] == 150
+    assert "1,300 of its 1,450 logged steps" in partial["sampled"]
+    assert heatmap_["last_steps"][-1] == STEPS - 1 and heatmap_["steps_to_read"] == 150
+    whole = _get(client, "alerts", True, monkeypatch)
+    assert whole == _get(client, "alerts", False, monkeypatch) and whole["steps_to_read"] == 0
+    assert sum(fed) == STEPS + 150
+
+
+def test_a_writer_that_goes_on_after_close_keeps_one_digest_over_its_files(
+        tmp_path, plugin_client, monkeypatch):
+    """A writer closed and written to again (a new event file) goes on with the same digest:
+    the plugin judges no step of the grown run either."""
+    writer = tg.GradientWriter(str(tmp_path / "run"))
+    _write(None, 0, STEPS, seed=1, writer=writer)
+    _write(None, STEPS, 2 * STEPS, seed=2, writer=writer)
+    client = plugin_client(str(tmp_path))
+    fed = _fed_rows(monkeypatch)
+    long = _get(client, "alerts", True, monkeypatch)
+    assert long == _get(client, "alerts", False, monkeypatch) and long["steps_to_read"] == 0
+    _assert_hides_no_step(client, monkeypatch)
+    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", axis="epoch")
+    short = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", axis="epoch")
+    assert (long["steps"], long["classes"]) == (short["steps"], short["classes"])
+    assert fed == []
+
+
+@pytest.mark.parametrize("how", ["rewritten", "out_of_order"])
+def test_steps_written_again_are_never_answered_from_a_stale_digest(
+        tmp_path, plugin_client, monkeypatch, how):
+    """A job restarted from a checkpoint writes steps again (another writer: the steps are
+    read from another file than the records); one writer writing a step out of order voids its
+    own records. Either way the plugin reads the steps, and answers as the run read whole."""
+    if how == "rewritten":
+        _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
+        _write(tmp_path / "run", 600, 700, seed=3, digest=True)
+    else:
+        writer = tg.GradientWriter(str(tmp_path / "run"))
+        _write(None, 0, STEPS, seed=1, writer=writer)
+        _write(None, 600, 700, seed=3, writer=writer)
+    client = plugin_client(str(tmp_path))
+    fed = _fed_rows(monkeypatch)
+    assert _get(client, "alerts", True, monkeypatch) == _get(client, "alerts", False, monkeypatch)
+    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", first_step=590,
+                last_step=720)
+    assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=590,
+                        last_step=720)
+    assert sum(fed) == STEPS

@@ -74,7 +74,9 @@ BAD_METADATA = {
     # run name -> content, and what the run's error message must say
     "version_empty": (stats_content(format_version=[]), "format_version"),
     "version_overflow": (
-        stats_content().replace(b'"format_version": [1, 1]', b'"format_version": [1e999, 1]'),
+        stats_content().replace(
+            f'"format_version": {json.dumps(list(metadata.FORMAT_VERSION))}'.encode(),
+            b'"format_version": [1e999, 1]'),
         "format_version"),
     "deep_nesting": (
         b'{"format_version": [1, 1], "kind": "stats", "name": "gradients", "variables": '

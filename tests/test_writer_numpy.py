@@ -1,6 +1,8 @@
 """The TF-free GradientWriter: statistics, histograms, missing gradients and layout changes."""
 
+import glob
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -140,3 +142,64 @@ def test_a_nan_elsewhere_does_not_change_the_finite_rows(logdir):
     # float64, two summation orders of at most 30 entries: 2 (n + 8) u = 8e-15 each; 1e-12 also
     # covers means near 0, whose error is relative to mean_abs (<= 10x the mean here).
     np.testing.assert_allclose(masked, clean, rtol=1e-12)
+
+
+def _digest_records(logdir):
+    """The steps of the digest records in a run directory, and the records, in file order."""
+    from tensorboard_gradients.format import event_files, metadata
+
+    found = []
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        for event in event_files.read_events(path):
+            for value in event.summary.value:
+                if value.tag.endswith(metadata.DIGEST_TAG_SUFFIX):
+                    found.append((event.step, metadata.decode_digest(value.tensor.string_val[0])))
+    return found
+
+
+def _write_steps(writer, steps):
+    gradients = {"dense/kernel": RNG.normal(size=(4, 3)), "dense/bias": RNG.normal(size=(3,))}
+    for step in steps:
+        writer.write(step, gradients)
+
+
+def test_the_digest_is_written_every_1000_steps_and_at_close(logdir):
+    """Short runs (the plugin reads them whole) get no record; longer ones one per 1,000 steps
+    and one at close, each at the last step it covers and following the one before."""
+    with tg.GradientWriter(logdir) as writer:
+        _write_steps(writer, range(999))
+    assert _digest_records(logdir) == []
+    with tg.GradientWriter(logdir + "/long") as writer:
+        _write_steps(writer, range(2500))
+    records = _digest_records(logdir + "/long")
+    assert [step for step, _ in records] == [999, 1999, 2499]
+    assert [int(r["first_row"]) for _, r in records] == [0, 1000, 2000]
+    assert [len(r["steps"]) for _, r in records] == [1000, 1000, 500]
+    with tg.GradientWriter(logdir + "/off", digest=False) as writer:
+        _write_steps(writer, range(2500))
+    assert _digest_records(logdir + "/off") == []
+
+
+def test_a_failing_digest_never_stops_training(logdir, monkeypatch, caplog):
+    """The digest runs beside training: when it fails (here: out of memory) every step is
+    still written, the failure is logged once, and the records written before are voided so
+    that TensorBoard reads the steps."""
+    from tensorboard_gradients.server import digest
+
+    real_feed = digest.Digest.feed
+    calls = []
+
+    def fails_second_time(self, rows, **options):
+        calls.append(len(rows.steps))
+        if len(calls) == 2:
+            raise MemoryError("no room")
+        return real_feed(self, rows, **options)
+
+    monkeypatch.setattr(digest.Digest, "feed", fails_second_time)
+    with caplog.at_level(logging.INFO, logger="tensorboard_gradients"):
+        with tg.GradientWriter(logdir) as writer:
+            _write_steps(writer, range(3500))
+    assert len(tg.read_logdir(logdir)["."]["gradients"].steps) == 3500
+    records = _digest_records(logdir)
+    assert len(records) == 2 and "void" in records[-1][1] and calls == [1000, 1000]
+    assert sum("stops the digest" in r.getMessage() for r in caplog.records) == 1

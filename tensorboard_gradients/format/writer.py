@@ -11,6 +11,10 @@ directory, permissions) is dropped whole (never a torn record, see
 outage, every later step tries again, and when writing works again the writer logs how many
 steps were lost and records the running total as the scalar ``<name>/dropped_steps``.
 ``strict=True`` raises the `OSError` instead.
+
+Each stats tag's digest (`digest_feed.DigestFeed`: the classes, alerts and block summaries the
+plugin shows) is kept in a background thread and written every 1,000 steps and at close, so
+TensorBoard opens runs of 100,000 steps at once; ``digest=False`` leaves it out.
 """
 
 import logging
@@ -24,7 +28,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
-from tensorboard_gradients.format import columns, event_files, metadata, statistics
+from tensorboard_gradients.format import columns, digest_feed, event_files, metadata, statistics
 from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
 
 logger = logging.getLogger(__name__)
@@ -47,17 +51,24 @@ class GradientWriter:
         variable set changes).
       strict: raise the `OSError` when events cannot be written. By default (False) the step is
         dropped, counted (`dropped_steps`) and reported, and training goes on (see the module).
+      digest: also write each stats tag's digest (see the module); it costs a background thread
+        about 0.1 ms per step for 1,000 variables, and 1-2 bytes per variable and step on disk.
     """
 
-    def __init__(self, logdir: str, name: str = metadata.DEFAULT_NAME, strict: bool = False):
+    def __init__(self, logdir: str, name: str = metadata.DEFAULT_NAME, strict: bool = False,
+                 digest: bool = True):
         self._events = event_files.EventFileWriter(logdir)
         self._name = name
         self._strict = bool(strict)
+        self._digest = bool(digest)
+        self._feeds = {}  # stats tag -> DigestFeed
+        self._epochs = []  # (step, epoch) marks written, for the digests of tags made later
         self._tags = None  # LayoutTags, seeded from the run directory at the first write
         self._described = set()
         self._lock = threading.Lock()
         self._missing = MissingGradientWarnings(logger)
         self._dropped_steps = 0
+        self._last_step = 0  # of the last event written
         # While writes fail: the steps dropped since the first failure (a step's several writes,
         # its statistics and its histograms, count once).
         self._outage = None
@@ -157,8 +168,31 @@ class GradientWriter:
                 tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
             if histogram_counts is not None:
                 values.append(self._histogram_value(tag, layout, histogram_counts, description))
-            self._emit(step, values)
+            if self._emit(step, values) and self._digest:
+                self._feed(tag, layout).add(int(step), stats)
         return tag
+
+    def _feed(self, tag, layout) -> digest_feed.DigestFeed:
+        if tag not in self._feeds:
+            feed = digest_feed.DigestFeed(
+                tag, self._name, layout,
+                lambda payload, step: self._write_digest(tag, payload, step))
+            for step, epoch in self._epochs:
+                feed.epoch(step, epoch)
+            self._feeds[tag] = feed
+        return self._feeds[tag]
+
+    def _write_digest(self, tag: str, payload: bytes, step) -> bool:
+        """Writes a digest record of ``tag`` (from its feed's thread) at ``step`` (None: the
+        last step written)."""
+        with self._lock:
+            value = summary_pb2.Summary.Value(
+                tag=metadata.digest_tag(tag), tensor=tensor_util.make_tensor_proto(payload))
+            if value.tag not in self._described:
+                value.metadata.CopyFrom(metadata.create_summary_metadata(
+                    metadata.digest_metadata_content(self._name), None,
+                    plugin_name=metadata.DIGEST_PLUGIN_NAME))
+            return self._emit(self._last_step if step is None else step, [value])
 
     def write_histograms(self, step: int, layout: Layout, counts: np.ndarray,
                          description: Optional[str] = None) -> str:
@@ -188,6 +222,9 @@ class GradientWriter:
         """Marks that epoch `epoch` (0-based) starts at `step` (tag ``<name>_epochs``)."""
         with self._lock:
             tag = metadata.epochs_tag(self._name)
+            self._epochs.append((int(step), int(epoch)))
+            for feed in self._feeds.values():
+                feed.epoch(int(step), int(epoch))
             self._emit(step, [self._tensor_value(
                 tag, np.array(epoch, dtype=np.float64),
                 lambda: metadata.epochs_metadata_content(self._name), None)])
@@ -213,8 +250,9 @@ class GradientWriter:
             value.metadata.CopyFrom(metadata.create_summary_metadata(content(), description))
         return value
 
-    def _emit(self, step, values):
-        """Writes one step's values as one event, or drops the step (see the module)."""
+    def _emit(self, step, values) -> bool:
+        """Writes one step's values as one event, or drops the step (see the module); True
+        when written."""
         if self._outage is not None:  # the first write after an outage says how much was lost
             values = values + [self._scalar_value("dropped_steps", self._dropped_steps)]
         event = event_pb2.Event(
@@ -227,7 +265,8 @@ class GradientWriter:
             if self._strict:
                 raise
             self._dropped(int(step), error)
-            return
+            return False
+        self._last_step = int(step)
         if self._events.path != path:  # a new file: it must describe its tags again
             self._described.clear()
         self._described.update(v.tag for v in values)
@@ -238,6 +277,7 @@ class GradientWriter:
                 len(self._outage), min(self._outage), max(self._outage), self._dropped_steps,
             )
             self._outage = None
+        return True
 
     def _dropped(self, step, error):
         if self._outage is None:
@@ -256,7 +296,12 @@ class GradientWriter:
         self._events.flush()
 
     def close(self):
-        """Closes the event file; a later write starts a new, self-describing file."""
+        """Writes the digests' last records and closes the event file; a later write starts a
+        new, self-describing file."""
+        with self._lock:
+            feeds = list(self._feeds.values())
+        for feed in feeds:  # their records take the lock
+            feed.finish()
         with self._lock:
             self._events.close()
             self._described.clear()

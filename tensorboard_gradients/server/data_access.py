@@ -244,8 +244,10 @@ class GradientData:
         long = located is not None
         if long:
             epochs = None if epochs_info is None else self._integrity.located(run, epochs_tag)
+            written = self._integrity.located(run, metadata.digest_tag(tag))
             signature += (len(located.steps), located.steps[-1],
-                          None if epochs is None else len(epochs.steps))
+                          None if epochs is None else len(epochs.steps),
+                          None if written is None else len(written.steps))
         cached = self._cache.get(key, signature)
         if cached is not None:
             return cached
@@ -340,7 +342,7 @@ class GradientData:
             decoded = [p for p in decoded if np.isfinite(p[2])]  # a NaN mark marks nothing
             marks = (np.array([p[0] for p in decoded], np.int64),
                      np.array([int(p[2]) for p in decoded], np.int64))
-        long_run.update(located, marks)
+        long_run.update(located, marks, self._integrity.located(run, metadata.digest_tag(tag)))
         return long_run, marks
 
     def histogram_near(self, ctx, experiment, run: str, tag: str, step: int,

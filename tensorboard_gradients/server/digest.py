@@ -20,11 +20,16 @@ its event files (`integrity.EventFileIntegrity.located`) in order, once, and kee
 A refresh of a growing run feeds only the new steps. A run whose logged steps changed other
 than by growing (a restarted job rewrote steps, an epoch mark appeared inside a summarised
 block) is digested again from its first step.
+
+The writer keeps the same digest of what it writes (`format.digest_feed`) and writes its state
+as it grows (`record`: each record adds what changed since the one before), so the plugin opens
+a long run by reading those records (`restored`) instead of judging every step again.
 """
 
 import concurrent.futures
 import dataclasses
-from typing import List, Optional, Sequence
+import json
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +71,7 @@ class Digest:
         # variables, stats], kept in float32 (a block's sum of float32 statistics needs no more
         # to be shown) and merged in place.
         self._new_blocks()
+        self._written_tail = None  # a restored digest's `_tail`, as its last record gives it
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
         self.block_steps = 1  # logged steps per new block (fewer where an epoch starts)
 
@@ -248,16 +254,163 @@ class Digest:
             downsampled=True,
         ), column_rows
 
+    def record(self, since: "Written") -> Tuple[Dict[str, np.ndarray], "Written"]:
+        """(what a digest record holds, how much is then written): since the records written
+        before (``since``), the steps of the rows fed and the classes that became final; the
+        blocks made since (all of them once blocks merged since, so a reader needs only the
+        last such record and those after it); and as of now: the groups of the rows not in a
+        whole block yet (``tail_*``), the provisional classes and the alerts. Call after
+        `summarise` (`metadata.encode_digest` writes it)."""
+        final = self._classes.view()
+        blocks = self._blocks()
+        first_block = since.blocks if since.block_steps == self.block_steps else 0
+        tail, cuts = self._tail()
+        if tail is None:
+            tail = Groups(*(np.zeros((0,) + array.shape[1:], array.dtype)
+                            for array in (blocks.worst, blocks.total, blocks.count)))
+        arrays = {
+            "first_row": np.int64(since.rows), "steps": self.steps()[since.rows:],
+            "final_from": np.int64(since.final_rows), "classes": final[since.final_rows:],
+            "provisional": self._stream.provisional_classes(),
+            "block_steps": np.int64(self.block_steps), "first_block": np.int64(first_block),
+            "block_starts": np.asarray(self._block_starts[first_block:], np.int64),
+            "worst": blocks.worst[first_block:], "total": blocks.total[first_block:],
+            "count": blocks.count[first_block:],
+            "tail_starts": np.asarray(cuts, np.int64), "tail_worst": tail.worst,
+            "tail_total": tail.total, "tail_count": tail.count,
+            "epoch_starts": self.epoch_starts, "alerts": _alerts_json(self.alerts()),
+        }
+        return arrays, Written(self.rows, len(final), len(blocks.worst), self.block_steps)
+
+    @classmethod
+    def restored(cls, like, thresholds: analysis.Thresholds, records, wall_times,
+                 epoch_starts=None, epoch_indices=None) -> "Digest":
+        """The digest that a writer's ``records`` (`record`'s dicts in the order written, up to
+        the first that does not follow the ones before) describe, under ``thresholds``;
+        read-only (it takes no more steps). ``wall_times``: of the run's rows (at least those
+        they cover).
+
+        Raises:
+          ValueError: a record voids the records (`format.digest_feed`), no record follows
+            from the first step or was written under ``thresholds`` by this version, or the
+            records cut blocks at other epoch starts than ``epoch_starts`` or do not hold
+            what they say.
+        """
+        identity = analysis_identity(thresholds)
+        if any("void" in record for record in records):
+            raise ValueError("the writer voided its digest")
+        digest = cls(like, thresholds, epoch_starts, epoch_indices)
+        written = Written()
+        blocks, block_starts, classes, used = [], [0], [], []
+        for record in records:
+            first_block = int(record["first_block"])
+            if (int(record["first_row"]) != written.rows
+                    or int(record["final_from"]) != written.final_rows
+                    or not np.array_equal(record["analysis"], identity)
+                    or (first_block and (first_block != written.blocks
+                                         or int(record["block_steps"]) != written.block_steps))):
+                break
+            if not first_block:
+                blocks, block_starts = [], [0]
+            blocks.append(Groups(record["worst"], record["total"], record["count"]))
+            block_starts = block_starts[:-1] + record["block_starts"].tolist()
+            classes.append(record["classes"])
+            written = Written(written.rows + len(record["steps"]),
+                              written.final_rows + len(record["classes"]),
+                              len(block_starts) - 1, int(record["block_steps"]))
+            digest._steps.extend(record["steps"])
+            used.append(record)
+        if not written.rows:
+            raise ValueError("no digest record of this analysis follows from the first step")
+        last = used[-1]
+        covered = digest.steps()[-1]
+        marks = np.asarray(last["epoch_starts"], np.int64)
+        if not np.array_equal(marks[marks <= covered],
+                              digest.epoch_starts[digest.epoch_starts <= covered]):
+            raise ValueError("the digest records cut blocks at other epoch starts")
+        tail = Groups(last["tail_worst"], last["tail_total"], last["tail_count"])
+        merged = Groups.concatenated(blocks)
+        tail_starts = last["tail_starts"].tolist()
+        width = (len(like.variables), len(digest.stats))
+        if (len(wall_times) < written.rows
+                or len(last["provisional"]) != written.rows - written.final_rows
+                or len(block_starts) - 1 != len(merged.worst)
+                or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]
+                or len(tail_starts) - 1 != len(tail.worst)
+                or merged.total.shape[1:] != width or tail.total.shape[1:] != width):
+            raise ValueError("the digest records do not hold what they say")
+        alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
+        digest._stream = _Restored(written.rows, written.final_rows, last["provisional"], alerts)
+        digest._wall_times.extend(wall_times[:written.rows])
+        digest._classes.extend(np.concatenate(classes))
+        digest._new_blocks(capacity=len(merged.worst))
+        digest._add_blocks(merged)
+        digest._block_starts = block_starts
+        digest.block_steps = written.block_steps
+        digest._pending_from = block_starts[-1]
+        digest._written_tail = (tail if len(tail.worst) else None, tail_starts)
+        return digest
+
     def _block_groups(self, stat: str):
         """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
         where blocks start, with the end appended)."""
         position = self.stats.index(stat)
-        parts, starts = [self._blocks().stat(position)], list(self._block_starts)
-        if self.rows > self._pending_from:
-            cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
-            parts.append(self._groups_of(cuts).stat(position))
-            starts.extend(cuts[1:])
-        return Groups.concatenated(parts), np.asarray(starts, dtype=np.int64)
+        tail, cuts = self._tail()
+        parts = [self._blocks().stat(position)] + ([tail.stat(position)] if tail else [])
+        return (Groups.concatenated(parts),
+                np.asarray(self._block_starts + cuts[1:], dtype=np.int64))
+
+    def _tail(self):
+        """(the `Groups` of the rows not in a whole block yet, in blocks, or None; the rows
+        where those blocks start, from the end of the whole ones, with the end appended)."""
+        if self._written_tail is not None:
+            return self._written_tail
+        if self.rows == self._pending_from:
+            return None, [self._pending_from]
+        cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
+        return self._groups_of(cuts), cuts
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """How much of a digest the records written so far hold (see `Digest.record`)."""
+
+    rows: int = 0
+    final_rows: int = 0
+    blocks: int = 0
+    block_steps: int = 0
+
+
+def analysis_identity(thresholds: analysis.Thresholds) -> np.ndarray:
+    """What a digest's classes and alerts follow: this package's version (its rules) and the
+    thresholds, as a record's ``analysis`` array (a reader uses a record only if it matches)."""
+    from tensorboard_gradients import __version__
+
+    text = json.dumps({"version": __version__, "thresholds": dataclasses.asdict(thresholds)},
+                      sort_keys=True)
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def _alerts_json(alerts) -> np.ndarray:
+    text = json.dumps([alert.to_json() for alert in alerts], separators=(",", ":"))
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+class _Restored:
+    """The stream of a restored digest: what its last record said, and no more steps."""
+
+    def __init__(self, rows, final_rows, provisional, alerts):
+        self.rows, self.final_rows = rows, final_rows
+        self._provisional, self._alerts = provisional, alerts
+
+    def provisional_classes(self):
+        return self._provisional
+
+    def alerts(self):
+        return list(self._alerts)
+
+    def feed(self, *_, **__):
+        raise TypeError("a digest restored from its records takes no more steps")
 
 
 class _Rows:

@@ -229,7 +229,7 @@ def _note_points(record: bytes, offset: int, scan: _FileScan):
             continue
         if tag not in scan.ours:
             plugin_data = value.metadata.plugin_data
-            if plugin_data.plugin_name == metadata.PLUGIN_NAME:
+            if plugin_data.plugin_name in _OURS:
                 scan.ours.add(tag)
                 scan.contents[tag] = plugin_data.content
             elif plugin_data.plugin_name or not value.HasField("tensor"):
@@ -238,6 +238,10 @@ def _note_points(record: bytes, offset: int, scan: _FileScan):
                 continue
         scan.points.setdefault(tag, []).append(
             (int(event.step), float(event.wall_time), offset, index))
+
+
+# This plugin's tags: its statistics and the writer's digests of them (`format.digest_feed`).
+_OURS = (metadata.PLUGIN_NAME, metadata.DIGEST_PLUGIN_NAME)
 
 
 def _note_damaged_record(record: bytes, scan: _FileScan):

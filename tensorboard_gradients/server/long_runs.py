@@ -7,16 +7,26 @@ A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
 `digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom or a
 histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
 Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
+
+A run whose writer kept its digest (`format.digest_feed`) opens from those records: the routes
+answer from `Digest.restored` while its records cover every located step, and nothing is
+judged again. When steps follow that the records do not cover (the writer is still running, or
+a restarted job wrote on), the plugin digests the run itself in the background and answers from
+the writer's digest, saying how many steps are still to read, until its own has read them all.
 """
 
+import collections
 import concurrent.futures
 import contextlib
+import logging
 import threading
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format import reader
+from tensorboard_gradients.format import event_files, metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
 from tensorboard_gradients.server.digest import Digest
+
+logger = logging.getLogger(__name__)
 
 # A tag with more logged steps than this is read from its event files. TensorBoard keeps this
 # many points per tag of a local logdir (a random sample of longer tags: never served), which
@@ -48,27 +58,32 @@ class LongRun:
         self.run, self.tag, self.parsed = run, tag, parsed
         self.like: GradientSeries = series_from_points(run, tag, parsed, ())
         self.located = None  # integrity.Located of the stats tag
+        self.written = None  # integrity.Located of the writer's digest records
+        self._restored = None  # (what it was restored from, the writer's Digest or None)
         self.epoch_starts = self.epoch_indices = None
         self.lost = {}  # (path, message) of points left out when read back: None
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
         self._digests = {}
         self._lock = threading.RLock()  # the state above and every digest's
         self._feeding = threading.Lock()  # held by the one thread feeding digests
+        self._restoring = threading.Lock()  # held by the one thread reading the writer's digest
 
     @property
     def steps(self):
         return self.located.steps
 
-    def update(self, located, epochs=None):
-        """Takes the tag's current points (`integrity.Located`) and epoch marks (``epochs``:
-        ``(first steps, epoch indices)`` or None). Digests grow by the new steps only; when the
-        old steps changed (or an epoch mark appeared among them) they are dropped, and rebuilt
-        when next asked for."""
+    def update(self, located, epochs=None, written=None):
+        """Takes the tag's current points (`integrity.Located`), epoch marks (``epochs``:
+        ``(first steps, epoch indices)`` or None) and the points of the writer's digest records
+        (``written``, or None). Digests grow by the new steps only; when the old steps changed
+        (or an epoch mark appeared among them) they are dropped, and rebuilt when next asked
+        for."""
         epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
         with self._lock:
             old = self.located
             if old is not None and old is not located and _extends(located, old):
                 return  # an older look at the files than the one already taken
+            self.written = written
             grew = old is not None and _extends(old, located) and _same_marks(
                 self.epoch_starts, epoch_starts, old.steps[-1] if len(old.steps) else None)
             self.located = located
@@ -107,16 +122,80 @@ class LongRun:
         nothing changes it meanwhile. The digest is first fed up to the last step; unless
         ``wait`` is false and another thread (the background digest) is feeding it: then as it
         stands, and the answer says how much is still to read."""
+        written = self._written_digest(thresholds)
+        if written is not None and written.rows == len(self.located.steps):
+            yield written, 0  # the writer's digest covers every step: nothing to judge
+            return
         fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
                 self._feed(thresholds)
             with self._lock:
                 digest, read = self._entry(thresholds)
-                yield digest, len(self.located.steps) - read
+                unread = len(self.located.steps) - read
+                if unread and written is not None and written.rows > read:
+                    digest, unread = written, len(self.located.steps) - written.rows
+                yield digest, unread
         finally:
             if fed:
                 self._feeding.release()
+
+    def _written_digest(self, thresholds):
+        """The writer's digest (`Digest.restored`) of the first located steps, under the
+        default thresholds only, while the plugin's own has not read every step; None when
+        there is none or its records do not match the steps located (another writer's steps,
+        a step written again, a record lost)."""
+        with self._lock:
+            written, located = self.written, self.located
+            marks = (self.epoch_starts, self.epoch_indices)
+            own = self._digests.get(thresholds)
+            if (thresholds != _DEFAULTS or written is None or not len(written.steps)
+                    or (own is not None and own[1] == len(located.steps))):
+                self._restored = None  # the plugin's own digest (or none) answers from now on
+                return None
+        source = (written.locations, _marks_key(marks))
+        with self._restoring:  # one thread reads the records, the others wait for it
+            restored = self._restored
+            if restored is None or restored[0] != source:
+                restored = (source, self._restore(written, located, marks))
+                self._restored = restored
+        digest = restored[1]
+        if digest is None or not _covers(digest, located, written):
+            return None
+        return digest
+
+    def _restore(self, written, located, marks):
+        """The writer's digest from its records, or None (why is logged)."""
+        records = []
+        try:
+            for payload in self._payloads(written):
+                records.append(metadata.decode_digest(payload))
+            return Digest.restored(self.like, _DEFAULTS, records, located.wall_times, *marks)
+        except (ValueError, TypeError, KeyError, IndexError) as error:
+            # UnsupportedFormatError is a ValueError
+            logger.info("run %r tag %r: the writer's digest is not used (%s); the plugin reads "
+                        "the steps", self.run, self.tag, error)
+            return None
+
+    def _payloads(self, written):
+        """The content of each digest record, in step order (None where it does not read)."""
+        tag = metadata.digest_tag(self.tag)
+        by_file = collections.defaultdict(list)
+        for order, (path, offset, index) in enumerate(written.locations):
+            by_file[path].append((offset, index, order))
+        payloads = [None] * len(written.locations)
+        for path, points in by_file.items():
+            points.sort()
+            with event_files.open_regular_file(path) as file:
+                events = event_files.events_at(file, [offset for offset, _, _ in points])
+                for (_, index, order), event in zip(points, events):
+                    value = None if event is None else event.summary.value[index]
+                    if value is not None and value.tag == tag and value.tensor.string_val:
+                        payloads[order] = value.tensor.string_val[0]
+        for payload in payloads:
+            if payload is None:
+                raise ValueError("a digest record no longer reads back")
+            yield payload
 
     def digest(self, thresholds: analysis.Thresholds) -> Digest:
         """The digest under ``thresholds``, fed up to the last step (thresholds other than the
@@ -185,6 +264,23 @@ def _extends(old, new) -> bool:
     count = len(old.steps)
     return (len(new.steps) >= count and new.locations[:count] == old.locations
             and (count == 0 or new.steps[count - 1] == old.steps[-1]))
+
+
+def _marks_key(marks):
+    starts, indices = marks
+    return (None if starts is None else tuple(starts.tolist()),
+            None if indices is None else tuple(indices.tolist()))
+
+
+def _covers(digest, located, written) -> bool:
+    """Whether ``digest`` (restored from the records ``written``) describes the first located
+    steps: the same steps, each read from a file holding those records (a restarted job that
+    wrote a step again wrote it to another file)."""
+    rows = digest.rows
+    if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
+        return False
+    files = {path for path, _, _ in written.locations}
+    return all(path in files for path, _, _ in located.locations[:rows])
 
 
 def _same_marks(old_starts, new_starts, last_step) -> bool:

@@ -218,6 +218,9 @@ class GradientsLoader(base_plugin.TBLoader):
             local = bool(logdir) and os.path.isdir(logdir) and not getattr(flags, "logdir_spec",
                                                                             None)
             samples.setdefault(metadata.PLUGIN_NAME, LOCAL_SAMPLES if local else REMOTE_SAMPLES)
+            # The writer's digests: the plugin reads them from the files itself (a local
+            # logdir) and never through TensorBoard, which need keep only the latest.
+            samples.setdefault(metadata.DIGEST_PLUGIN_NAME, 1)
 
     def load(self, context):
         return GradientsPlugin(context)
