@@ -64,9 +64,10 @@ from typing import NamedTuple
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format import columns
+from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.server.integrity import EventFileIntegrity
 
 import _common
 import route_latency  # the TensorBoard process, HTTP requests, memory and the loaded marker
@@ -227,8 +228,9 @@ def histogram_counts(stats, stats_names):
 
 def _write_steps(writer, model, rng, first, count, histogram_every, planted=()):
     """Writes steps ``first .. first + count - 1`` chunk by chunk, then the loaded marker at the
-    last one; returns (bytes of the records of the steps without histograms, their number)."""
-    stats_only_bytes = stats_only_steps = 0
+    last one; returns the bytes a step without histograms adds to the run (the median: the
+    writer's digest records land in whichever step is being written when they are ready)."""
+    stats_only_bytes = []
     size = route_latency._tree_bytes(writer.logdir)
     for start in range(first, first + count, CHUNK_STEPS):
         chunk = min(CHUNK_STEPS, first + count - start)
@@ -237,10 +239,22 @@ def _write_steps(writer, model, rng, first, count, histogram_every, planted=()):
             writer.write_statistics(step, model.layout, stats[i], histograms.get(step))
             previous, size = size, route_latency._tree_bytes(writer.logdir)
             if step not in histograms:
-                stats_only_bytes += size - previous
-                stats_only_steps += 1
+                stats_only_bytes.append(size - previous)
     writer.write_scalars(first + count - 1, {route_latency.MARKER_KEY: 1.0})
-    return stats_only_bytes, stats_only_steps
+    return float(np.median(stats_only_bytes))
+
+
+def _digest_bytes(directory):
+    """(bytes of the writer's digest records in the run, their number): each record is its
+    8-byte length, 4 bytes of checksum, the data and 4 more bytes of checksum."""
+    located = EventFileIntegrity(os.path.dirname(directory)).located(
+        os.path.basename(directory), metadata.digest_tag(metadata.DEFAULT_NAME))
+    total = 0
+    for path, offset, _ in located.locations:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            total += 16 + int.from_bytes(file.read(8), "little")
+    return total, len(located.steps)
 
 
 def write_long_run(directory, variables=1000, steps=100_000, histogram_every=100, spikes=20,
@@ -255,16 +269,21 @@ def write_long_run(directory, variables=1000, steps=100_000, histogram_every=100
     planted = plant(model, steps, spikes, seed)
     start = time.perf_counter()
     with GradientWriter(directory) as writer:
-        stats_only_bytes, stats_only_steps = _write_steps(
+        stats_step_bytes = _write_steps(
             writer, model, np.random.default_rng([seed, 2]), 0, steps, histogram_every, planted)
     write_s = time.perf_counter() - start
     run_bytes = route_latency._tree_bytes(directory)
+    digest_bytes, digest_records = _digest_bytes(directory)
     written = {
         "write_s": write_s,
         "steps_per_s": steps / write_s,
         "run_bytes": run_bytes,
         "bytes_per_tensor_step": run_bytes / (variables * steps),
-        "stats_bytes_per_tensor_step": stats_only_bytes / stats_only_steps / variables,
+        # The statistics and what the writer adds for speed (its digest), per tensor-step.
+        "stats_bytes_per_tensor_step": (stats_step_bytes / variables
+                                        + digest_bytes / (variables * steps)),
+        "digest_bytes_per_tensor_step": digest_bytes / (variables * steps),
+        "digest_records": digest_records,
     }
     with open(os.path.join(directory, PLANTED_JSON), "w") as f:
         json.dump(planted, f, indent=1)
@@ -599,9 +618,12 @@ def render(result):
         "Writing (`GradientWriter.write_statistics`) and disk, bytes per tensor-step:",
         "",
         _common.table(
-            ["write s", "steps/s", "run on disk MB", "statistics B", "with histograms B"],
+            ["write s", "steps/s", "run on disk MB", "statistics B", "of which digest B",
+             "digest records", "with histograms B"],
             [[f"{w['write_s']:.1f}", f"{w['steps_per_s']:,.0f}", f"{w['run_bytes'] / 1e6:,.0f}",
-              f"{w['stats_bytes_per_tensor_step']:.1f}", f"{w['bytes_per_tensor_step']:.1f}"]],
+              f"{w['stats_bytes_per_tensor_step']:.1f}",
+              f"{w.get('digest_bytes_per_tensor_step', 0):.2f}", f"{w.get('digest_records', 0)}",
+              f"{w['bytes_per_tensor_step']:.1f}"]],
             text_columns=0),
         "",
         "`tensorboard-gradients diagnose LOGDIR --json`:",

@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).parents[1] / "tensorboard_gradients"
 # Which rooms each room may import (besides itself). The public modules at the top (keras, torch,
 # jax, summary, the package itself) only re-export.
 ALLOWED = {
-    "format": set(),
+    "format": {"analysis"},
     "analysis": set(),
     "capture": {"format"},
     "server": {"format", "analysis"},

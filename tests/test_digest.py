@@ -1,4 +1,4 @@
-"""A long run's digest (`server.digest`), fed a few steps at a time, serves the overview the
+"""A long run's digest (`analysis.digest`), fed a few steps at a time, serves the overview the
 never-hide-the-worst merge gives on every step read so far: with blocks merged in place, epoch
 cuts, and the blocks summarised in a second thread while the next steps are judged."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from test_analysis_stream import random_series
 from tensorboard_gradients.format import metadata
-from tensorboard_gradients.server import digest, heatmap
+from tensorboard_gradients.analysis import digest, heatmap
 
 
 def _piece(series, start, stop):

@@ -5,7 +5,7 @@ import pytest
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format.reader import GradientSeries
-from tensorboard_gradients.server import heatmap
+from tensorboard_gradients.analysis import heatmap
 
 OK, VAN, EXP, NF, MISS = (analysis.OK, analysis.VANISHING, analysis.EXPLODING,
                           analysis.NONFINITE, analysis.MISSING)
@@ -144,7 +144,7 @@ def _merged_by_hand(values, classes, starts):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_groups_merged_in_stages_equal_the_rule_applied_to_the_steps(seed):
-    """A long run's blocks (`server.digest`) merge groups of groups, in one or more stages,
+    """A long run's blocks (`analysis.digest`) merge groups of groups, in one or more stages,
     equal-length or not: every stage must give what the rule gives on the steps themselves."""
     random = np.random.default_rng(seed)
     steps, variables = int(random.integers(1, 60)), int(random.integers(1, 5))

@@ -11,15 +11,18 @@ the plugin digests them itself, unless a test says otherwise (``written_logdir``
 plugin answers from the writer's digest records (`format.digest_feed`).
 """
 
+import contextlib
 import dataclasses
 import json
+import time
 import urllib.parse
 
 import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients.server import answers, digest, long_runs
+from tensorboard_gradients.analysis import digest
+from tensorboard_gradients.server import answers, long_runs
 
 BASE = "/data/plugin/gradients/"
 VARIABLES = 12
@@ -88,12 +91,32 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_c
     writer (then the plugin judges no step)."""
     monkeypatch.setattr(digest, "MAX_BLOCKS", max_blocks)
     _write(tmp_path / "run", 0, STEPS, seed=1, digest=written)
-    fed = []
-    real_feed = digest.Digest.feed
-    monkeypatch.setattr(digest.Digest, "feed",
-                        lambda self, rows, **options: fed.append(rows) or real_feed(
-                            self, rows, **options))
     client = plugin_client(str(tmp_path))
+    with _plugin_busy(client, monkeypatch, written) as fed:
+        _assert_routes_answer_as_the_run_read_whole(client, monkeypatch)
+        assert (fed == []) == written  # the writer's digest answers: no step judged again
+
+
+@contextlib.contextmanager
+def _plugin_busy(client, monkeypatch, busy=True):
+    """Yields the rows the plugin judges itself (`Digest.feed`); while ``busy``, as if its
+    background digest were still reading the run (it cannot answer from its own digest)."""
+    fed = _fed_rows(monkeypatch)
+    _get(client, "runs", True, monkeypatch)  # the run becomes a long run
+    held = [run for run in _long_runs_of(client).values() if busy]
+    for long_run in held:
+        assert long_run._feeding.acquire(blocking=False)
+    try:
+        yield fed
+    finally:
+        for long_run in held:
+            long_run._feeding.release()
+        for long_run in _long_runs_of(client).values():  # its own digest, read meanwhile
+            if long_run._reader is not None:
+                long_run._reader.join(timeout=60)
+
+
+def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch):
 
     def both(route, **params):
         return (_get(client, route, True, monkeypatch, **params),
@@ -122,7 +145,6 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_c
     assert long["epoch_index"] == short["epoch_index"]
     np.testing.assert_allclose(np.asarray(long["values"], float),
                                np.asarray(short["values"], float), rtol=EPOCH_STEPS * 2**-24)
-    assert (fed == []) == written  # the writer's digest: no step judged again
 
 
 @pytest.mark.parametrize("written", [False, True], ids=["plugin_digest", "writer_digest"])
@@ -134,7 +156,8 @@ def test_the_overview_of_a_long_run_hides_no_step(tmp_path, plugin_client, monke
     monkeypatch.setattr(digest, "MAX_BLOCKS", max_blocks)
     _write(tmp_path / "run", 0, STEPS, seed=1, digest=written)
     client = plugin_client(str(tmp_path))
-    steps_of_columns = _assert_hides_no_step(client, monkeypatch, max_steps=8)
+    with _plugin_busy(client, monkeypatch, written):
+        steps_of_columns = _assert_hides_no_step(client, monkeypatch, max_steps=8)
     assert len(steps_of_columns["steps"]) == 8
     flagged = {(int(np.searchsorted(steps_of_columns["steps"], step, "right") - 1), row)
                for step, row in SPIKES}
@@ -283,7 +306,7 @@ def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():
 
     from tensorboard_gradients.format.layout import Layout
     from tensorboard_gradients.format.series import GradientSeries
-    from tensorboard_gradients.server import heatmap
+    from tensorboard_gradients.analysis import heatmap
 
     rng = np.random.default_rng(4)
     layout = Layout.create(["a/kernel", "b/kernel"], [(3, 3)] * 2, with_weights=False)
@@ -358,25 +381,30 @@ def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_re
     answers are the digest's at once, saying how many steps are still to read; then the whole
     run's."""
     client = plugin_client(str(written_logdir))
-    fed = _fed_rows(monkeypatch)
-    first = _get(client, "alerts", True, monkeypatch)
-    assert fed == [] and first["steps_to_read"] == 0
-    _write(written_logdir / "run", STEPS, STEPS + 150, seed=2, digest=True)
-    client.reload()
-    long_run = next(iter(_long_runs_of(client).values()))
-    _get(client, "runs", True, monkeypatch)
-    assert long_run._feeding.acquire(blocking=False)  # as the background digest does
-    try:
+    with _plugin_busy(client, monkeypatch) as fed:
+        first = _get(client, "alerts", True, monkeypatch)
+        _write(written_logdir / "run", STEPS, STEPS + 150, seed=2, digest=True)
+        client.reload()
         partial = _get(client, "alerts", True, monkeypatch)
         heatmap_ = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
-    finally:
-        long_run._feeding.release()
+        assert fed == []
+    assert first["steps_to_read"] == 0
     assert partial["alerts"] == first["alerts"] and partial["steps_to_read"] == 150
     assert "1,300 of its 1,450 logged steps" in partial["sampled"]
     assert heatmap_["last_steps"][-1] == STEPS - 1 and heatmap_["steps_to_read"] == 150
-    whole = _get(client, "alerts", True, monkeypatch)
-    assert whole == _get(client, "alerts", False, monkeypatch) and whole["steps_to_read"] == 0
-    assert sum(fed) == STEPS + 150
+    whole = _until_read(client, monkeypatch, "alerts")
+    assert whole == _get(client, "alerts", False, monkeypatch)
+    assert sum(fed) == STEPS + 150  # read once, in the background
+
+
+def _until_read(client, monkeypatch, route, **params):
+    """The route's answer once it says every step is read (asked every 0.1 s, up to 60 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        answer = _get(client, route, True, monkeypatch, **params)
+        if answer["steps_to_read"] == 0 or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.1)
 
 
 def test_a_writer_that_goes_on_after_close_keeps_one_digest_over_its_files(
@@ -387,14 +415,14 @@ def test_a_writer_that_goes_on_after_close_keeps_one_digest_over_its_files(
     _write(None, 0, STEPS, seed=1, writer=writer)
     _write(None, STEPS, 2 * STEPS, seed=2, writer=writer)
     client = plugin_client(str(tmp_path))
-    fed = _fed_rows(monkeypatch)
-    long = _get(client, "alerts", True, monkeypatch)
-    assert long == _get(client, "alerts", False, monkeypatch) and long["steps_to_read"] == 0
-    _assert_hides_no_step(client, monkeypatch)
-    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", axis="epoch")
-    short = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", axis="epoch")
-    assert (long["steps"], long["classes"]) == (short["steps"], short["classes"])
-    assert fed == []
+    with _plugin_busy(client, monkeypatch) as fed:
+        long = _get(client, "alerts", True, monkeypatch)
+        assert long == _get(client, "alerts", False, monkeypatch) and long["steps_to_read"] == 0
+        _assert_hides_no_step(client, monkeypatch)
+        long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", axis="epoch")
+        short = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", axis="epoch")
+        assert (long["steps"], long["classes"]) == (short["steps"], short["classes"])
+        assert fed == []
 
 
 @pytest.mark.parametrize("how", ["rewritten", "out_of_order"])
@@ -411,8 +439,11 @@ def test_steps_written_again_are_never_answered_from_a_stale_digest(
         _write(None, 0, STEPS, seed=1, writer=writer)
         _write(None, 600, 700, seed=3, writer=writer)
     client = plugin_client(str(tmp_path))
-    fed = _fed_rows(monkeypatch)
-    assert _get(client, "alerts", True, monkeypatch) == _get(client, "alerts", False, monkeypatch)
+    with _plugin_busy(client, monkeypatch) as fed:
+        partial = _get(client, "alerts", True, monkeypatch)
+        assert partial["steps_to_read"] == STEPS and partial["alerts"] == []
+    assert _until_read(client, monkeypatch, "alerts") == _get(client, "alerts", False,
+                                                               monkeypatch)
     long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", first_step=590,
                 last_step=720)
     assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=590,

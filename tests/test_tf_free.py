@@ -80,7 +80,7 @@ def test_writer_reader_and_entry_point_work_without_tensorflow():
     assert result["norms"] == pytest.approx([step * 6**0.5 for step in range(5)], rel=1e-6)
     assert result["missing"] == [True] * 5
     assert result["histogram_total"] == 6
-    assert result["samples"] == {"gradients": 0}
+    assert result["samples"] == {"gradients": 0, "gradients_digest": 1}
     assert result["heatmap_classes"] == [["ok"] * 5, ["missing"] * 5]
     assert result["alerts"] == [] and result["cli_status"] == 0
     assert result["frameworks_loaded"] == []

@@ -184,7 +184,7 @@ def test_a_failing_digest_never_stops_training(logdir, monkeypatch, caplog):
     """The digest runs beside training: when it fails (here: out of memory) every step is
     still written, the failure is logged once, and the records written before are voided so
     that TensorBoard reads the steps."""
-    from tensorboard_gradients.server import digest
+    from tensorboard_gradients.analysis import digest
 
     real_feed = digest.Digest.feed
     calls = []

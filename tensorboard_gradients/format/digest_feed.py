@@ -2,7 +2,7 @@
 
 Judging a run of 1,000 variables x 100,000 steps takes the plugin tens of seconds after
 TensorBoard starts, every time it starts. The writer has every step in hand anyway: it feeds
-the steps it writes to the same `server.digest.Digest` the plugin would build (in a background
+the steps it writes to the same `analysis.digest.Digest` the plugin would build (in a background
 thread, `EVERY_STEPS` at a time: nothing waits on the training thread) and writes what changed
 as a digest record (`metadata` kind ``digest``) every `EVERY_STEPS` steps and at close. The
 plugin reads those few records instead of every step (`server.long_runs`).
@@ -20,6 +20,8 @@ from typing import Callable, List
 
 import numpy as np
 
+from tensorboard_gradients import analysis
+from tensorboard_gradients.analysis import digest
 from tensorboard_gradients.format import metadata
 from tensorboard_gradients.format.series import series_from_points
 
@@ -106,9 +108,6 @@ class DigestFeed:
         if self._stopped:
             return
         try:
-            from tensorboard_gradients import analysis
-            from tensorboard_gradients.server import digest
-
             if self._digest is None:
                 like = series_from_points("", self._tag, self._parsed, ())
                 self._digest = digest.Digest(like, analysis.Thresholds())
@@ -140,6 +139,3 @@ class DigestFeed:
         """Voids the records written (after every record handed over before, in the worker)."""
         if self._records:
             self._emit(metadata.encode_digest({"void": np.int64(1)}), None)
-
-    def shutdown(self):
-        self._worker.shutdown(wait=True)

@@ -33,12 +33,12 @@ Metadata ``content`` is small UTF-8 JSON::
     }                                    # kinds "epochs", "digest": no variables/layers/shapes
 
 The writer also keeps a digest of each stats tag (the classes, alerts and block summaries the
-plugin would compute, see `server.digest`) and writes it as the run grows, so TensorBoard opens
+plugin would compute, see `analysis.digest`) and writes it as the run grows, so TensorBoard opens
 a run of 100,000 steps without judging every step again: tag ``<stats tag>_digest``, plugin name
 ``gradients_digest`` (apart from ``gradients``, so readers of the statistics never see it, and
 TensorBoard keeps one record of it: `DIGEST_PLUGIN_NAME`), ``kind = "digest"``, one record every
 1,000 steps and at close, each a string tensor holding an ``.npz`` archive (`encode_digest`) of
-what changed since the record before (`digest.Digest.record` lists the arrays). Readers use the
+what changed since the record before (`analysis.digest.Digest.record` lists the arrays). Readers use the
 records only when they match the statistics they describe step for step, and read the
 statistics otherwise; a reader that does not know the digest reads the statistics.
 
@@ -150,7 +150,7 @@ def digest_metadata_content(name: str) -> bytes:
 
 
 def encode_digest(arrays) -> bytes:
-    """A digest record's tensor content: the ``{name: array}`` of `digest.Digest.record` as an
+    """A digest record's tensor content: the ``{name: array}`` of `analysis.digest.Digest.record` as an
     ``.npz`` archive (numeric arrays only, so reading it never unpickles anything)."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)

@@ -15,7 +15,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.server import encoding, heatmap, vocabulary
+from tensorboard_gradients.analysis import heatmap
+from tensorboard_gradients.server import encoding, vocabulary
 from tensorboard_gradients.server.data_access import (
     GradientData,
     Loaded,

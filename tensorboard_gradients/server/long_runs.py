@@ -4,15 +4,17 @@ event files a few thousand steps at a time, and kept up to date as the run grows
 A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
 `LONG_RUN_BYTES` of statistics: TensorBoard is then told to keep only a sample of it (see
 `plugin.GradientsLoader`, which keeps its memory bounded), and the routes answer from a
-`digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom or a
+`analysis.digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom or a
 histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
 Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
 
-A run whose writer kept its digest (`format.digest_feed`) opens from those records: the routes
-answer from `Digest.restored` while its records cover every located step, and nothing is
-judged again. When steps follow that the records do not cover (the writer is still running, or
-a restarted job wrote on), the plugin digests the run itself in the background and answers from
-the writer's digest, saying how many steps are still to read, until its own has read them all.
+A run whose writer kept its digest (`format.digest_feed`) opens from those records
+(`Digest.restored`): answers under the default thresholds come from them at once, complete
+when they cover every located step, else saying how many steps are still to read. Meanwhile
+the plugin digests the run itself in the background, as for runs written without a digest, and
+answers from its own digest once it has read every step: only a digest fed step by step takes
+the steps that follow (a writer's later records, another writer's steps) at the cost of those
+steps alone.
 """
 
 import collections
@@ -24,7 +26,7 @@ import threading
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import event_files, metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
-from tensorboard_gradients.server.digest import Digest
+from tensorboard_gradients.analysis.digest import Digest
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class LongRun:
         self._lock = threading.RLock()  # the state above and every digest's
         self._feeding = threading.Lock()  # held by the one thread feeding digests
         self._restoring = threading.Lock()  # held by the one thread reading the writer's digest
+        self._reader = None  # the thread reading every step (`_read_in_background`)
 
     @property
     def steps(self):
@@ -121,11 +124,18 @@ class LongRun:
         """Yields ``(digest, steps not read into it yet)`` for answering, holding the lock so
         nothing changes it meanwhile. The digest is first fed up to the last step; unless
         ``wait`` is false and another thread (the background digest) is feeding it: then as it
-        stands, and the answer says how much is still to read."""
+        stands, and the answer says how much is still to read. Unless ``wait``, the writer's
+        digest answers while it holds more steps than the plugin's own (which is then read in
+        the background)."""
         written = self._written_digest(thresholds)
-        if written is not None and written.rows == len(self.located.steps):
-            yield written, 0  # the writer's digest covers every step: nothing to judge
-            return
+        if written is not None and not wait:
+            with self._lock:
+                own = self._digests.get(thresholds)
+                read, total = (own[1] if own else 0), len(self.located.steps)
+            self._read_in_background(thresholds)
+            if written.rows >= read:
+                yield written, total - written.rows
+                return
         fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
@@ -139,6 +149,23 @@ class LongRun:
         finally:
             if fed:
                 self._feeding.release()
+
+    def _read_in_background(self, thresholds):
+        """Starts the plugin's own digest of every step, unless it is being read already: it
+        answers once it has read every step, and takes a grown run's new steps only (the
+        writer's digest cannot take steps that another writer wrote)."""
+        with self._lock:
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(
+                    target=self._read_logged, args=(thresholds,), daemon=True,
+                    name="tensorboard-gradients long run")
+                self._reader.start()
+
+    def _read_logged(self, thresholds):
+        try:
+            self.digest(thresholds)
+        except Exception:  # noqa: BLE001 - a background thread must not die silently
+            logger.exception("run %r tag %r could not be digested", self.run, self.tag)
 
     def _written_digest(self, thresholds):
         """The writer's digest (`Digest.restored`) of the first located steps, under the

@@ -75,7 +75,7 @@ class Groups:
     class with a value, their sum (ok), smallest value (vanishing) or largest (exploding,
     non-finite), and how many there are (``total`` is 0 where ``count`` is). Merging groups
     of groups gives what merging their steps gives, so a long run keeps groups of a hundred
-    steps (`server.digest`) instead of every step.
+    steps (`analysis.digest`) instead of every step.
     """
 
     worst: np.ndarray

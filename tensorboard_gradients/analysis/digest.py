@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.server.heatmap import (
+from tensorboard_gradients.analysis.heatmap import (
     NO_EPOCHS, Groups, Heatmap, NoEpochsError, step_groups,
 )
 
