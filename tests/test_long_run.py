@@ -1,6 +1,8 @@
 """A long run at the size CI affords (200 tensors x 20,000 steps, statistics every step): every
 planted one-step spike (x1,000) and the one NaN step show in the overview heatmap, in the alerts
-and in the CLI, served by a real `tensorboard` on both loaders. The full size of the goal
+and in the CLI, served by a real `tensorboard` on both loaders; written with the writer's digest
+(the first heatmap after TensorBoard has read the run is then complete) and without it (as
+format 1.1 writers wrote: the plugin reads the steps itself). The full size of the goal
 (1,000 x 100,000) is measured in `benchmarks/`, not here.
 """
 
@@ -31,11 +33,11 @@ def _planted(rng):
     return planted[:SPIKES], planted[SPIKES]
 
 
-@pytest.fixture(scope="module")
-def long_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=[True, False], ids=["writer_digest", "no_digest"])
+def long_run(tmp_path_factory, request):
     """Writes the run: per variable a healthy norm level times log-normal noise of 0.05 decades
     (far inside the spike rule's 10x floor), every column scaled alike so the row stays a
-    valid statistics row."""
+    valid statistics row; with the writer's digest or without."""
     rng = np.random.default_rng(15)
     spikes, nan = _planted(rng)
     names = [f"block{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}" for i in range(VARIABLES)]
@@ -57,7 +59,7 @@ def long_run(tmp_path_factory):
         spike_at.setdefault(step, []).append(row)
     root = tmp_path_factory.mktemp("long")
     noise = 10 ** rng.normal(0, 0.05, (STEPS, VARIABLES)).astype(np.float32)
-    with tg.GradientWriter(str(root / RUN)) as writer:
+    with tg.GradientWriter(str(root / RUN), digest=request.param) as writer:
         for step in range(STEPS):
             matrix = base.copy()
             matrix[:, scaled_columns] *= noise[step][:, None]
@@ -66,7 +68,7 @@ def long_run(tmp_path_factory):
             if step == nan[1]:
                 matrix[nan[0], stats.index("nan_count")] = 1
             writer.write_statistics(step, layout, matrix)
-    return str(root), names, spikes, nan
+    return str(root), names, spikes, nan, request.param
 
 
 def _cell(heatmap, row, step):
@@ -84,18 +86,19 @@ def _alerted(alerts, names, planted, rule):
 
 @pytest.mark.parametrize("load_fast", ["false", "true"])
 def test_no_planted_spike_or_nan_is_lost_in_the_overview_or_the_alerts(long_run, load_fast):
-    logdir, names, spikes, nan = long_run
+    logdir, names, spikes, nan, written = long_run
     with TensorBoard(logdir, load_fast=load_fast) as tb:
         tb.wait_for_steps({RUN: STEPS}, timeout=600)
         base = f"{tb.base}/data/plugin/gradients"
-        # The plugin reads this long run in the background; until it is done, answers say so.
+        # Without the writer's digest the plugin reads this long run in the background; until
+        # it is done, answers say so. With it, the first answer is already the whole run.
         deadline = time.monotonic() + 300
         while True:
             heatmap = get_json(f"{base}/heatmap?run={RUN}&tag=gradients&stat={STAT}",
                                timeout=120)
             if heatmap["sampled"] is None or time.monotonic() > deadline:
                 break
-            assert "still being read" in heatmap["sampled"]
+            assert "still being read" in heatmap["sampled"] and not written
             time.sleep(1)
         alerts = get_json(f"{base}/alerts?run={RUN}&tag=gradients", timeout=120)["alerts"]
     assert heatmap["sampled"] is None and heatmap["downsampled"]  # every step, merged columns
@@ -111,7 +114,7 @@ def test_no_planted_spike_or_nan_is_lost_in_the_overview_or_the_alerts(long_run,
 
 
 def test_no_planted_spike_or_nan_is_lost_in_the_cli(long_run):
-    logdir, names, spikes, nan = long_run
+    logdir, names, spikes, nan, _ = long_run
     done = subprocess.run(
         [sys.executable, "-m", "tensorboard_gradients.cli", "diagnose", logdir, "--json"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ))

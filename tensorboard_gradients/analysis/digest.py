@@ -55,7 +55,7 @@ class Digest:
     """
 
     def __init__(self, like, thresholds: analysis.Thresholds, epoch_starts=None,
-                 epoch_indices=None):
+                 epoch_indices=None, block_steps: int = 1):
         self.like = like
         self.thresholds = thresholds
         self.stats = tuple(like.available_stats)
@@ -73,7 +73,7 @@ class Digest:
         self._new_blocks()
         self._written_tail = None  # a restored digest's `_tail`, as its last record gives it
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
-        self.block_steps = 1  # logged steps per new block (fewer where an epoch starts)
+        self.block_steps = block_steps  # logged steps per new block (fewer at epoch starts)
 
     def set_epochs(self, starts, indices):
         """The epoch marks: ``starts`` (steps) and their epoch ``indices``, or None."""
@@ -257,10 +257,10 @@ class Digest:
     def record(self, since: "Written") -> Tuple[Dict[str, np.ndarray], "Written"]:
         """(what a digest record holds, how much is then written): since the records written
         before (``since``), the steps of the rows fed and the classes that became final; the
-        blocks made since (all of them once blocks merged since, so a reader needs only the
-        last such record and those after it); and as of now: the groups of the rows not in a
-        whole block yet (``tail_*``), the provisional classes and the alerts. Call after
-        `summarise` (`metadata.encode_digest` writes it)."""
+        blocks made since (`BLOCK_ARRAYS`: all of them once blocks merged since, so a reader
+        needs them only from the last such record on); and as of now: the groups of the rows
+        not in a whole block yet (``tail_*``), the provisional classes and the alerts. Call
+        after `summarise` (`metadata.encode_digest` writes it)."""
         final = self._classes.view()
         blocks = self._blocks()
         first_block = since.blocks if since.block_steps == self.block_steps else 0
@@ -287,8 +287,9 @@ class Digest:
                  epoch_starts=None, epoch_indices=None) -> "Digest":
         """The digest that a writer's ``records`` (`record`'s dicts in the order written, up to
         the first that does not follow the ones before) describe, under ``thresholds``;
-        read-only (it takes no more steps). ``wall_times``: of the run's rows (at least those
-        they cover).
+        read-only (it takes no more steps). Records before the last one whose blocks start at
+        the first may leave out their `BLOCK_ARRAYS`. ``wall_times``: of the run's rows (at
+        least those they cover).
 
         Raises:
           ValueError: a record voids the records (`format.digest_feed`), no record follows
@@ -301,27 +302,32 @@ class Digest:
             raise ValueError("the writer voided its digest")
         digest = cls(like, thresholds, epoch_starts, epoch_indices)
         written = Written()
-        blocks, block_starts, classes, used = [], [0], [], []
+        blocks, block_starts, classes, used = None, [0], [], []
         for record in records:
-            first_block = int(record["first_block"])
             if (int(record["first_row"]) != written.rows
                     or int(record["final_from"]) != written.final_rows
-                    or not np.array_equal(record["analysis"], identity)
-                    or (first_block and (first_block != written.blocks
-                                         or int(record["block_steps"]) != written.block_steps))):
+                    or not np.array_equal(record["analysis"], identity)):
                 break
-            if not first_block:
-                blocks, block_starts = [], [0]
-            blocks.append(Groups(record["worst"], record["total"], record["count"]))
-            block_starts = block_starts[:-1] + record["block_starts"].tolist()
+            block_steps = written.block_steps
+            if "worst" in record:  # the records before the last that wrote every block: none
+                first_block, block_steps = int(record["first_block"]), int(record["block_steps"])
+                if not first_block:
+                    blocks, block_starts = [], [0]
+                elif (blocks is None or first_block != written.blocks
+                      or block_steps != written.block_steps):
+                    break
+                blocks.append(Groups(record["worst"], record["total"], record["count"]))
+                block_starts = block_starts[:-1] + record["block_starts"].tolist()
             classes.append(record["classes"])
             written = Written(written.rows + len(record["steps"]),
                               written.final_rows + len(record["classes"]),
-                              len(block_starts) - 1, int(record["block_steps"]))
+                              len(block_starts) - 1, block_steps)
             digest._steps.extend(record["steps"])
             used.append(record)
         if not written.rows:
             raise ValueError("no digest record of this analysis follows from the first step")
+        if blocks is None:
+            raise ValueError("no digest record holds the blocks")
         last = used[-1]
         covered = digest.steps()[-1]
         marks = np.asarray(last["epoch_starts"], np.int64)
@@ -369,6 +375,11 @@ class Digest:
             return None, [self._pending_from]
         cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
         return self._groups_of(cuts), cuts
+
+
+# The arrays of a record that hold its blocks: a reader reads them from the last record whose
+# blocks start at the first (``first_block`` 0) on, and the other arrays of every record.
+BLOCK_ARRAYS = ("first_block", "block_steps", "block_starts", "worst", "total", "count")
 
 
 @dataclasses.dataclass(frozen=True)

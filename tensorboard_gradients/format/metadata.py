@@ -34,13 +34,16 @@ Metadata ``content`` is small UTF-8 JSON::
 
 The writer also keeps a digest of each stats tag (the classes, alerts and block summaries the
 plugin would compute, see `analysis.digest`) and writes it as the run grows, so TensorBoard opens
-a run of 100,000 steps without judging every step again: tag ``<stats tag>_digest``, plugin name
-``gradients_digest`` (apart from ``gradients``, so readers of the statistics never see it, and
-TensorBoard keeps one record of it: `DIGEST_PLUGIN_NAME`), ``kind = "digest"``, one record every
-1,000 steps and at close, each a string tensor holding an ``.npz`` archive (`encode_digest`) of
-what changed since the record before (`analysis.digest.Digest.record` lists the arrays). Readers use the
-records only when they match the statistics they describe step for step, and read the
-statistics otherwise; a reader that does not know the digest reads the statistics.
+a run of 100,000 steps without judging every step again: tags ``<stats tag>_digest`` and
+``<stats tag>_digest_blocks``, plugin name ``gradients_digest`` (apart from ``gradients``, so
+readers of the statistics never see it, and TensorBoard keeps one record of it:
+`DIGEST_PLUGIN_NAME`), ``kind = "digest"``; one event every 1,000 steps and at close, with one
+value of each tag, each a string tensor holding an ``.npz`` archive (`encode_digest`) of what
+changed since the event before (`analysis.digest.Digest.record` lists the arrays; the blocks'
+arrays, `analysis.digest.BLOCK_ARRAYS`, go under ``_digest_blocks``, which a reader needs only
+from the last event that wrote every block). Readers use the records only when they match the
+statistics they describe step for step, and read the statistics otherwise; a reader that does
+not know the digest reads the statistics.
 
 History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l2_norm`` stat;
 1.2 adds the ``digest`` kind.
@@ -85,6 +88,7 @@ DEFAULT_NAME = "gradients"
 HISTOGRAM_TAG_SUFFIX = "_histograms"
 EPOCHS_TAG_SUFFIX = "_epochs"
 DIGEST_TAG_SUFFIX = "_digest"
+DIGEST_BLOCKS_TAG_SUFFIX = "_digest_blocks"
 
 
 class UnsupportedFormatError(ValueError):
@@ -113,6 +117,10 @@ def epochs_tag(name: str) -> str:
 
 def digest_tag(stats_tag: str) -> str:
     return stats_tag + DIGEST_TAG_SUFFIX
+
+
+def digest_blocks_tag(stats_tag: str) -> str:
+    return stats_tag + DIGEST_BLOCKS_TAG_SUFFIX
 
 
 def _content(kind: str, name: str, layout: Optional[Layout], **extra) -> bytes:
@@ -150,10 +158,19 @@ def digest_metadata_content(name: str) -> bytes:
 
 
 def encode_digest(arrays) -> bytes:
-    """A digest record's tensor content: the ``{name: array}`` of `analysis.digest.Digest.record` as an
-    ``.npz`` archive (numeric arrays only, so reading it never unpickles anything)."""
+    """A digest record's tensor content: ``{name: array}`` as an ``.npz`` archive (numeric
+    arrays only, so reading it never unpickles anything); integer arrays deflated (cell classes
+    and counts are mostly alike), floats stored as they are (they hardly shrink)."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, array in arrays.items():
+            array = np.asarray(array)
+            member = io.BytesIO()
+            np.lib.format.write_array(member, array, allow_pickle=False)
+            deflated = array.dtype.kind in "iub"
+            archive.writestr(name + ".npy", member.getvalue(),
+                             compress_type=zipfile.ZIP_DEFLATED if deflated else zipfile.ZIP_STORED,
+                             compresslevel=1 if deflated else None)
     return buffer.getvalue()
 
 

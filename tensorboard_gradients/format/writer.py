@@ -176,23 +176,26 @@ class GradientWriter:
         if tag not in self._feeds:
             feed = digest_feed.DigestFeed(
                 tag, self._name, layout,
-                lambda payload, step: self._write_digest(tag, payload, step))
+                lambda payloads, step: self._write_digest(tag, payloads, step))
             for step, epoch in self._epochs:
                 feed.epoch(step, epoch)
             self._feeds[tag] = feed
         return self._feeds[tag]
 
-    def _write_digest(self, tag: str, payload: bytes, step) -> bool:
-        """Writes a digest record of ``tag`` (from its feed's thread) at ``step`` (None: the
-        last step written)."""
+    def _write_digest(self, tag: str, payloads, step) -> bool:
+        """Writes a digest record of ``tag`` (``{tag suffix: payload}``, from its feed's thread)
+        as one event at ``step`` (None: the last step written)."""
         with self._lock:
-            value = summary_pb2.Summary.Value(
-                tag=metadata.digest_tag(tag), tensor=tensor_util.make_tensor_proto(payload))
-            if value.tag not in self._described:
-                value.metadata.CopyFrom(metadata.create_summary_metadata(
-                    metadata.digest_metadata_content(self._name), None,
-                    plugin_name=metadata.DIGEST_PLUGIN_NAME))
-            return self._emit(self._last_step if step is None else step, [value])
+            values = []
+            for suffix, payload in payloads.items():
+                value = summary_pb2.Summary.Value(
+                    tag=tag + suffix, tensor=tensor_util.make_tensor_proto(payload))
+                if value.tag not in self._described:
+                    value.metadata.CopyFrom(metadata.create_summary_metadata(
+                        metadata.digest_metadata_content(self._name), None,
+                        plugin_name=metadata.DIGEST_PLUGIN_NAME))
+                values.append(value)
+            return self._emit(self._last_step if step is None else step, values)
 
     def write_histograms(self, step: int, layout: Layout, counts: np.ndarray,
                          description: Optional[str] = None) -> str:

@@ -172,7 +172,7 @@ class GradientData:
         if epochs is not None and epochs.kind != metadata.KIND_EPOCHS:
             epochs = None
         long_run, _ = self._updated_long_run(run, tag, parsed, located, epochs)
-        long_run.digest(analysis.Thresholds())
+        long_run.digest(analysis.Thresholds(), background=True)
 
     def tags(self, ctx, experiment) -> Dict[str, Dict[str, TagInfo]]:
         """``{run: {tag: TagInfo}}`` of every tag this plugin wrote, any kind."""
@@ -247,7 +247,8 @@ class GradientData:
             written = self._integrity.located(run, metadata.digest_tag(tag))
             signature += (len(located.steps), located.steps[-1],
                           None if epochs is None else len(epochs.steps),
-                          None if written is None else len(written.steps))
+                          None if written is None else tuple(written.steps[-1:].tolist()) + (
+                              len(written.steps),))
         cached = self._cache.get(key, signature)
         if cached is not None:
             return cached
@@ -342,7 +343,9 @@ class GradientData:
             decoded = [p for p in decoded if np.isfinite(p[2])]  # a NaN mark marks nothing
             marks = (np.array([p[0] for p in decoded], np.int64),
                      np.array([int(p[2]) for p in decoded], np.int64))
-        long_run.update(located, marks, self._integrity.located(run, metadata.digest_tag(tag)))
+        written = (self._integrity.located(run, metadata.digest_tag(tag)),
+                   self._integrity.located(run, metadata.digest_blocks_tag(tag)))
+        long_run.update(located, marks, None if None in written else written)
         return long_run, marks
 
     def histogram_near(self, ctx, experiment, run: str, tag: str, step: int,

@@ -43,6 +43,38 @@ LONG_RUN_BYTES = 128 * 1024 * 1024
 STEPS_PER_READ = 1000
 
 
+class _Requests:
+    """How many requests are being answered (`answering`): reading a long run in the background
+    pauses between its pieces while any is (at most `YIELD_SECONDS` at a time), so that an
+    overview or a zoom does not share two cores with a run being read that it does not need."""
+
+    def __init__(self):
+        self._count = 0
+        self._idle = threading.Condition()
+
+    @contextlib.contextmanager
+    def answering(self):
+        with self._idle:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._count -= 1
+                if not self._count:
+                    self._idle.notify_all()
+
+    def wait_until_idle(self):
+        with self._idle:
+            self._idle.wait_for(lambda: not self._count, timeout=YIELD_SECONDS)
+
+
+# A background read waits at most this long for requests to finish before its next piece: a
+# tab asking again and again must not stop it.
+YIELD_SECONDS = 1.0
+REQUESTS = _Requests()
+
+
 def is_long(steps: int, variables: int, stats: int) -> bool:
     """Whether a tag of this size is read from its event files (float32 statistics)."""
     return steps > LONG_RUN_STEPS or steps * variables * stats * 4 > LONG_RUN_BYTES
@@ -60,7 +92,8 @@ class LongRun:
         self.run, self.tag, self.parsed = run, tag, parsed
         self.like: GradientSeries = series_from_points(run, tag, parsed, ())
         self.located = None  # integrity.Located of the stats tag
-        self.written = None  # integrity.Located of the writer's digest records
+        # integrity.Located of the writer's digest records and of their blocks, or None
+        self.written = None
         self._restored = None  # (what it was restored from, the writer's Digest or None)
         self.epoch_starts = self.epoch_indices = None
         self.lost = {}  # (path, message) of points left out when read back: None
@@ -80,7 +113,7 @@ class LongRun:
         ``(first steps, epoch indices)`` or None) and the points of the writer's digest records
         (``written``, or None). Digests grow by the new steps only; when the old steps changed
         (or an epoch mark appeared among them) they are dropped, and rebuilt when next asked
-        for."""
+        for. ``written``: (records, their blocks) located."""
         epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
         with self._lock:
             old = self.located
@@ -120,13 +153,15 @@ class LongRun:
             return tuple(f"{message} ({path})" for path, message in self.lost)
 
     @contextlib.contextmanager
-    def reading(self, thresholds: analysis.Thresholds, wait: bool = True):
+    def reading(self, thresholds: analysis.Thresholds, wait: bool = True,
+                background: bool = False):
         """Yields ``(digest, steps not read into it yet)`` for answering, holding the lock so
         nothing changes it meanwhile. The digest is first fed up to the last step; unless
         ``wait`` is false and another thread (the background digest) is feeding it: then as it
         stands, and the answer says how much is still to read. Unless ``wait``, the writer's
         digest answers while it holds more steps than the plugin's own (which is then read in
-        the background)."""
+        the background). ``background``: fed by a background thread, which lets requests go
+        first (`REQUESTS`)."""
         written = self._written_digest(thresholds)
         if written is not None and not wait:
             with self._lock:
@@ -139,7 +174,7 @@ class LongRun:
         fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
-                self._feed(thresholds)
+                self._feed(thresholds, background)
             with self._lock:
                 digest, read = self._entry(thresholds)
                 unread = len(self.located.steps) - read
@@ -163,7 +198,7 @@ class LongRun:
 
     def _read_logged(self, thresholds):
         try:
-            self.digest(thresholds)
+            self.digest(thresholds, background=True)
         except Exception:  # noqa: BLE001 - a background thread must not die silently
             logger.exception("run %r tag %r could not be digested", self.run, self.tag)
 
@@ -176,11 +211,11 @@ class LongRun:
             written, located = self.written, self.located
             marks = (self.epoch_starts, self.epoch_indices)
             own = self._digests.get(thresholds)
-            if (thresholds != _DEFAULTS or written is None or not len(written.steps)
+            if (thresholds != _DEFAULTS or written is None or not len(written[0].steps)
                     or (own is not None and own[1] == len(located.steps))):
                 self._restored = None  # the plugin's own digest (or none) answers from now on
                 return None
-        source = (written.locations, _marks_key(marks))
+        source = (written[0].locations, written[1].locations, _marks_key(marks))
         with self._restoring:  # one thread reads the records, the others wait for it
             restored = self._restored
             if restored is None or restored[0] != source:
@@ -192,11 +227,22 @@ class LongRun:
         return digest
 
     def _restore(self, written, located, marks):
-        """The writer's digest from its records, or None (why is logged)."""
-        records = []
+        """The writer's digest from its records, or None (why is logged). The blocks are read
+        from the last record that wrote them all on (`analysis.digest.BLOCK_ARRAYS`)."""
+        records_at, blocks_at = written
         try:
-            for payload in self._payloads(written):
-                records.append(metadata.decode_digest(payload))
+            records = [metadata.decode_digest(payload) for payload in
+                       self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
+            by_step = dict(zip(records_at.steps.tolist(), records))
+            tag = metadata.digest_blocks_tag(self.tag)
+            for step, location in zip(reversed(blocks_at.steps.tolist()),
+                                      reversed(blocks_at.locations)):
+                if step in by_step:
+                    (payload,) = self._payloads((location,), tag)
+                    blocks = metadata.decode_digest(payload)
+                    by_step[step].update(blocks)
+                    if int(blocks["first_block"]) == 0:
+                        break
             return Digest.restored(self.like, _DEFAULTS, records, located.wall_times, *marks)
         except (ValueError, TypeError, KeyError, IndexError) as error:
             # UnsupportedFormatError is a ValueError
@@ -204,13 +250,14 @@ class LongRun:
                         "the steps", self.run, self.tag, error)
             return None
 
-    def _payloads(self, written):
-        """The content of each digest record, in step order (None where it does not read)."""
-        tag = metadata.digest_tag(self.tag)
+    @staticmethod
+    def _payloads(locations, tag):
+        """The content of the digest value of ``tag`` at each of ``locations`` (``(path,
+        offset, value index)``), in their order."""
         by_file = collections.defaultdict(list)
-        for order, (path, offset, index) in enumerate(written.locations):
+        for order, (path, offset, index) in enumerate(locations):
             by_file[path].append((offset, index, order))
-        payloads = [None] * len(written.locations)
+        payloads = [None] * len(locations)
         for path, points in by_file.items():
             points.sort()
             with event_files.open_regular_file(path) as file:
@@ -219,15 +266,15 @@ class LongRun:
                     value = None if event is None else event.summary.value[index]
                     if value is not None and value.tag == tag and value.tensor.string_val:
                         payloads[order] = value.tensor.string_val[0]
-        for payload in payloads:
-            if payload is None:
-                raise ValueError("a digest record no longer reads back")
-            yield payload
+        if any(payload is None for payload in payloads):
+            raise ValueError("a digest record no longer reads back")
+        return payloads
 
-    def digest(self, thresholds: analysis.Thresholds) -> Digest:
+    def digest(self, thresholds: analysis.Thresholds, background: bool = False) -> Digest:
         """The digest under ``thresholds``, fed up to the last step (thresholds other than the
-        defaults read every step the first time; only the latest such digest is kept)."""
-        with self.reading(thresholds) as (digest, _):
+        defaults read every step the first time; only the latest such digest is kept);
+        ``background`` as in `reading`."""
+        with self.reading(thresholds, background=background) as (digest, _):
             return digest
 
     def progress(self, thresholds: analysis.Thresholds, wait: bool = True) -> int:
@@ -245,17 +292,20 @@ class LongRun:
                 Digest(self.like, thresholds, self.epoch_starts, self.epoch_indices), 0)
         return self._digests[thresholds]
 
-    def _feed(self, thresholds):
+    def _feed(self, thresholds, background: bool):
         """Feeds the digest up to the last step, `STEPS_PER_READ` at a time, reading the next
         steps and summarising the steps judged before while the last are judged (numpy lets
         the three threads share the CPU). Steps are read without the lock, so answers can be
-        given between two feeds (hold `_feeding`)."""
+        given between two feeds (hold `_feeding`); in the ``background``, after any request
+        being answered."""
         with concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="tensorboard-gradients read") as reader_pool, \
                 concurrent.futures.ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix="tensorboard-gradients summary") as summary:
             ahead = None  # (located, start, future rows)
             while True:
+                if background:
+                    REQUESTS.wait_until_idle()
                 with self._lock:
                     digest, read = self._entry(thresholds)
                     located = self.located
@@ -306,7 +356,7 @@ def _covers(digest, located, written) -> bool:
     rows = digest.rows
     if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
         return False
-    files = {path for path, _, _ in written.locations}
+    files = {path for path, _, _ in written[0].locations}
     return all(path in files for path, _, _ in located.locations[:rows])
 
 
