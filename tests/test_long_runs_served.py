@@ -14,6 +14,7 @@ plugin answers from the writer's digest records (`format.digest_feed`).
 import contextlib
 import dataclasses
 import json
+import threading
 import time
 import urllib.parse
 
@@ -241,7 +242,6 @@ def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, 
     """A real TensorBoard's plugin digests long runs in the background as TensorBoard reads the
     logdir (at its reload interval), so the first heatmap and alerts read no step."""
     import argparse
-    import threading
 
     from tensorboard import context as tb_context
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -302,8 +302,6 @@ def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():
     """Blocks never merge across an epoch start: with an epoch every 2 steps and room for 16
     blocks, merging stops at one block per epoch instead of looping, and the epoch axis
     still merges each epoch exactly."""
-    import threading
-
     from tensorboard_gradients.format.layout import Layout
     from tensorboard_gradients.format.series import GradientSeries
     from tensorboard_gradients.analysis import heatmap
@@ -366,35 +364,41 @@ def test_a_point_that_does_not_read_back_leaves_the_zoom_on_the_right_steps(
 
 
 def _fed_rows(monkeypatch):
-    """The rows the plugin judges itself from now on (`Digest.feed`), counted."""
+    """The rows the plugin judges itself from now on (`Digest.feed`; not the writers' digests),
+    counted."""
     fed = []
     real_feed = digest.Digest.feed
-    monkeypatch.setattr(digest.Digest, "feed", lambda self, rows, **options: fed.append(
-        len(rows.steps)) or real_feed(self, rows, **options))
+
+    def counted(self, rows, **options):
+        if not threading.current_thread().name.startswith("tensorboard-gradients digest"):
+            fed.append(len(rows.steps))
+        return real_feed(self, rows, **options)
+
+    monkeypatch.setattr(digest.Digest, "feed", counted)
     return fed
 
 
 def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_read(
         written_logdir, plugin_client, monkeypatch):
-    """Another writer's steps after the records (a restarted job: another file, no record of
-    its own yet) are not in the writer's digest: while the plugin reads the run itself, the
-    answers are the digest's at once, saying how many steps are still to read; then the whole
-    run's."""
+    """Another writer's steps after the records (a restarted job: another file, with records
+    of its own that start from its own first step) are not in the first writer's digest: while
+    the plugin reads the run itself, the answers are that digest's at once, saying how many
+    steps are still to read; then the whole run's."""
     client = plugin_client(str(written_logdir))
     with _plugin_busy(client, monkeypatch) as fed:
         first = _get(client, "alerts", True, monkeypatch)
-        _write(written_logdir / "run", STEPS, STEPS + 150, seed=2, digest=True)
+        _write(written_logdir / "run", STEPS, STEPS + 1100, seed=2, digest=True)
         client.reload()
         partial = _get(client, "alerts", True, monkeypatch)
         heatmap_ = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
         assert fed == []
     assert first["steps_to_read"] == 0
-    assert partial["alerts"] == first["alerts"] and partial["steps_to_read"] == 150
-    assert "1,300 of its 1,450 logged steps" in partial["sampled"]
-    assert heatmap_["last_steps"][-1] == STEPS - 1 and heatmap_["steps_to_read"] == 150
+    assert partial["alerts"] == first["alerts"] and partial["steps_to_read"] == 1100
+    assert "1,300 of its 2,400 logged steps" in partial["sampled"]
+    assert heatmap_["last_steps"][-1] == STEPS - 1 and heatmap_["steps_to_read"] == 1100
     whole = _until_read(client, monkeypatch, "alerts")
     assert whole == _get(client, "alerts", False, monkeypatch)
-    assert sum(fed) == STEPS + 150  # read once, in the background
+    assert sum(fed) == STEPS + 1100  # read once, in the background
 
 
 def _until_read(client, monkeypatch, route, **params):

@@ -292,22 +292,13 @@ class Digest:
         least those they cover).
 
         Raises:
-          ValueError: a record voids the records (`format.digest_feed`), no record follows
-            from the first step or was written under ``thresholds`` by this version, or the
-            records cut blocks at other epoch starts than ``epoch_starts`` or do not hold
-            what they say.
+          ValueError: as `chained`; no record follows from the first step; or the records cut
+            blocks at other epoch starts than ``epoch_starts`` or do not hold what they say.
         """
-        identity = analysis_identity(thresholds)
-        if any("void" in record for record in records):
-            raise ValueError("the writer voided its digest")
         digest = cls(like, thresholds, epoch_starts, epoch_indices)
         written = Written()
         blocks, block_starts, classes, used = None, [0], [], []
-        for record in records:
-            if (int(record["first_row"]) != written.rows
-                    or int(record["final_from"]) != written.final_rows
-                    or not np.array_equal(record["analysis"], identity)):
-                break
+        for record in records[:chained(records, thresholds)]:
             block_steps = written.block_steps
             if "worst" in record:  # the records before the last that wrote every block: none
                 first_block, block_steps = int(record["first_block"]), int(record["block_steps"])
@@ -390,6 +381,27 @@ class Written:
     final_rows: int = 0
     blocks: int = 0
     block_steps: int = 0
+
+
+def chained(records, thresholds: analysis.Thresholds) -> int:
+    """How many of a writer's ``records`` (in step order) follow one another from the first
+    step under ``thresholds`` and this version's analysis: a later writer's records (a restarted
+    job's, from its own first step) do not follow.
+
+    Raises:
+      ValueError: a record among them voids the records before it (`format.digest_feed`).
+    """
+    identity = analysis_identity(thresholds)
+    rows = final_rows = 0
+    for count, record in enumerate(records):
+        if "void" in record:
+            raise ValueError("the writer voided its digest")
+        if (int(record["first_row"]) != rows or int(record["final_from"]) != final_rows
+                or not np.array_equal(record["analysis"], identity)):
+            return count
+        rows += len(record["steps"])
+        final_rows += len(record["classes"])
+    return len(records)
 
 
 def analysis_identity(thresholds: analysis.Thresholds) -> np.ndarray:

@@ -26,7 +26,7 @@ import threading
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import event_files, metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
-from tensorboard_gradients.analysis.digest import Digest
+from tensorboard_gradients.analysis.digest import Digest, chained
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +233,8 @@ class LongRun:
         try:
             records = [metadata.decode_digest(payload) for payload in
                        self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
+            # The records of the writer that wrote the first step (a restarted job's follow).
+            records = records[:chained(records, _DEFAULTS)]
             by_step = dict(zip(records_at.steps.tolist(), records))
             tag = metadata.digest_blocks_tag(self.tag)
             for step, location in zip(reversed(blocks_at.steps.tolist()),
