@@ -326,22 +326,26 @@ class Digest:
                               digest.epoch_starts[digest.epoch_starts <= covered]):
             raise ValueError("the digest records cut blocks at other epoch starts")
         tail = Groups(last["tail_worst"], last["tail_total"], last["tail_count"])
-        merged = Groups.concatenated(blocks)
         tail_starts = last["tail_starts"].tolist()
         width = (len(like.variables), len(digest.stats))
         if (len(wall_times) < written.rows
                 or len(last["provisional"]) != written.rows - written.final_rows
-                or len(block_starts) - 1 != len(merged.worst)
+                or len(block_starts) - 1 != sum(len(part.worst) for part in blocks)
                 or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]
-                or len(tail_starts) - 1 != len(tail.worst)
-                or merged.total.shape[1:] != width or tail.total.shape[1:] != width):
+                or len(tail_starts) - 1 != len(tail.worst) or tail.total.shape[1:] != width
+                or any(part.total.shape[1:] != width for part in blocks)):
             raise ValueError("the digest records do not hold what they say")
         alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
         digest._stream = _Restored(written.rows, written.final_rows, last["provisional"], alerts)
         digest._wall_times.extend(wall_times[:written.rows])
-        digest._classes.extend(np.concatenate(classes))
-        digest._new_blocks(capacity=len(merged.worst))
-        digest._add_blocks(merged)
+        # Each part copied once, into arrays of the final size (100 MB of classes, 70 MB of
+        # blocks for 1,000 variables x 100,000 steps).
+        digest._classes = _Rows(np.int8, width[0], capacity=written.final_rows)
+        for part in classes:
+            digest._classes.extend(part)
+        digest._new_blocks(capacity=written.blocks)
+        for part in blocks:
+            digest._add_blocks(part)
         digest._block_starts = block_starts
         digest.block_steps = written.block_steps
         digest._pending_from = block_starts[-1]

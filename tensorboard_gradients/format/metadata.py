@@ -38,7 +38,7 @@ a run of 100,000 steps without judging every step again: tags ``<stats tag>_dige
 ``<stats tag>_digest_blocks``, plugin name ``gradients_digest`` (apart from ``gradients``, so
 readers of the statistics never see it, and TensorBoard keeps one record of it:
 `DIGEST_PLUGIN_NAME`), ``kind = "digest"``; one event every 1,000 steps and at close, with one
-value of each tag, each a string tensor holding an ``.npz`` archive (`encode_digest`) of what
+value of each tag, each a string tensor holding the arrays (`encode_digest`) of what
 changed since the event before (`analysis.digest.Digest.record` lists the arrays; the blocks'
 arrays, `analysis.digest.BLOCK_ARRAYS`, go under ``_digest_blocks``, which a reader needs only
 from the last event that wrote every block). Readers use the records only when they match the
@@ -61,11 +61,10 @@ What each stats column means is `columns.STATS`; what the rows are is `Layout`.
 
 import dataclasses
 import functools
-import io
 import json
 import logging
 import math
-import zipfile
+import zlib
 from typing import Optional, Tuple, Union
 
 import numpy as np
@@ -157,33 +156,55 @@ def digest_metadata_content(name: str) -> bytes:
     return _content(KIND_DIGEST, name, None)
 
 
+# The largest array a digest record may declare (a deflated one is inflated up to its declared
+# size): the blocks of 2,000 steps of 10,000 variables x 12 stats are 1 GB.
+_MAX_DIGEST_ARRAY_BYTES = 1 << 30
+
+
 def encode_digest(arrays) -> bytes:
-    """A digest record's tensor content: ``{name: array}`` as an ``.npz`` archive (numeric
-    arrays only, so reading it never unpickles anything); integer arrays deflated (cell classes
-    and counts are mostly alike), floats stored as they are (they hardly shrink)."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, array in arrays.items():
-            array = np.asarray(array)
-            member = io.BytesIO()
-            np.lib.format.write_array(member, array, allow_pickle=False)
-            deflated = array.dtype.kind in "iub"
-            archive.writestr(name + ".npy", member.getvalue(),
-                             compress_type=zipfile.ZIP_DEFLATED if deflated else zipfile.ZIP_STORED,
-                             compresslevel=1 if deflated else None)
-    return buffer.getvalue()
+    """A digest record's tensor content: ``{name: numeric array}`` as a 4-byte little-endian
+    header length, a JSON header (``{"arrays": [[name, dtype, shape, offset, bytes, deflated],
+    ...]}``, offsets from the end of the header) and the arrays' bytes: integer arrays deflated
+    (cell classes and counts are mostly alike), floats as they are (they hardly shrink, and a
+    reader then maps them without a copy)."""
+    entries, parts, offset = [], [], 0
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        data = array.tobytes()  # C order
+        deflated = array.dtype.kind in "iub"
+        if deflated:
+            data = zlib.compress(data, 1)
+        entries.append([name, array.dtype.str, list(array.shape), offset, len(data), deflated])
+        parts.append(data)
+        offset += len(data)
+    header = json.dumps({"arrays": entries}, separators=(",", ":")).encode("utf-8")
+    return len(header).to_bytes(4, "little") + header + b"".join(parts)
 
 
 def decode_digest(payload: bytes):
-    """``{name: array}`` of a digest record's content.
+    """``{name: array}`` of a digest record's content (`encode_digest`); float arrays are
+    read-only views of ``payload``.
 
     Raises:
-      UnsupportedFormatError: the content is not such an archive.
+      UnsupportedFormatError: the content is not such a record.
     """
     try:
-        with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        size = int.from_bytes(payload[:4], "little")
+        header = json.loads(bytes(payload[4:4 + size]).decode("utf-8"))
+        data = memoryview(payload)[4 + size:]
+        arrays = {}
+        for name, dtype, shape, offset, length, deflated in header["arrays"]:
+            dtype = np.dtype(dtype)
+            if (dtype.kind not in "iubf" or not (0 <= offset <= offset + length <= len(data))
+                    or math.prod(shape) * dtype.itemsize > _MAX_DIGEST_ARRAY_BYTES):
+                raise ValueError(f"array {name!r} is not a numeric array inside the record")
+            raw = data[offset:offset + length]
+            if deflated:  # bounded: what the header says, no more
+                inflater = zlib.decompressobj()
+                raw = inflater.decompress(raw, math.prod(shape) * dtype.itemsize)
+            arrays[str(name)] = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        return arrays
+    except (ValueError, TypeError, KeyError, OverflowError, zlib.error, RecursionError) as error:
         raise UnsupportedFormatError(f"a gradients digest record does not read: {error}") from None
 
 
