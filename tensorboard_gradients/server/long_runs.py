@@ -4,17 +4,19 @@ event files a few thousand steps at a time, and kept up to date as the run grows
 A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
 `LONG_RUN_BYTES` of statistics: TensorBoard is then told to keep only a sample of it (see
 `plugin.GradientsLoader`, which keeps its memory bounded), and the routes answer from a
-`analysis.digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom or a
-histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
+`analysis.digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom
+or a histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
 Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
 
 A run whose writer kept its digest (`format.digest_feed`) opens from those records
-(`Digest.restored`): answers under the default thresholds come from them at once, complete
-when they cover every located step, else saying how many steps are still to read. Meanwhile
-the plugin digests the run itself in the background, as for runs written without a digest, and
-answers from its own digest once it has read every step: only a digest fed step by step takes
-the steps that follow (a writer's later records, another writer's steps) at the cost of those
-steps alone.
+(`Digest.restored`): answers under the default thresholds come from them at once, and while
+they cover every located step nothing is judged again. When steps follow that they do not
+cover (the writer has not written its next record yet, or a restarted job wrote on in another
+file), the plugin digests the run itself in the background, as for runs written without a
+digest, answering from the writer's digest meanwhile and saying how many steps are still to
+read, and from its own once it has read every step: only a digest fed step by step takes the
+steps that follow at the cost of those steps alone (the writer's records hold no state of the
+analysis to go on from).
 """
 
 import collections
@@ -158,19 +160,24 @@ class LongRun:
         """Yields ``(digest, steps not read into it yet)`` for answering, holding the lock so
         nothing changes it meanwhile. The digest is first fed up to the last step; unless
         ``wait`` is false and another thread (the background digest) is feeding it: then as it
-        stands, and the answer says how much is still to read. Unless ``wait``, the writer's
-        digest answers while it holds more steps than the plugin's own (which is then read in
-        the background). ``background``: fed by a background thread, which lets requests go
-        first (`REQUESTS`)."""
+        stands, and the answer says how much is still to read. The writer's digest answers
+        when it covers every step (nothing is judged again); else, unless ``wait``, while it
+        holds more steps than the plugin's own (which is then read in the background).
+        ``background``: fed by a background thread, which lets requests go first
+        (`REQUESTS`)."""
         written = self._written_digest(thresholds)
-        if written is not None and not wait:
+        if written is not None:
             with self._lock:
                 own = self._digests.get(thresholds)
                 read, total = (own[1] if own else 0), len(self.located.steps)
-            self._read_in_background(thresholds)
-            if written.rows >= read:
-                yield written, total - written.rows
+            if written.rows == total:
+                yield written, 0  # the writer's digest covers every step: nothing to judge
                 return
+            if not wait:
+                self._read_in_background(thresholds)
+                if written.rows >= read:
+                    yield written, total - written.rows
+                    return
         fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
