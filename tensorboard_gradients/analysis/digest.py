@@ -71,7 +71,6 @@ class Digest:
         # variables, stats], kept in float32 (a block's sum of float32 statistics needs no more
         # to be shown) and merged in place.
         self._new_blocks()
-        self._written_tail = None  # a restored digest's `_tail`, as its last record gives it
         self._block_starts = [0]  # rows where summarised blocks start, and the end of the last
         self.block_steps = block_steps  # logged steps per new block (fewer at epoch starts)
 
@@ -284,7 +283,7 @@ class Digest:
 
     @classmethod
     def restored(cls, like, thresholds: analysis.Thresholds, records, wall_times,
-                 epoch_starts=None, epoch_indices=None) -> "Digest":
+                 epoch_starts=None, epoch_indices=None) -> "WrittenDigest":
         """The digest that a writer's ``records`` (`record`'s dicts in the order written, up to
         the first that does not follow the ones before) describe, under ``thresholds``;
         read-only (it takes no more steps). Records before the last one whose blocks start at
@@ -295,10 +294,10 @@ class Digest:
           ValueError: as `chained`; no record follows from the first step; or the records cut
             blocks at other epoch starts than ``epoch_starts`` or do not hold what they say.
         """
-        digest = cls(like, thresholds, epoch_starts, epoch_indices)
+        steps, classes, blocks, block_starts = [], [], None, [0]
         written = Written()
-        blocks, block_starts, classes, used = None, [0], [], []
-        for record in records[:chained(records, thresholds)]:
+        used = records[:chained(records, thresholds)]
+        for record in used:
             block_steps = written.block_steps
             if "worst" in record:  # the records before the last that wrote every block: none
                 first_block, block_steps = int(record["first_block"]), int(record["block_steps"])
@@ -306,51 +305,41 @@ class Digest:
                     blocks, block_starts = [], [0]
                 elif (blocks is None or first_block != written.blocks
                       or block_steps != written.block_steps):
-                    break
+                    raise ValueError("the digest records' blocks do not follow one another")
                 blocks.append(Groups(record["worst"], record["total"], record["count"]))
                 block_starts = block_starts[:-1] + record["block_starts"].tolist()
+            steps.append(record["steps"])
             classes.append(record["classes"])
             written = Written(written.rows + len(record["steps"]),
                               written.final_rows + len(record["classes"]),
                               len(block_starts) - 1, block_steps)
-            digest._steps.extend(record["steps"])
-            used.append(record)
         if not written.rows:
             raise ValueError("no digest record of this analysis follows from the first step")
         if blocks is None:
             raise ValueError("no digest record holds the blocks")
         last = used[-1]
-        covered = digest.steps()[-1]
+        steps = np.concatenate(steps)
         marks = np.asarray(last["epoch_starts"], np.int64)
-        if not np.array_equal(marks[marks <= covered],
-                              digest.epoch_starts[digest.epoch_starts <= covered]):
+        epoch_starts = np.asarray(() if epoch_starts is None else epoch_starts, np.int64)
+        if not np.array_equal(marks[marks <= steps[-1]], epoch_starts[epoch_starts <= steps[-1]]):
             raise ValueError("the digest records cut blocks at other epoch starts")
         tail = Groups(last["tail_worst"], last["tail_total"], last["tail_count"])
         tail_starts = last["tail_starts"].tolist()
-        width = (len(like.variables), len(digest.stats))
+        width = (len(like.variables), len(like.available_stats))
         if (len(wall_times) < written.rows
                 or len(last["provisional"]) != written.rows - written.final_rows
                 or len(block_starts) - 1 != sum(len(part.worst) for part in blocks)
                 or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]
                 or len(tail_starts) - 1 != len(tail.worst) or tail.total.shape[1:] != width
-                or any(part.total.shape[1:] != width for part in blocks)):
+                or any(part.total.shape[1:] != width for part in blocks)
+                or any(part.shape[1:] != width[:1] for part in classes)):
             raise ValueError("the digest records do not hold what they say")
         alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
-        digest._stream = _Restored(written.rows, written.final_rows, last["provisional"], alerts)
-        digest._wall_times.extend(wall_times[:written.rows])
-        # Each part copied once, into arrays of the final size (100 MB of classes, 70 MB of
-        # blocks for 1,000 variables x 100,000 steps).
-        digest._classes = _Rows(np.int8, width[0], capacity=written.final_rows)
-        for part in classes:
-            digest._classes.extend(part)
-        digest._new_blocks(capacity=written.blocks)
-        for part in blocks:
-            digest._add_blocks(part)
-        digest._block_starts = block_starts
-        digest.block_steps = written.block_steps
-        digest._pending_from = block_starts[-1]
-        digest._written_tail = (tail if len(tail.worst) else None, tail_starts)
-        return digest
+        return WrittenDigest(
+            like, thresholds, epoch_starts, epoch_indices, steps=steps,
+            wall_times=wall_times[:written.rows], classes=classes + [last["provisional"]],
+            blocks=blocks, block_starts=block_starts + tail_starts[1:], block_steps=block_steps,
+            tail=tail, alerts=alerts)
 
     def _block_groups(self, stat: str):
         """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
@@ -364,8 +353,6 @@ class Digest:
     def _tail(self):
         """(the `Groups` of the rows not in a whole block yet, in blocks, or None; the rows
         where those blocks start, from the end of the whole ones, with the end appended)."""
-        if self._written_tail is not None:
-            return self._written_tail
         if self.rows == self._pending_from:
             return None, [self._pending_from]
         cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
@@ -423,21 +410,50 @@ def _alerts_json(alerts) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
-class _Restored:
-    """The stream of a restored digest: what its last record said, and no more steps."""
+class WrittenDigest(Digest):
+    """A digest as a writer's records left it (`Digest.restored`): read-only, and its parts
+    kept as they were read (copying 100 MB of classes and 70 MB of blocks would cost a second).
 
-    def __init__(self, rows, final_rows, provisional, alerts):
-        self.rows, self.final_rows = rows, final_rows
-        self._provisional, self._alerts = provisional, alerts
+    ``classes``: the parts of the rows' classes in order (the provisional ones last);
+    ``blocks``: the `Groups` parts of the whole blocks; ``tail``: of the blocks after them;
+    ``block_starts``: where each block starts, whole and tail, with the end appended."""
 
-    def provisional_classes(self):
-        return self._provisional
+    def __init__(self, like, thresholds, epoch_starts, epoch_indices, *, steps, wall_times,
+                 classes, blocks, block_starts, block_steps, tail, alerts):
+        super().__init__(like, thresholds, epoch_starts, epoch_indices, block_steps)
+        self._steps.extend(steps)
+        self._wall_times.extend(wall_times)
+        self._class_parts = classes
+        self._class_ends = np.cumsum([len(part) for part in classes])
+        self._block_parts = blocks + ([tail] if len(tail.worst) else [])
+        self._block_starts = block_starts
+        self._written_alerts = alerts
 
-    def alerts(self):
-        return list(self._alerts)
+    @property
+    def rows(self) -> int:
+        return len(self._steps.view())
 
-    def feed(self, *_, **__):
+    def feed(self, rows, alongside=None):
         raise TypeError("a digest restored from its records takes no more steps")
+
+    def classes(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        stop = self.rows if stop is None else stop
+        parts, begin = [], 0
+        for part, end in zip(self._class_parts, self._class_ends):
+            if end > start and begin < stop:
+                parts.append(part[max(start - begin, 0):stop - begin])
+            begin = end
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.like.variables)), np.int8)
+
+    def alerts(self) -> List[analysis.Alert]:
+        return list(self._written_alerts)
+
+    def _block_groups(self, stat: str):
+        position = self.stats.index(stat)
+        return (Groups.concatenated(part.stat(position) for part in self._block_parts),
+                np.asarray(self._block_starts, dtype=np.int64))
 
 
 class _Rows:
