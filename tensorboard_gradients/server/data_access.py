@@ -52,7 +52,7 @@ from tensorboard_gradients.format.series import (
 from tensorboard_gradients.server.cache import Cache
 from tensorboard_gradients.server.damage import refusal_message
 from tensorboard_gradients.server.decode_guard import decoding_as, install_decode_guard
-from tensorboard_gradients.server.integrity import EventFileIntegrity
+from tensorboard_gradients.server import integrity
 from tensorboard_gradients.server.long_runs import LongRun, is_long
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class GradientData:
                  logdir: Optional[str] = None, digest_every: Optional[float] = None):
         install_decode_guard()
         self._provider = data_provider
-        self._integrity = EventFileIntegrity(logdir)
+        self._integrity = integrity.shared(logdir)  # prescanned from TensorBoard's start
         self._cache = Cache(cache_bytes)
         self._long_runs = collections.OrderedDict()  # (run, tag) -> LongRun, oldest first
         self._lock = threading.Lock()

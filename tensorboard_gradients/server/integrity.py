@@ -127,6 +127,11 @@ class EventFileIntegrity:
             self._located[(directory, tag)] = (signature, located)
             return located
 
+    def scan_all(self) -> None:
+        """Scans every run's event files (what a request would scan first)."""
+        for run in self.runs():
+            self.run(run)
+
     @property
     def local(self) -> bool:
         """Whether the logdir is a local directory (else nothing is checked or located)."""
@@ -187,6 +192,30 @@ class EventFileIntegrity:
         scan.size, scan.mtime_ns = status.st_size, status.st_mtime_ns
         self._files[path] = scan
         return scan
+
+
+def shared(logdir: Optional[str]) -> EventFileIntegrity:
+    """The one `EventFileIntegrity` of ``logdir`` in this process: what `prescan` read there
+    is not read again when the plugin starts."""
+    key = os.path.realpath(logdir) if logdir else None
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = EventFileIntegrity(logdir)
+        return _SHARED[key]
+
+
+def prescan(logdir: str) -> None:
+    """Scans every event file of a local ``logdir`` in a background thread, from TensorBoard's
+    start (`plugin.GradientsLoader.fix_flags`): TensorBoard loads its plugins seconds later,
+    and the first answers on long runs need every record located."""
+    checker = shared(logdir)
+    if checker.local:
+        threading.Thread(target=checker.scan_all, daemon=True,
+                         name="tensorboard-gradients scan").start()
+
+
+_SHARED: Dict[Optional[str], EventFileIntegrity] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def _event_files(directory: str):

@@ -53,7 +53,9 @@ from tensorboard.plugins import base_plugin
 from werkzeug import security
 
 from tensorboard_gradients.format import metadata
-from tensorboard_gradients.server import answers, data_access, export, long_runs, responses
+from tensorboard_gradients.server import (
+    answers, data_access, export, integrity, long_runs, responses,
+)
 from tensorboard_gradients.server.queries import BadRequest, Query
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
@@ -208,8 +210,8 @@ def _kept_as(loaded, key: tuple, thresholds) -> tuple:
 
 
 class GradientsLoader(base_plugin.TBLoader):
-    """Entry point: sets how many steps TensorBoard keeps (see `LOCAL_SAMPLES`), then builds
-    the plugin."""
+    """Entry point: sets how many steps TensorBoard keeps (see `LOCAL_SAMPLES`) and starts
+    scanning a local logdir's event files (`integrity.prescan`), then builds the plugin."""
 
     def fix_flags(self, flags):
         samples = getattr(flags, "samples_per_plugin", None)
@@ -221,6 +223,8 @@ class GradientsLoader(base_plugin.TBLoader):
             # The writer's digests: the plugin reads them from the files itself (a local
             # logdir) and never through TensorBoard, which need keep only the latest.
             samples.setdefault(metadata.DIGEST_PLUGIN_NAME, 1)
+            if local:
+                integrity.prescan(logdir)
 
     def load(self, context):
         return GradientsPlugin(context)
