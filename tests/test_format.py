@@ -126,3 +126,38 @@ def test_parsing_is_memoised_on_the_content_bytes():
 def test_oversized_metadata_is_refused_unread():
     with pytest.raises(tg.UnsupportedFormatError, match="more than the 16777216 accepted"):
         metadata.parse_plugin_data(b" " * (metadata.MAX_CONTENT_BYTES + 1))
+
+
+def test_digest_records_read_back_and_refuse_anything_else():
+    """`encode_digest` / `decode_digest`: numeric arrays of any shape read back equal (floats
+    without a copy); a damaged or crafted content is refused with `UnsupportedFormatError`
+    only, never read past its bytes or inflated past what it declares."""
+    arrays = {"classes": np.arange(24, dtype=np.int8).reshape(2, 3, 4) % 5,
+              "total": np.linspace(0, 1, 6, dtype=np.float32).reshape(3, 2)[:, ::-1],
+              "first_row": np.int64(7), "empty": np.zeros((0, 3), np.float64)}
+    payload = metadata.encode_digest(arrays)
+    decoded = metadata.decode_digest(payload)
+    assert set(decoded) == set(arrays)
+    for name, array in arrays.items():
+        assert decoded[name].dtype == array.dtype and np.array_equal(decoded[name], array)
+    assert not decoded["total"].flags.writeable  # a view of the record's bytes
+    header = json.loads(payload[4:4 + int.from_bytes(payload[:4], "little")])
+    crafted = [b"", b"\x00", payload[:-5], b"\xff\xff\xff\xff" + payload[4:]]
+    for change in ({"dtype": "|O"}, {"shape": [10**12, 10**12]}, {"offset": -1},
+                   {"bytes": 10**9}, {"shape": [-1]}):
+        entries = [list(entry) for entry in header["arrays"]]
+        field = ["name", "dtype", "shape", "offset", "bytes", "deflated"].index(next(iter(change)))
+        entries[0][field] = next(iter(change.values()))
+        text = json.dumps({"arrays": entries}).encode()
+        crafted.append(len(text).to_bytes(4, "little") + text
+                       + payload[4 + int.from_bytes(payload[:4], "little"):])
+    rng = np.random.default_rng(3)
+    for _ in range(2000):  # flipped bytes anywhere
+        flipped = bytearray(payload)
+        flipped[rng.integers(len(flipped))] ^= 1 << int(rng.integers(8))
+        crafted.append(bytes(flipped))
+    for content in crafted:
+        try:
+            metadata.decode_digest(content)
+        except metadata.UnsupportedFormatError:
+            pass

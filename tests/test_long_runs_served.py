@@ -453,3 +453,28 @@ def test_steps_written_again_are_never_answered_from_a_stale_digest(
     assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=590,
                         last_step=720)
     assert sum(fed) == STEPS
+
+
+def test_a_damaged_digest_record_leaves_the_records_before_it(tmp_path, plugin_client,
+                                                               monkeypatch):
+    """A digest record failing its checksum is left out: the records before it still answer
+    for their steps at once, and the plugin reads the run for the rest."""
+    from tensorboard_gradients.format import metadata
+    from tensorboard_gradients.server import integrity
+
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
+    records = integrity.EventFileIntegrity(str(tmp_path)).located(
+        "run", metadata.digest_tag("gradients"))
+    assert len(records.steps) == 2  # at 1,000 steps and at close
+    path, offset, _ = records.locations[-1]
+    with open(path, "r+b") as file:  # a byte of the last record's data
+        file.seek(offset + 40)
+        byte = file.read(1)
+        file.seek(offset + 40)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    client = plugin_client(str(tmp_path))
+    with _plugin_busy(client, monkeypatch):
+        partial = _get(client, "alerts", True, monkeypatch)
+    assert partial["steps_to_read"] == STEPS - 1000
+    whole = _until_read(client, monkeypatch, "alerts")
+    assert whole == _get(client, "alerts", False, monkeypatch) and whole["steps_to_read"] == 0

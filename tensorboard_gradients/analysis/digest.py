@@ -52,6 +52,7 @@ class Digest:
       thresholds: the `analysis.Thresholds` the classes and alerts follow.
       epoch_starts, epoch_indices: the steps where epochs start (blocks are cut there) and
         their epoch indices, or None.
+      block_steps: logged steps per block at first (the writer's digest starts coarser).
     """
 
     def __init__(self, like, thresholds: analysis.Thresholds, epoch_starts=None,

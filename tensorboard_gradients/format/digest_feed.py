@@ -16,7 +16,7 @@ digest. The feed never raises into training: a failure is logged once and stops 
 
 import concurrent.futures
 import logging
-from typing import Callable, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -49,7 +49,8 @@ class DigestFeed:
         None: the last step written), True when it was written.
     """
 
-    def __init__(self, tag: str, name: str, layout, emit: Callable[[bytes], bool]):
+    def __init__(self, tag: str, name: str, layout,
+                 emit: Callable[[Dict[str, bytes], Optional[int]], bool]):
         self._parsed = metadata.parse_plugin_data(metadata.stats_metadata_content(name, layout))
         self._tag = tag
         self._emit = emit

@@ -204,7 +204,8 @@ def decode_digest(payload: bytes):
                 raw = inflater.decompress(raw, math.prod(shape) * dtype.itemsize)
             arrays[str(name)] = np.frombuffer(raw, dtype=dtype).reshape(shape)
         return arrays
-    except (ValueError, TypeError, KeyError, OverflowError, zlib.error, RecursionError) as error:
+    except (ValueError, TypeError, KeyError, OverflowError, SyntaxError, zlib.error,
+            RecursionError) as error:  # numpy parses a dtype string with Python's parser
         raise UnsupportedFormatError(f"a gradients digest record does not read: {error}") from None
 
 

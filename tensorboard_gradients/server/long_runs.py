@@ -184,10 +184,7 @@ class LongRun:
                 self._feed(thresholds, background)
             with self._lock:
                 digest, read = self._entry(thresholds)
-                unread = len(self.located.steps) - read
-                if unread and written is not None and written.rows > read:
-                    digest, unread = written, len(self.located.steps) - written.rows
-                yield digest, unread
+                yield digest, len(self.located.steps) - read
         finally:
             if fed:
                 self._feeding.release()
