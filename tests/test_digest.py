@@ -115,6 +115,7 @@ def test_a_digest_restored_from_its_records_answers_as_the_digest_fed(seed, monk
         start = stop
         arrays, written = fed.record(written)
         arrays["analysis"] = digest.analysis_identity(thresholds)
+        arrays["writer"] = np.int64(seed)
         records.append(metadata.decode_digest(metadata.encode_digest(arrays)))
         rows_after.append(stop)
         restored = digest.Digest.restored(_piece(series, 0, 0), thresholds, records,

@@ -3,6 +3,7 @@
 import json
 import re
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -143,6 +144,10 @@ def test_digest_records_read_back_and_refuse_anything_else():
     assert not decoded["total"].flags.writeable  # a view of the record's bytes
     header = json.loads(payload[4:4 + int.from_bytes(payload[:4], "little")])
     crafted = [b"", b"\x00", payload[:-5], b"\xff\xff\xff\xff" + payload[4:]]
+    bomb = zlib.compress(bytes(400_000), 9)  # inflates 1,000x; declared empty
+    bomb_header = json.dumps({"arrays": [["x", "|i1", [0], 0, len(bomb), True]]}).encode()
+    with pytest.raises(metadata.UnsupportedFormatError, match="inflates"):
+        metadata.decode_digest(len(bomb_header).to_bytes(4, "little") + bomb_header + bomb)
     for change in ({"dtype": "|O"}, {"shape": [10**12, 10**12]}, {"offset": -1},
                    {"bytes": 10**9}, {"shape": [-1]}):
         entries = [list(entry) for entry in header["arrays"]]

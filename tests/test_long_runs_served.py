@@ -429,15 +429,23 @@ def test_a_writer_that_goes_on_after_close_keeps_one_digest_over_its_files(
         assert fed == []
 
 
-@pytest.mark.parametrize("how", ["rewritten", "out_of_order"])
+@pytest.mark.parametrize("how", ["rewritten", "resumed_with_records", "restarted_from_scratch",
+                                 "out_of_order"])
 def test_steps_written_again_are_never_answered_from_a_stale_digest(
         tmp_path, plugin_client, monkeypatch, how):
-    """A job restarted from a checkpoint writes steps again (another writer: the steps are
-    read from another file than the records); one writer writing a step out of order voids its
-    own records. Either way the plugin reads the steps, and answers as the run read whole."""
+    """A job restarted from a checkpoint (or from scratch) writes steps again, with records of
+    its own when it wrote 1,000 steps: the steps are read from another file than the first
+    job's records, and records of two writers never join. One writer writing a step out of
+    order voids its own records. Either way the answers are those of the run read whole."""
     if how == "rewritten":
         _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
         _write(tmp_path / "run", 600, 700, seed=3, digest=True)
+    elif how == "resumed_with_records":
+        _write(tmp_path / "run", 0, 2 * STEPS, seed=1, digest=True)
+        _write(tmp_path / "run", 500, 1600, seed=3, digest=True)
+    elif how == "restarted_from_scratch":
+        _write(tmp_path / "run", 0, 2 * STEPS, seed=1, digest=True)
+        _write(tmp_path / "run", 0, 2000, seed=3, digest=True)
     else:
         writer = tg.GradientWriter(str(tmp_path / "run"))
         _write(None, 0, STEPS, seed=1, writer=writer)
@@ -445,14 +453,31 @@ def test_steps_written_again_are_never_answered_from_a_stale_digest(
     client = plugin_client(str(tmp_path))
     with _plugin_busy(client, monkeypatch) as fed:
         partial = _get(client, "alerts", True, monkeypatch)
-        assert partial["steps_to_read"] == STEPS and partial["alerts"] == []
+    steps = _get(client, "runs", True, monkeypatch)["run"]["gradients"]["steps"]
+    if how == "restarted_from_scratch":  # the new job's records cover its steps 0-1999
+        assert partial["steps_to_read"] == steps - 2000
+    else:
+        assert partial["steps_to_read"] == steps and partial["alerts"] == []
     assert _until_read(client, monkeypatch, "alerts") == _get(client, "alerts", False,
                                                                monkeypatch)
-    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", first_step=590,
-                last_step=720)
-    assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=590,
-                        last_step=720)
-    assert sum(fed) == STEPS
+    long = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", first_step=490,
+                last_step=1010)
+    assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=490,
+                        last_step=1010)
+    assert sum(fed) == steps
+
+
+def test_a_request_waiting_for_a_background_read_does_not_hold_it_back():
+    """Background reads pause while requests are answered, but not for a request that is
+    itself waiting for that read (non-default thresholds): it would wait for every pause."""
+    with long_runs.REQUESTS.answering():
+        with long_runs.REQUESTS.waiting():
+            started = time.monotonic()
+            long_runs.REQUESTS.wait_until_idle()
+            assert time.monotonic() - started < long_runs.YIELD_SECONDS / 2
+        started = time.monotonic()
+        long_runs.REQUESTS.wait_until_idle()  # a request being answered: the read waits
+        assert time.monotonic() - started >= long_runs.YIELD_SECONDS * 0.9
 
 
 def test_a_damaged_digest_record_leaves_the_records_before_it(tmp_path, plugin_client,

@@ -331,9 +331,11 @@ class Digest:
                 or len(last["provisional"]) != written.rows - written.final_rows
                 or len(block_starts) - 1 != sum(len(part.worst) for part in blocks)
                 or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]
-                or len(tail_starts) - 1 != len(tail.worst) or tail.total.shape[1:] != width
-                or any(part.total.shape[1:] != width for part in blocks)
-                or any(part.shape[1:] != width[:1] for part in classes)):
+                or len(tail_starts) - 1 != len(tail.worst) or not _whole(tail, width)
+                or not all(_whole(part, width) for part in blocks)
+                or (np.diff(np.asarray(block_starts + tail_starts[1:])) <= 0).any()
+                or any(part.ndim != 2 or part.shape[1] != width[0] or part.dtype.kind not in "iu"
+                       for part in classes + [last["provisional"]])):
             raise ValueError("the digest records do not hold what they say")
         alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
         return WrittenDigest(
@@ -375,10 +377,19 @@ class Written:
     block_steps: int = 0
 
 
+def _whole(groups: Groups, width) -> bool:
+    """Whether read ``groups`` are blocks of ``width`` (variables, stats): shapes and kinds."""
+    blocks = len(groups.worst)
+    return (groups.worst.shape == (blocks, width[0]) and groups.worst.dtype.kind in "iu"
+            and groups.total.shape == (blocks,) + tuple(width)
+            and groups.count.shape == groups.total.shape and groups.count.dtype.kind in "iu"
+            and groups.total.dtype.kind == "f")
+
+
 def chained(records, thresholds: analysis.Thresholds) -> int:
-    """How many of a writer's ``records`` (in step order) follow one another from the first
-    step under ``thresholds`` and this version's analysis: a later writer's records (a restarted
-    job's, from its own first step) do not follow.
+    """How many of ``records`` (in step order) follow one another from the first step, written
+    by the writer of the first (``writer``: a random id per digest; a restarted job's records
+    do not follow another job's) under ``thresholds`` and this version's analysis.
 
     Raises:
       ValueError: a record among them voids the records before it (`format.digest_feed`).
@@ -389,7 +400,8 @@ def chained(records, thresholds: analysis.Thresholds) -> int:
         if "void" in record:
             raise ValueError("the writer voided its digest")
         if (int(record["first_row"]) != rows or int(record["final_from"]) != final_rows
-                or not np.array_equal(record["analysis"], identity)):
+                or not np.array_equal(record["analysis"], identity)
+                or not np.array_equal(record["writer"], records[0]["writer"])):
             return count
         rows += len(record["steps"])
         final_rows += len(record["classes"])
@@ -429,6 +441,8 @@ class WrittenDigest(Digest):
         self._block_parts = blocks + ([tail] if len(tail.worst) else [])
         self._block_starts = block_starts
         self._written_alerts = alerts
+        # (first row, end row, file) of each record, set by its reader (`server.long_runs`)
+        self.sources = []
 
     @property
     def rows(self) -> int:

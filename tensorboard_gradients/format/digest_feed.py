@@ -16,6 +16,8 @@ digest. The feed never raises into training: a failure is logged once and stops 
 
 import concurrent.futures
 import logging
+import os
+import threading
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -63,19 +65,23 @@ class DigestFeed:
         self._handed = 0  # rows handed to the worker
         self._records = 0  # records written (by the worker)
         self._stopped = False
+        # Tells this digest's records from another writer's in the same run (`chained`).
+        self._id = np.frombuffer(os.urandom(8), dtype=np.int64)[0]
+        self._jobs_lock = threading.Lock()  # `_jobs` is added to from both threads
         self._worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tensorboard-gradients digest")
         self._jobs: List[concurrent.futures.Future] = []
 
     def add(self, step: int, stats: np.ndarray) -> None:
-        """Takes a step just written (call in step order, from one thread at a time)."""
+        """Takes a step just written, as written (call `add`, `epoch` and `hand_over_rest`
+        under the writer's lock)."""
         if self._stopped:
             return
         if self._last_step is not None and step <= self._last_step:
             self._stop(f"step {step} was written after step {self._last_step}")
             return
         self._last_step = step
-        self._rows.append((step, np.array(stats)))  # the caller may reuse its buffer
+        self._rows.append((step, stats))
         if len(self._rows) >= EVERY_STEPS:
             self._hand_over()
 
@@ -90,15 +96,16 @@ class DigestFeed:
         self._epochs[0].append(int(step))
         self._epochs[1].append(int(epoch))
 
-    def finish(self) -> None:
-        """Digests and records the steps added so far, and waits for every record (at close)."""
+    def hand_over_rest(self) -> None:
+        """Hands the steps added so far to the digest, to be recorded (at close; then `wait`
+        without the writer's lock, which the records take)."""
         if not self._stopped and self._rows and self._handed + len(self._rows) >= EVERY_STEPS:
             self._hand_over()
-        self.wait()
 
     def wait(self) -> None:
         """Waits for the records handed over so far to be written."""
-        jobs, self._jobs = self._jobs, []
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
         for job in jobs:
             job.result()
 
@@ -107,8 +114,12 @@ class DigestFeed:
         self._handed += len(rows)
         self._fed_step = rows[-1][0]
         epochs = (list(self._epochs[0]), list(self._epochs[1]))
-        self._jobs = [job for job in self._jobs if not job.done()]
-        self._jobs.append(self._worker.submit(self._record, rows, epochs))
+        self._submit(self._record, rows, epochs)
+
+    def _submit(self, job, *args):
+        with self._jobs_lock:
+            self._jobs = [done for done in self._jobs if not done.done()]
+            self._jobs.append(self._worker.submit(job, *args))
 
     def _record(self, rows, epochs):
         """Feeds ``rows`` to the digest and writes the record (in the worker thread)."""
@@ -125,6 +136,7 @@ class DigestFeed:
                 "", self._tag, self._parsed, [(step, 0.0, stats) for step, stats in rows]))
             arrays, written = self._digest.record(self._written)
             arrays["analysis"] = digest.analysis_identity(self._digest.thresholds)
+            arrays["writer"] = self._id
             blocks = {name: arrays.pop(name) for name in digest.BLOCK_ARRAYS}
             payloads = {metadata.DIGEST_TAG_SUFFIX: metadata.encode_digest(arrays),
                         metadata.DIGEST_BLOCKS_TAG_SUFFIX: metadata.encode_digest(blocks)}
@@ -144,10 +156,14 @@ class DigestFeed:
         self._rows = []
         logger.info("tensorboard-gradients stops the digest of %r (%s): TensorBoard will read "
                     "its steps instead", self._tag, why)
-        self._jobs.append(self._worker.submit(self._void))
+        self._submit(self._void)
 
     def _void(self):
         """Voids the records written (after every record handed over before, in the worker)."""
-        if self._records:
+        if not self._records:
+            return
+        try:
             self._emit({metadata.DIGEST_TAG_SUFFIX: metadata.encode_digest(
-                {"void": np.int64(1)})}, None)
+                {"void": np.int64(1), "writer": self._id})}, None)
+        except Exception:  # noqa: BLE001 - a strict writer's OSError: training must go on
+            logger.exception("tensorboard-gradients could not void the digest of %r", self._tag)

@@ -199,9 +199,11 @@ def decode_digest(payload: bytes):
                     or math.prod(shape) * dtype.itemsize > _MAX_DIGEST_ARRAY_BYTES):
                 raise ValueError(f"array {name!r} is not a numeric array inside the record")
             raw = data[offset:offset + length]
-            if deflated:  # bounded: what the header says, no more
-                inflater = zlib.decompressobj()
-                raw = inflater.decompress(raw, math.prod(shape) * dtype.itemsize)
+            if deflated:  # bounded: what the header says, no more (zlib reads 0 as no bound)
+                expected = math.prod(shape) * dtype.itemsize
+                raw = zlib.decompressobj().decompress(raw, max(expected, 1))
+                if len(raw) != expected:
+                    raise ValueError(f"array {name!r} inflates to other than its size")
             arrays[str(name)] = np.frombuffer(raw, dtype=dtype).reshape(shape)
         return arrays
     except (ValueError, TypeError, KeyError, OverflowError, SyntaxError, zlib.error,

@@ -170,7 +170,8 @@ class GradientWriter:
             if histogram_counts is not None:
                 values.append(self._histogram_value(tag, layout, histogram_counts, description))
             if self._emit(step, values) and self._digest:
-                self._feed(tag, layout).add(int(step), stats)
+                # As written: the digest judges what the readers will read.
+                self._feed(tag, layout).add(int(step), tensor_util.make_ndarray(values[0].tensor))
         return tag
 
     def _feed(self, tag, layout) -> digest_feed.DigestFeed:
@@ -304,8 +305,10 @@ class GradientWriter:
         new, self-describing file."""
         with self._lock:
             feeds = list(self._feeds.values())
+            for feed in feeds:
+                feed.hand_over_rest()
         for feed in feeds:  # their records take the lock
-            feed.finish()
+            feed.wait()
         with self._lock:
             self._events.close()
             self._described.clear()

@@ -25,6 +25,8 @@ import contextlib
 import logging
 import threading
 
+import numpy as np
+
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import event_files, metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
@@ -51,24 +53,42 @@ class _Requests:
     overview or a zoom does not share two cores with a run being read that it does not need."""
 
     def __init__(self):
-        self._count = 0
+        self._threads = collections.Counter()  # thread -> requests it is answering
         self._idle = threading.Condition()
 
     @contextlib.contextmanager
     def answering(self):
-        with self._idle:
-            self._count += 1
+        self._change(+1)
         try:
             yield
         finally:
-            with self._idle:
-                self._count -= 1
-                if not self._count:
-                    self._idle.notify_all()
+            self._change(-1)
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """While the calling request waits for a background read (which must not wait for
+        it), it does not count."""
+        with self._idle:
+            counted = self._threads[threading.get_ident()] > 0
+        if counted:
+            self._change(-1)
+        try:
+            yield
+        finally:
+            if counted:
+                self._change(+1)
+
+    def _change(self, by: int):
+        with self._idle:
+            self._threads[threading.get_ident()] += by
+            if not self._threads[threading.get_ident()]:
+                del self._threads[threading.get_ident()]
+            if not self._threads:
+                self._idle.notify_all()
 
     def wait_until_idle(self):
         with self._idle:
-            self._idle.wait_for(lambda: not self._count, timeout=YIELD_SECONDS)
+            self._idle.wait_for(lambda: not self._threads, timeout=YIELD_SECONDS)
 
 
 # A background read waits at most this long for requests to finish before its next piece: a
@@ -178,7 +198,8 @@ class LongRun:
                 if written.rows >= read:
                     yield written, total - written.rows
                     return
-        fed = self._feeding.acquire(blocking=wait)
+        with REQUESTS.waiting():
+            fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
                 self._feed(thresholds, background)
@@ -226,7 +247,7 @@ class LongRun:
                 restored = (source, self._restore(written, located, marks))
                 self._restored = restored
         digest = restored[1]
-        if digest is None or not _covers(digest, located, written):
+        if digest is None or not _covers(digest, located):
             return None
         return digest
 
@@ -240,6 +261,7 @@ class LongRun:
             # The records of the writer that wrote the first step (a restarted job's follow).
             records = records[:chained(records, _DEFAULTS)]
             by_step = dict(zip(records_at.steps.tolist(), records))
+            files = [path for path, _, _ in records_at.locations[:len(records)]]
             tag = metadata.digest_blocks_tag(self.tag)
             for step, location in zip(reversed(blocks_at.steps.tolist()),
                                       reversed(blocks_at.locations)):
@@ -249,12 +271,16 @@ class LongRun:
                     by_step[step].update(blocks)
                     if int(blocks["first_block"]) == 0:
                         break
-            return Digest.restored(self.like, _DEFAULTS, records, located.wall_times, *marks)
-        except (ValueError, TypeError, KeyError, IndexError) as error:
-            # UnsupportedFormatError is a ValueError
+            restored = Digest.restored(self.like, _DEFAULTS, records, located.wall_times,
+                                       *marks)
+        except Exception as error:  # noqa: BLE001 - whatever a crafted record does: read steps
             logger.info("run %r tag %r: the writer's digest is not used (%s); the plugin reads "
                         "the steps", self.run, self.tag, error)
             return None
+        # The file of each record, from the row after the one before it on.
+        ends = np.cumsum([len(record["steps"]) for record in records])
+        restored.sources = list(zip(np.append(0, ends[:-1]).tolist(), ends.tolist(), files))
+        return restored
 
     @staticmethod
     def _payloads(locations, tag):
@@ -355,15 +381,15 @@ def _marks_key(marks):
             None if indices is None else tuple(indices.tolist()))
 
 
-def _covers(digest, located, written) -> bool:
-    """Whether ``digest`` (restored from the records ``written``) describes the first located
-    steps: the same steps, each read from a file holding those records (a restarted job that
-    wrote a step again wrote it to another file)."""
+def _covers(digest, located) -> bool:
+    """Whether ``digest`` (restored from a writer's records) describes the first located
+    steps: the same steps, each read from the file of the record that covers it (a restarted
+    job that wrote a step again wrote it to another file)."""
     rows = digest.rows
     if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
         return False
-    files = {path for path, _, _ in written[0].locations}
-    return all(path in files for path, _, _ in located.locations[:rows])
+    return all(path == file for start, end, file in digest.sources
+               for path, _, _ in located.locations[start:end])
 
 
 def _same_marks(old_starts, new_starts, last_step) -> bool:
