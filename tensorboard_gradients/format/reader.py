@@ -289,6 +289,24 @@ def located_rows(run, tag, parsed, located, start: int, stop: int, report) -> Gr
     return series_from_points(run, tag, parsed, read_back(tag, parsed, points, report))
 
 
+def located_events(points, location):
+    """Per event file, its ``points`` in record order and an iterator of each one's event
+    (None where its record no longer reads back), ``location(point)`` being ``(path, record
+    offset, value index)``: ``(path, points, events)``. The iterator opens the file and raises
+    `OSError` where it stops reading."""
+    by_file = collections.defaultdict(list)
+    for point in points:
+        by_file[location(point)[0]].append(point)
+    for path, in_file in by_file.items():
+        in_file.sort(key=lambda point: location(point)[1])
+        yield path, in_file, _events_in(path, [location(point)[1] for point in in_file])
+
+
+def _events_in(path, offsets):
+    with event_files.open_regular_file(path) as file:
+        yield from event_files.events_at(file, offsets)
+
+
 def read_back(tag, parsed, points, report) -> List[tuple]:
     """``(step, wall_time, matrix)`` of ``(step, wall_time, (path, record offset, value index))``
     points of tag ``tag`` (metadata ``parsed``), each checked and decoded (`decode_tensor`). A
@@ -296,26 +314,20 @@ def read_back(tag, parsed, points, report) -> List[tuple]:
     or it was not a tensor of the tag's shape) is left out and reported:
     ``report(DAMAGED, tag, path, message)``."""
     expected = expected_shape(parsed)
-    by_file = collections.defaultdict(list)
-    for point in points:
-        by_file[point[2][0]].append(point)
     decoded, lost = [], collections.Counter()
-    for path, in_file in by_file.items():
-        in_file.sort(key=lambda point: point[2][1])
+    for path, in_file, events in located_events(points, lambda point: point[2]):
         taken = 0  # points of this file decoded or refused
         try:
-            with event_files.open_regular_file(path) as file:
-                events = event_files.events_at(file, [point[2][1] for point in in_file])
-                for (step, wall_time, (_, _, index)), event in zip(in_file, events):
-                    taken += 1
-                    try:
-                        value = None if event is None else event.summary.value[index]
-                        if value is None or value.tag != tag:
-                            raise DamagedPointError("its record no longer reads back (the "
-                                                    "file changed since it was read)")
-                        decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
-                    except (IndexError, DamagedPointError) as error:
-                        lost[(path, str(error))] += 1
+            for (step, wall_time, (_, _, index)), event in zip(in_file, events):
+                taken += 1
+                try:
+                    value = None if event is None else event.summary.value[index]
+                    if value is None or value.tag != tag:
+                        raise DamagedPointError("its record no longer reads back (the "
+                                                "file changed since it was read)")
+                    decoded.append((step, wall_time, decode_tensor(value.tensor, expected)))
+                except (IndexError, DamagedPointError) as error:
+                    lost[(path, str(error))] += 1
         except OSError as error:
             lost[(path, str(error))] += len(in_file) - taken
     decoded.sort(key=lambda point: point[0])

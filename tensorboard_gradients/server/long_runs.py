@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format import event_files, metadata, reader
+from tensorboard_gradients.format import metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
 from tensorboard_gradients.analysis.digest import Digest, chained
 
@@ -286,18 +286,13 @@ class LongRun:
     def _payloads(locations, tag):
         """The content of the digest value of ``tag`` at each of ``locations`` (``(path,
         offset, value index)``), in their order."""
-        by_file = collections.defaultdict(list)
-        for order, (path, offset, index) in enumerate(locations):
-            by_file[path].append((offset, index, order))
         payloads = [None] * len(locations)
-        for path, points in by_file.items():
-            points.sort()
-            with event_files.open_regular_file(path) as file:
-                events = event_files.events_at(file, [offset for offset, _, _ in points])
-                for (_, index, order), event in zip(points, events):
-                    value = None if event is None else event.summary.value[index]
-                    if value is not None and value.tag == tag and value.tensor.string_val:
-                        payloads[order] = value.tensor.string_val[0]
+        for _, points, events in reader.located_events(enumerate(locations),
+                                                       lambda point: point[1]):
+            for (order, (_, _, index)), event in zip(points, events):
+                value = None if event is None else event.summary.value[index]
+                if value is not None and value.tag == tag and value.tensor.string_val:
+                    payloads[order] = value.tensor.string_val[0]
         if any(payload is None for payload in payloads):
             raise ValueError("a digest record no longer reads back")
         return payloads
