@@ -1,6 +1,7 @@
 """The on-disk contract: version policy, unique names, and the plugin's route over real loaders."""
 
 import json
+import os
 import re
 import time
 import zlib
@@ -166,3 +167,69 @@ def test_digest_records_read_back_and_refuse_anything_else():
             metadata.decode_digest(content)
         except metadata.UnsupportedFormatError:
             pass
+
+
+def _random_event(rng):
+    """An `Event` of any of the layouts an event file holds: one tensor value with or without
+    plugin metadata, several values, other value kinds, steps and wall times that proto3 leaves
+    out when zero, negative steps, odd tags."""
+    event = event_pb2.Event(wall_time=float(rng.choice([0.0, 1.5e9 + rng.random()])),
+                            step=int(rng.choice([0, 1, 127, 128, 2**31, 2**62, -1, -2**40])))
+    if rng.random() < 0.1:
+        event.file_version = "brain.Event:2"
+        return event
+    for _ in range(int(rng.choice([0, 1, 1, 1, 2, 3]))):
+        value = event.summary.value.add(tag=str(rng.choice(["gradients", "g/é", "", "t" * 300])))
+        kind = rng.random()
+        if kind < 0.8:
+            value.tensor.CopyFrom(tensor_util.make_tensor_proto(
+                rng.normal(size=int(rng.choice([0, 3, 5000]))).astype(np.float32)))
+            if rng.random() < 0.3:
+                value.metadata.plugin_data.plugin_name = "gradients"
+            if rng.random() < 0.1:
+                value.node_name = "n"
+        elif kind < 0.9:
+            value.simple_value = 1.0
+    return event
+
+
+def test_a_skimmed_record_says_only_what_parsing_it_whole_says(tmp_path):
+    """`event_files.tensor_values` reads an event's first bytes by hand: for 3,000 random
+    events and every cut of their first bytes it either declines (None) or names the step,
+    wall time and tags that protobuf's parser gives, and it names them for every event of
+    tensor values without metadata. `skim_records` frames the file as `iter_records` does,
+    small records whole and checked."""
+    rng = np.random.default_rng(7)
+    events = [_random_event(rng) for _ in range(3000)]
+    simple = 0
+    for event in events:
+        data = event.SerializeToString()
+        values = event.summary.value
+        is_simple = (event.wall_time and event.step > 0 and len(values) and all(
+            value.HasField("tensor") and not value.HasField("metadata") and not value.node_name
+            and value.tag for value in values))
+        simple += bool(is_simple)
+        for cut in (len(data), 600, 64, 17, 5, 0):
+            found = event_files.tensor_values(
+                data[:cut], len(data), lambda at, count: data[at:at + count])
+            if found is not None:
+                assert found == (event.wall_time, event.step, tuple(v.tag for v in values))
+                assert is_simple
+            elif is_simple and cut >= min(len(data), 600):
+                pytest.fail(f"declined tensor values: {event}")
+    assert simple > 100  # the layout every long run is written in is well covered
+    writer = event_files.EventFileWriter(str(tmp_path))
+    writer.write(*events)
+    path = writer.path
+    writer.close()
+    damage = event_files.ReadDamage()
+    with event_files.open_regular_file(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        skimmed = list(event_files.skim_records(file, 0, size, damage))
+        whole = list(event_files.iter_records(file, 0, size, event_files.ReadDamage()))
+    assert not damage
+    assert [s.end for s in skimmed] == [r.end for r in whole]
+    for item, record in zip(skimmed, whole):
+        assert item.length == len(record.data) and record.data.startswith(item.head)
+        assert item.record in (None, record)
+        assert (item.record is None) == (item.end - item.offset > event_files.SKIM_BYTES)

@@ -23,7 +23,7 @@ import pytest
 
 import tensorboard_gradients as tg
 from tensorboard_gradients.analysis import digest
-from tensorboard_gradients.server import answers, long_runs
+from tensorboard_gradients.server import answers, long_runs, traffic
 
 BASE = "/data/plugin/gradients/"
 VARIABLES = 12
@@ -470,14 +470,14 @@ def test_steps_written_again_are_never_answered_from_a_stale_digest(
 def test_a_request_waiting_for_a_background_read_does_not_hold_it_back():
     """Background reads pause while requests are answered, but not for a request that is
     itself waiting for that read (non-default thresholds): it would wait for every pause."""
-    with long_runs.REQUESTS.answering():
-        with long_runs.REQUESTS.waiting():
+    with traffic.REQUESTS.answering():
+        with traffic.REQUESTS.waiting():
             started = time.monotonic()
-            long_runs.REQUESTS.wait_until_idle()
-            assert time.monotonic() - started < long_runs.YIELD_SECONDS / 2
+            traffic.REQUESTS.wait_until_idle()
+            assert time.monotonic() - started < traffic.YIELD_SECONDS / 2
         started = time.monotonic()
-        long_runs.REQUESTS.wait_until_idle()  # a request being answered: the read waits
-        assert time.monotonic() - started >= long_runs.YIELD_SECONDS * 0.9
+        traffic.REQUESTS.wait_until_idle()  # a request being answered: the read waits
+        assert time.monotonic() - started >= traffic.YIELD_SECONDS * 0.9
 
 
 def test_a_damaged_digest_record_leaves_the_records_before_it(tmp_path, plugin_client,

@@ -391,10 +391,11 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(p
         })()).series(context.RequestContext(), "", "train", "gradients")
 
 
-def test_heatmap_is_gzipped_for_browsers_and_plain_for_others(client):
+@pytest.mark.parametrize("encoding", ["json", "base64"])  # base64 is packed another way
+def test_heatmap_is_gzipped_for_browsers_and_plain_for_others(client, encoding):
     import gzip
 
-    url = BASE + "heatmap?run=train&tag=gradients&stat=l2_norm&max_steps=9"
+    url = BASE + f"heatmap?run=train&tag=gradients&stat=l2_norm&max_steps=9&encoding={encoding}"
     zipped = client.get(url, headers={"Accept-Encoding": "gzip, deflate"})
     assert zipped.headers["Content-Encoding"] == "gzip"
     plain = client.get(url)

@@ -318,6 +318,54 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
     assert checker.run("..") == RunDamage()  # nothing outside the logdir
 
 
+def test_big_records_are_located_at_once_and_their_checksums_verified_in_the_background(
+        tmp_path, monkeypatch):
+    """A scan locates big records from their first bytes (`event_files.skim_records`): a long
+    run's first answer does not wait for its gigabytes to be read. Their data checksums are
+    verified in the background; a damaged one's step, located meanwhile, is then taken back
+    and counted as damage, as a scan reading every byte would have found at once."""
+    import threading
+
+    from tensorboard_gradients.format import event_files
+    from tensorboard_gradients.server import integrity
+
+    variables = 300  # 13 KB of statistics per step: past `SKIM_BYTES`, read by their heads
+    with tg.GradientWriter(str(tmp_path / "run"), digest=False) as writer:
+        for step in range(1, 31):
+            writer.write(step, {f"v{i}": np.full(3, float(step + i)) for i in range(variables)},
+                         histograms=step % 10 == 0)  # two values in one record
+    (path,) = [str(p) for p in (tmp_path / "run").iterdir()]
+    offsets = {event.step: offset for offset, event in event_files.located_events(path)
+               if event.summary.value and event.summary.value[0].tag == "gradients"}
+    with open(path, "r+b") as file:  # a flipped byte far into step 17's and step 20's tensors
+        for step in (17, 20):
+            file.seek(offsets[step] + 8000)
+            byte = file.read(1)
+            file.seek(offsets[step] + 8000)
+            file.write(bytes([byte[0] ^ 0xFF]))
+    whole = integrity.EventFileIntegrity(str(tmp_path))  # a few KB: verified before answering
+    assert whole.run("run").steps_of("gradients") == {17, 20}
+
+    go = threading.Event()
+    real_verified = integrity._verified
+    monkeypatch.setattr(integrity, "_verified",
+                        lambda *args: go.wait(30) and real_verified(*args))
+    monkeypatch.setattr(integrity, "VERIFY_INLINE_BYTES", 0)
+    skimmed = integrity.EventFileIntegrity(str(tmp_path))
+    located = skimmed.located("run", "gradients")
+    assert located.steps.tolist() == list(range(1, 31))  # before any checksum is verified
+    assert skimmed.located("run", "gradients_histograms").steps.tolist() == [10, 20, 30]
+    assert not skimmed.run("run").steps_of("gradients")
+    go.set()
+    assert skimmed.wait_until_verified(30)
+    for tag in ("gradients", "gradients_histograms"):
+        after, read_whole = skimmed.located("run", tag), whole.located("run", tag)
+        assert after.steps.tolist() == read_whole.steps.tolist()
+        assert after.wall_times.tolist() == read_whole.wall_times.tolist()
+        assert after.locations == read_whole.locations
+    assert skimmed.run("run") == whole.run("run")
+
+
 def test_damage_to_the_histograms_and_epoch_marks_of_a_tag_is_named_on_the_tag(tmp_path,
                                                                              plugin_client):
     histograms_tag, epochs_tag = metadata.histogram_tag(TAG), metadata.epochs_tag(TAG)

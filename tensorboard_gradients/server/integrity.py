@@ -12,9 +12,16 @@ unchanged files costs one ``stat`` per file.
 The same scan notes, for every intact record, where the points of this plugin's tags lie
 (file, offset, value): `EventFileIntegrity.located` lists a tag's logged steps with their
 records, which `data_access` reads back a few at a time for long runs, never all at once.
+
+A scan reads a big record's first bytes only (`event_files.skim_records`), which name its step
+and tag; its data checksum is verified afterwards, inline while few bytes wait for it, else in a
+background thread that yields to requests (`traffic.REQUESTS`). So a long run's first answer
+does not wait for its 5 GB to be read: until verified, a damaged big record's step is located
+(reading it back finds it damaged) and not yet counted as damage.
 """
 
 import dataclasses
+import logging
 import os
 import threading
 from typing import Dict, Optional, Tuple
@@ -22,7 +29,10 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from tensorboard_gradients.format import event_files, metadata
+from tensorboard_gradients.server import traffic
 from tensorboard_gradients.server.damage import NO_DAMAGE, RunDamage, counted
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -41,6 +51,11 @@ class _FileScan:
     others: set = dataclasses.field(default_factory=set)
     points: Dict[str, list] = dataclasses.field(default_factory=dict)
     contents: Dict[str, bytes] = dataclasses.field(default_factory=dict)  # first metadata
+    # Offsets of the records located from their first bytes whose data checksum is not verified
+    # yet, in file order, and how many data bytes they hold.
+    unverified: list = dataclasses.field(default_factory=list)
+    unverified_bytes: int = 0
+    revision: int = 0  # bumped when a verification took points back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +83,7 @@ class EventFileIntegrity:
         self._files: Dict[str, _FileScan] = {}
         self._located = {}  # (run directory, tag) -> (what it was built from, Located)
         self._lock = threading.Lock()
+        self._verifier = None  # the thread verifying checksums in the background
 
     def run(self, run: str) -> RunDamage:
         directory = self._directory(run)
@@ -111,7 +127,7 @@ class EventFileIntegrity:
                     scans.append((path, self._scanned(path)))
                 except OSError:
                     continue  # `run` reports it
-            signature = tuple((path, scan.size, scan.mtime_ns, scan.offset)
+            signature = tuple((path, scan.size, scan.mtime_ns, scan.offset, scan.revision)
                               for path, scan in scans)
             cached = self._located.get((directory, tag))
             if cached is not None and cached[0] == signature:
@@ -191,7 +207,48 @@ class EventFileIntegrity:
         # Only once scanned: a read that failed half way resumes at the last record it read.
         scan.size, scan.mtime_ns = status.st_size, status.st_mtime_ns
         self._files[path] = scan
+        if scan.unverified_bytes <= VERIFY_INLINE_BYTES:
+            _take_back(scan, _verified(path, scan.unverified))
+            scan.unverified, scan.unverified_bytes = [], 0
+        elif self._verifier is None:
+            self._verifier = threading.Thread(target=self._verify_in_background, daemon=True,
+                                              name="tensorboard-gradients checksums")
+            self._verifier.start()
         return scan
+
+    def wait_until_verified(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the background verification of checksums; whether it finished."""
+        with self._lock:
+            verifier = self._verifier
+        if verifier is not None:
+            verifier.join(timeout)
+            return not verifier.is_alive()
+        return True
+
+    def _verify_in_background(self):
+        """Verifies the unverified records of every scanned file, `VERIFY_RECORDS` at a time,
+        pausing while requests are answered; the lock is held only to take the results."""
+        try:
+            while True:
+                traffic.REQUESTS.wait_until_idle()
+                with self._lock:
+                    job = next(((path, scan, scan.unverified[:VERIFY_RECORDS])
+                                for path, scan in self._files.items() if scan.unverified), None)
+                    if job is None:
+                        self._verifier = None
+                        return
+                path, scan, offsets = job
+                damaged = _verified(path, offsets)
+                with self._lock:
+                    if self._files.get(path) is scan and scan.unverified[:1] == offsets[:1]:
+                        _take_back(scan, damaged)
+                        del scan.unverified[:len(offsets)]
+                        if not scan.unverified:
+                            scan.unverified_bytes = 0
+        except BaseException:
+            with self._lock:
+                self._verifier = None
+            logger.exception("tensorboard-gradients could not verify the event files' checksums")
 
 
 def shared(logdir: Optional[str]) -> EventFileIntegrity:
@@ -232,17 +289,79 @@ def _event_files(directory: str):
 
 
 def _scan_records(path: str, scan: _FileScan, size: int):
-    """Reads ``path`` from ``scan.offset`` to ``size``, noting records failing their checksum;
-    a record still being written is left for the next scan."""
+    """Reads ``path`` from ``scan.offset`` to ``size``, noting where this plugin's points lie and
+    the records failing their checksum; a record still being written is left for the next
+    scan. A big record that is one tensor value of a tag already known is located from its
+    first bytes and left to verify (``scan.unverified``); any other is read whole."""
     framing = event_files.ReadDamage()
     with event_files.open_regular_file(path) as file:
-        for record in event_files.iter_records(file, scan.offset, size, framing):
-            if record.intact:
-                _note_points(record.data, scan.offset, scan)
-            else:
-                _note_damaged_record(record.data, scan)
-            scan.offset = record.end
+        descriptor = file.fileno()
+        for skimmed in event_files.skim_records(file, scan.offset, size, framing):
+            record = skimmed.record
+            if record is None:
+                data_at = skimmed.data_offset
+                values = event_files.tensor_values(
+                    skimmed.head, skimmed.length,
+                    lambda at, count: os.pread(descriptor, count, data_at + at))
+                # Tags already known (a new one is known by its metadata: read whole).
+                if values is not None and all(tag in scan.ours or tag in scan.others
+                                              for tag in values[2]):
+                    wall_time, step, tags = values
+                    for index, tag in enumerate(tags):
+                        if tag in scan.ours:
+                            scan.points.setdefault(tag, []).append(
+                                (step, wall_time, skimmed.offset, index))
+                    scan.unverified.append(skimmed.offset)
+                    scan.unverified_bytes += skimmed.length
+                    scan.offset = skimmed.end
+                    continue
+                (record,) = event_files.records_at(file, (skimmed.offset,))
+                if record is None:
+                    break  # truncated while being read: the next scan resumes here
+            if record is not None:
+                if record.intact:
+                    _note_points(record.data, skimmed.offset, scan)
+                else:
+                    _note_damaged_record(record.data, scan)
+            scan.offset = skimmed.end
     scan.broken_at = framing.framing_broken_at
+
+
+def _verified(path: str, offsets) -> list:
+    """The data of the records at ``offsets`` of ``path`` that fail their checksum, by offset
+    (None for one that no longer reads back whole: the file was cut or replaced)."""
+    if not offsets:
+        return []
+    try:
+        with event_files.open_regular_file(path) as file:
+            records = list(zip(offsets, event_files.records_at(file, offsets)))
+    except OSError:
+        records = [(offset, None) for offset in offsets]
+    return [(offset, None if record is None else record.data)
+            for offset, record in records if record is None or not record.intact]
+
+
+def _take_back(scan: _FileScan, damaged):
+    """Takes the points of records found damaged (`_verified`) back out of ``scan`` and counts
+    them as damage, as if the scan had read them whole."""
+    if not damaged:
+        return
+    offsets = {offset for offset, _ in damaged}
+    for tag, points in scan.points.items():
+        scan.points[tag] = [point for point in points if point[2] not in offsets]
+    for _, data in damaged:
+        if data is None:
+            scan.unreadable += 1
+        else:
+            _note_damaged_record(data, scan)
+    scan.revision += 1
+
+
+# Unverified bytes a scan verifies before it returns (a short run's, or a long run's latest
+# steps); more are verified in the background, `VERIFY_RECORDS` at a time (~45 MB for 1,000
+# variables).
+VERIFY_INLINE_BYTES = 64 * 1024 * 1024
+VERIFY_RECORDS = 200
 
 
 def _note_points(record: bytes, offset: int, scan: _FileScan):

@@ -19,7 +19,6 @@ steps that follow at the cost of those steps alone (the writer's records hold no
 analysis to go on from).
 """
 
-import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -31,6 +30,7 @@ from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
 from tensorboard_gradients.analysis.digest import Digest, chained
+from tensorboard_gradients.server.traffic import REQUESTS
 
 logger = logging.getLogger(__name__)
 
@@ -47,54 +47,6 @@ LONG_RUN_BYTES = 128 * 1024 * 1024
 STEPS_PER_READ = 1000
 
 
-class _Requests:
-    """How many requests are being answered (`answering`): reading a long run in the background
-    pauses between its pieces while any is (at most `YIELD_SECONDS` at a time), so that an
-    overview or a zoom does not share two cores with a run being read that it does not need."""
-
-    def __init__(self):
-        self._threads = collections.Counter()  # thread -> requests it is answering
-        self._idle = threading.Condition()
-
-    @contextlib.contextmanager
-    def answering(self):
-        self._change(+1)
-        try:
-            yield
-        finally:
-            self._change(-1)
-
-    @contextlib.contextmanager
-    def waiting(self):
-        """While the calling request waits for a background read (which must not wait for
-        it), it does not count."""
-        with self._idle:
-            counted = self._threads[threading.get_ident()] > 0
-        if counted:
-            self._change(-1)
-        try:
-            yield
-        finally:
-            if counted:
-                self._change(+1)
-
-    def _change(self, by: int):
-        with self._idle:
-            self._threads[threading.get_ident()] += by
-            if not self._threads[threading.get_ident()]:
-                del self._threads[threading.get_ident()]
-            if not self._threads:
-                self._idle.notify_all()
-
-    def wait_until_idle(self):
-        with self._idle:
-            self._idle.wait_for(lambda: not self._threads, timeout=YIELD_SECONDS)
-
-
-# A background read waits at most this long for requests to finish before its next piece: a
-# tab asking again and again must not stop it.
-YIELD_SECONDS = 1.0
-REQUESTS = _Requests()
 
 
 def is_long(steps: int, variables: int, stats: int) -> bool:

@@ -17,7 +17,7 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from werkzeug import wrappers
 
-from tensorboard_gradients.server import encoding, long_runs
+from tensorboard_gradients.server import encoding, traffic
 from tensorboard_gradients.server.data_access import UnknownError
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def route(handler):
         ctx = tb_context.from_environ(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
         try:
-            with long_runs.REQUESTS.answering():  # long runs read in the background wait
+            with traffic.REQUESTS.answering():  # long runs read in the background wait
                 return handler(self, request, ctx, experiment)
         except UnknownError as error:
             return json_response(request, {"error": str(error)}, code=404)
