@@ -52,7 +52,7 @@ from tensorboard_gradients.format.series import (
 from tensorboard_gradients.server.cache import Cache
 from tensorboard_gradients.server.damage import refusal_message
 from tensorboard_gradients.server.decode_guard import decoding_as, install_decode_guard
-from tensorboard_gradients.server import integrity
+from tensorboard_gradients.server import integrity, traffic
 from tensorboard_gradients.server.long_runs import LongRun, is_long
 
 logger = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ class GradientData:
             try:
                 self.digest_long_runs()
             except Exception:  # noqa: BLE001 - a background thread must not die of one run
+                if traffic.exiting():
+                    return
                 logger.exception("tensorboard-gradients could not digest the long runs")
             if not every:
                 return
@@ -155,6 +157,8 @@ class GradientData:
                 try:
                     self._digest_long_tag(run, tag, parsed, tags)
                 except Exception:  # noqa: BLE001 - one tag must not stop the others
+                    if traffic.exiting():
+                        return
                     logger.exception("run %r tag %r could not be digested", run, tag)
 
     def _digest_long_tag(self, run, tag, parsed, tags):

@@ -248,7 +248,9 @@ class EventFileIntegrity:
         except BaseException:
             with self._lock:
                 self._verifier = None
-            logger.exception("tensorboard-gradients could not verify the event files' checksums")
+            if not traffic.exiting():
+                logger.exception("tensorboard-gradients could not verify the event files' "
+                                 "checksums")
 
 
 def shared(logdir: Optional[str]) -> EventFileIntegrity:

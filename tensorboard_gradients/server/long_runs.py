@@ -30,7 +30,7 @@ from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
 from tensorboard_gradients.analysis.digest import Digest, chained
-from tensorboard_gradients.server.traffic import REQUESTS
+from tensorboard_gradients.server import traffic
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class LongRun:
         when it covers every step (nothing is judged again); else, unless ``wait``, while it
         holds more steps than the plugin's own (which is then read in the background).
         ``background``: fed by a background thread, which lets requests go first
-        (`REQUESTS`)."""
+        (`traffic.REQUESTS`)."""
         written = self._written_digest(thresholds)
         if written is not None:
             with self._lock:
@@ -150,7 +150,7 @@ class LongRun:
                 if written.rows >= read:
                     yield written, total - written.rows
                     return
-        with REQUESTS.waiting():
+        with traffic.REQUESTS.waiting():
             fed = self._feeding.acquire(blocking=wait)
         try:
             if fed:  # holding it until answered: no other feed replaces this digest meanwhile
@@ -177,7 +177,8 @@ class LongRun:
         try:
             self.digest(thresholds, background=True)
         except Exception:  # noqa: BLE001 - a background thread must not die silently
-            logger.exception("run %r tag %r could not be digested", self.run, self.tag)
+            if not traffic.exiting():
+                logger.exception("run %r tag %r could not be digested", self.run, self.tag)
 
     def _written_digest(self, thresholds):
         """The writer's digest (`Digest.restored`) of the first located steps, under the
@@ -284,7 +285,7 @@ class LongRun:
             ahead = None  # (located, start, future rows)
             while True:
                 if background:
-                    REQUESTS.wait_until_idle()
+                    traffic.REQUESTS.wait_until_idle()
                 with self._lock:
                     digest, read = self._entry(thresholds)
                     located = self.located

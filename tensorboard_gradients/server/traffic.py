@@ -54,3 +54,9 @@ class _Requests:
 # asking again and again must not stop it.
 YIELD_SECONDS = 1.0
 REQUESTS = _Requests()
+
+
+def exiting() -> bool:
+    """Whether Python is shutting down (TensorBoard was stopped): background work then fails
+    (thread pools refuse new work) and ends without reporting it as an error."""
+    return not threading.main_thread().is_alive()
