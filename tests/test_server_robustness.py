@@ -318,52 +318,144 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
     assert checker.run("..") == RunDamage()  # nothing outside the logdir
 
 
-def test_big_records_are_located_at_once_and_their_checksums_verified_in_the_background(
-        tmp_path, monkeypatch):
-    """A scan locates big records from their first bytes (`event_files.skim_records`): a long
-    run's first answer does not wait for its gigabytes to be read. Their data checksums are
-    verified in the background; a damaged one's step, located meanwhile, is then taken back
-    and counted as damage, as a scan reading every byte would have found at once."""
-    import threading
-
+def _big_records_run(directory, damaged_steps=(), unparsable_step=None):
+    """A run of 30 steps of 300 variables (13 KB of statistics per step: past
+    `event_files.SKIM_BYTES`, located from their first bytes), histograms every 10th step (two
+    values in one record); a flipped byte far into the tensors of ``damaged_steps``; and, with
+    ``unparsable_step``, a last record of that step whose checksum holds but whose tensor does
+    not parse. Returns the event file's path."""
     from tensorboard_gradients.format import event_files
-    from tensorboard_gradients.server import integrity
 
-    variables = 300  # 13 KB of statistics per step: past `SKIM_BYTES`, read by their heads
-    with tg.GradientWriter(str(tmp_path / "run"), digest=False) as writer:
+    with tg.GradientWriter(str(directory), digest=False) as writer:
         for step in range(1, 31):
-            writer.write(step, {f"v{i}": np.full(3, float(step + i)) for i in range(variables)},
-                         histograms=step % 10 == 0)  # two values in one record
-    (path,) = [str(p) for p in (tmp_path / "run").iterdir()]
+            writer.write(step, {f"v{i}": np.full(3, float(step + i)) for i in range(300)},
+                         histograms=step % 10 == 0)
+    (path,) = [str(p) for p in directory.iterdir()]
     offsets = {event.step: offset for offset, event in event_files.located_events(path)
-               if event.summary.value and event.summary.value[0].tag == "gradients"}
-    with open(path, "r+b") as file:  # a flipped byte far into step 17's and step 20's tensors
-        for step in (17, 20):
+               if event.summary.value and event.summary.value[0].tag == TAG}
+    with open(path, "r+b") as file:
+        for step in damaged_steps:
             file.seek(offsets[step] + 8000)
             byte = file.read(1)
             file.seek(offsets[step] + 8000)
             file.write(bytes([byte[0] ^ 0xFF]))
-    whole = integrity.EventFileIntegrity(str(tmp_path))  # a few KB: verified before answering
-    assert whole.run("run").steps_of("gradients") == {17, 20}
+    if unparsable_step is not None:
+        tensor = b"\x07" * 6000  # wire type 7 does not exist
+        value = b"\x0a" + bytes([len(TAG)]) + TAG.encode() + b"\x42" + _varint(len(tensor)) + tensor
+        summary = b"\x0a" + _varint(len(value)) + value
+        event = (b"\x09" + struct.pack("<d", 1.7e9) + b"\x10" + _varint(unparsable_step)
+                 + b"\x2a" + _varint(len(summary)) + summary)
+        with open(path, "ab") as file:
+            file.write(event_files._record(event))
+    return path
+
+
+def _varint(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _same_located(checker, other, tags=(TAG, metadata.histogram_tag(TAG))):
+    for tag in tags:
+        mine, theirs = checker.located("run", tag), other.located("run", tag)
+        assert mine.steps.tolist() == theirs.steps.tolist()
+        assert mine.wall_times.tolist() == theirs.wall_times.tolist()
+        assert mine.locations == theirs.locations
+
+
+def _held_verification(monkeypatch):
+    """Holds every verification of checksums until the returned event is set."""
+    import threading
+
+    from tensorboard_gradients.server import integrity
 
     go = threading.Event()
     real_verified = integrity._verified
     monkeypatch.setattr(integrity, "_verified",
                         lambda *args: go.wait(30) and real_verified(*args))
     monkeypatch.setattr(integrity, "VERIFY_INLINE_BYTES", 0)
+    return go
+
+
+def test_big_records_are_located_at_once_and_their_checksums_verified_in_the_background(
+        tmp_path, monkeypatch):
+    """A scan locates big records from their first bytes (`event_files.skim_records`): a long
+    run's first answer does not wait for its gigabytes to be read. Their data checksums are
+    verified in the background; a damaged one's step, located meanwhile, is then taken back
+    and counted as damage, as a scan reading every byte would have found at once. A long run
+    that took the steps before drops the damaged ones (the last: fewer steps, a later look)."""
+    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.long_runs import LongRun
+
+    _big_records_run(tmp_path / "run", damaged_steps=(29, 30))  # the last steps
+    whole = integrity.EventFileIntegrity(str(tmp_path))  # a few KB: verified before answering
+    assert whole.run("run").steps_of(TAG) == {29, 30}
+
+    go = _held_verification(monkeypatch)
     skimmed = integrity.EventFileIntegrity(str(tmp_path))
-    located = skimmed.located("run", "gradients")
+    located = skimmed.located("run", TAG)
     assert located.steps.tolist() == list(range(1, 31))  # before any checksum is verified
-    assert skimmed.located("run", "gradients_histograms").steps.tolist() == [10, 20, 30]
-    assert not skimmed.run("run").steps_of("gradients")
+    assert skimmed.located("run", metadata.histogram_tag(TAG)).steps.tolist() == [10, 20, 30]
+    assert not skimmed.run("run").steps_of(TAG)
+    long_run = LongRun("run", TAG, skimmed.tags("run")[TAG])
+    long_run.update(located)
     go.set()
     assert skimmed.wait_until_verified(30)
-    for tag in ("gradients", "gradients_histograms"):
-        after, read_whole = skimmed.located("run", tag), whole.located("run", tag)
-        assert after.steps.tolist() == read_whole.steps.tolist()
-        assert after.wall_times.tolist() == read_whole.wall_times.tolist()
-        assert after.locations == read_whole.locations
+    _same_located(skimmed, whole)
     assert skimmed.run("run") == whole.run("run")
+    long_run.update(skimmed.located("run", TAG))
+    assert long_run.steps.tolist() == list(range(1, 29))
+
+
+def test_a_record_that_does_not_parse_is_located_until_verified_then_left_out(
+        tmp_path, monkeypatch):
+    """A big record whose checksum holds but whose tensor does not parse (a crafted file): its
+    first bytes name a step, which verification takes back without calling it damage, as a
+    scan parsing every record leaves it out; the step's earlier record is served again."""
+    from tensorboard_gradients.server import integrity
+
+    _big_records_run(tmp_path / "run", unparsable_step=5)
+    whole = integrity.EventFileIntegrity(str(tmp_path))
+    assert whole.run("run") == integrity.NO_DAMAGE
+    go = _held_verification(monkeypatch)
+    skimmed = integrity.EventFileIntegrity(str(tmp_path))
+    before = skimmed.located("run", TAG)
+    assert before.locations[4] != whole.located("run", TAG).locations[4]  # the crafted one
+    go.set()
+    assert skimmed.wait_until_verified(30)
+    _same_located(skimmed, whole)
+    assert skimmed.run("run") == integrity.NO_DAMAGE
+
+
+def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, monkeypatch):
+    """An error reading the file while verifying (say, too many open files) counts nothing as
+    damage: the records stay to verify, and are verified once the file reads again."""
+    import errno
+
+    from tensorboard_gradients.server import integrity
+
+    _big_records_run(tmp_path / "run", damaged_steps=(17,))
+    whole = integrity.EventFileIntegrity(str(tmp_path))
+    real_verified, failures = integrity._verified, [1, 1]
+
+    def verified(*args):
+        if failures:
+            failures.pop()
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_verified(*args)
+
+    monkeypatch.setattr(integrity, "_verified", verified)
+    checker = integrity.EventFileIntegrity(str(tmp_path))
+    assert checker.run("run") == integrity.NO_DAMAGE  # inline, and in the background: failed
+    assert checker.located("run", TAG).steps.tolist() == list(range(1, 31))
+    assert checker.wait_until_verified(30) is False  # nothing verified, nothing counted
+    assert checker.run("run") == integrity.NO_DAMAGE
+    assert checker.wait_until_verified(30)  # that look started verifying again
+    _same_located(checker, whole)
+    assert checker.run("run") == whole.run("run")
 
 
 def test_damage_to_the_histograms_and_epoch_marks_of_a_tag_is_named_on_the_tag(tmp_path,

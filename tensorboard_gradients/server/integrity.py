@@ -21,6 +21,7 @@ does not wait for its 5 GB to be read: until verified, a damaged big record's st
 """
 
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -62,11 +63,14 @@ class _FileScan:
 class Located:
     """A tag's logged points in a run's intact records: ``steps`` in order (a step logged twice:
     its last record, in file-name order as TensorBoard reads), each with its wall time and
-    ``(path, offset, value index)``."""
+    ``(path, offset, value index)``. ``look``: how many looks at the files its checker had
+    taken when it was built (a later one knows better, even when it lists fewer steps: a
+    verification took a damaged record's step back)."""
 
     steps: np.ndarray
     wall_times: np.ndarray
     locations: Tuple[Tuple[str, int, int], ...]
+    look: int = 0
 
 
 class EventFileIntegrity:
@@ -84,6 +88,7 @@ class EventFileIntegrity:
         self._located = {}  # (run directory, tag) -> (what it was built from, Located)
         self._lock = threading.Lock()
         self._verifier = None  # the thread verifying checksums in the background
+        self._looks = itertools.count(1)  # numbers each `Located` built (`Located.look`)
 
     def run(self, run: str) -> RunDamage:
         directory = self._directory(run)
@@ -139,7 +144,7 @@ class EventFileIntegrity:
             steps = sorted(by_step)
             located = Located(np.array(steps, dtype=np.int64),
                               np.array([by_step[s][0] for s in steps], dtype=np.float64),
-                              tuple(by_step[s][1] for s in steps))
+                              tuple(by_step[s][1] for s in steps), next(self._looks))
             self._located[(directory, tag)] = (signature, located)
             return located
 
@@ -199,6 +204,8 @@ class EventFileIntegrity:
         status = os.stat(path)
         scan = self._files.get(path)
         if scan is not None and (scan.size, scan.mtime_ns) == (status.st_size, status.st_mtime_ns):
+            if scan.unverified:
+                self._start_verifier()  # again, if it stopped (the file was unreadable)
             return scan
         if scan is None or status.st_size <= scan.size:  # new, shrunk or rewritten in place
             scan = _FileScan()
@@ -208,26 +215,45 @@ class EventFileIntegrity:
         scan.size, scan.mtime_ns = status.st_size, status.st_mtime_ns
         self._files[path] = scan
         if scan.unverified_bytes <= VERIFY_INLINE_BYTES:
-            _take_back(scan, _verified(path, scan.unverified))
-            scan.unverified, scan.unverified_bytes = [], 0
-        elif self._verifier is None:
-            self._verifier = threading.Thread(target=self._verify_in_background, daemon=True,
-                                              name="tensorboard-gradients checksums")
-            self._verifier.start()
+            self._verify(path, scan)
+        if scan.unverified:
+            self._start_verifier()
         return scan
 
+    def _verify(self, path: str, scan: _FileScan):
+        """Verifies the unverified records of ``path`` now (hold the lock); left unverified, to
+        try again later, when the file cannot be read now (an ``OSError``)."""
+        try:
+            taken = _verified(path, scan.unverified)
+        except OSError as error:
+            logger.info("tensorboard-gradients will verify %s later: %s", path, error)
+            return
+        _take_back(scan, taken)
+        scan.unverified, scan.unverified_bytes = [], 0
+
+    def _start_verifier(self):
+        """Starts verifying in the background unless a verifier runs (hold the lock)."""
+        if self._verifier is None:
+            verifier = threading.Thread(target=self._verify_in_background, daemon=True,
+                                        name="tensorboard-gradients checksums")
+            verifier.start()
+            self._verifier = verifier
+
     def wait_until_verified(self, timeout: Optional[float] = None) -> bool:
-        """Waits for the background verification of checksums; whether it finished."""
+        """Waits for the background verification of checksums; whether every scanned record
+        is verified."""
         with self._lock:
             verifier = self._verifier
         if verifier is not None:
             verifier.join(timeout)
-            return not verifier.is_alive()
-        return True
+        with self._lock:
+            return not any(scan.unverified for scan in self._files.values())
 
     def _verify_in_background(self):
         """Verifies the unverified records of every scanned file, `VERIFY_RECORDS` at a time,
-        pausing while requests are answered; the lock is held only to take the results."""
+        pausing while requests are answered. The lock is held only to take the results. A file
+        that cannot be read now ends the thread: the next look at a file with records to
+        verify starts it again."""
         try:
             while True:
                 traffic.REQUESTS.wait_until_idle()
@@ -238,10 +264,16 @@ class EventFileIntegrity:
                         self._verifier = None
                         return
                 path, scan, offsets = job
-                damaged = _verified(path, offsets)
+                try:
+                    taken = _verified(path, offsets)
+                except OSError as error:
+                    logger.info("tensorboard-gradients will verify %s later: %s", path, error)
+                    with self._lock:
+                        self._verifier = None
+                    return
                 with self._lock:
                     if self._files.get(path) is scan and scan.unverified[:1] == offsets[:1]:
-                        _take_back(scan, damaged)
+                        _take_back(scan, taken)
                         del scan.unverified[:len(offsets)]
                         if not scan.unverified:
                             scan.unverified_bytes = 0
@@ -251,7 +283,6 @@ class EventFileIntegrity:
             if not traffic.exiting():
                 logger.exception("tensorboard-gradients could not verify the event files' "
                                  "checksums")
-
 
 def shared(logdir: Optional[str]) -> EventFileIntegrity:
     """The one `EventFileIntegrity` of ``logdir`` in this process: what `prescan` read there
@@ -330,32 +361,39 @@ def _scan_records(path: str, scan: _FileScan, size: int):
 
 
 def _verified(path: str, offsets) -> list:
-    """The data of the records at ``offsets`` of ``path`` that fail their checksum, by offset
-    (None for one that no longer reads back whole: the file was cut or replaced)."""
+    """What verifying the records at ``offsets`` of ``path`` takes back: ``(offset, damage)``
+    for each that fails its checksum (``damage``: its data), no longer reads back whole (the
+    file was cut or replaced: None) or holds an event that does not parse (False: no damage,
+    as a scan reading it whole noted nothing of it). Reads one record at a time.
+
+    Raises:
+      OSError: the file cannot be read now.
+    """
+    taken = []
     if not offsets:
-        return []
-    try:
-        with event_files.open_regular_file(path) as file:
-            records = list(zip(offsets, event_files.records_at(file, offsets)))
-    except OSError:
-        records = [(offset, None) for offset in offsets]
-    return [(offset, None if record is None else record.data)
-            for offset, record in records if record is None or not record.intact]
+        return taken
+    with event_files.open_regular_file(path) as file:
+        for offset, record in zip(offsets, event_files.records_at(file, offsets)):
+            if record is None or not record.intact:
+                taken.append((offset, None if record is None else record.data))
+            elif event_files.parse_event(record.data) is None:
+                taken.append((offset, False))
+    return taken
 
 
-def _take_back(scan: _FileScan, damaged):
-    """Takes the points of records found damaged (`_verified`) back out of ``scan`` and counts
-    them as damage, as if the scan had read them whole."""
-    if not damaged:
+def _take_back(scan: _FileScan, taken):
+    """Takes the points of the records `_verified` took back out of ``scan`` and counts their
+    damage, as if the scan had read them whole."""
+    if not taken:
         return
-    offsets = {offset for offset, _ in damaged}
+    offsets = {offset for offset, _ in taken}
     for tag, points in scan.points.items():
         scan.points[tag] = [point for point in points if point[2] not in offsets]
-    for _, data in damaged:
-        if data is None:
+    for _, damage in taken:
+        if damage is None:
             scan.unreadable += 1
-        else:
-            _note_damaged_record(data, scan)
+        elif damage is not False:
+            _note_damaged_record(damage, scan)
     scan.revision += 1
 
 

@@ -91,7 +91,7 @@ class LongRun:
         epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
         with self._lock:
             old = self.located
-            if old is not None and old is not located and _extends(located, old):
+            if old is not None and located.look < old.look:
                 return  # an older look at the files than the one already taken
             self.written = written
             grew = old is not None and _extends(old, located) and _same_marks(
