@@ -197,7 +197,9 @@ class LongRun:
         with self._restoring:  # one thread reads the records, the others wait for it
             restored = self._restored
             if restored is None or restored[0] != source:
-                restored = (source, self._restore(written, located, marks))
+                # Every answer waits for it: background work pauses meanwhile, as for them.
+                with traffic.REQUESTS.answering():
+                    restored = (source, self._restore(written, located, marks))
                 self._restored = restored
         digest = restored[1]
         if digest is None or not _covers(digest, located):
