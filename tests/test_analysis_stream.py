@@ -142,3 +142,49 @@ def test_steps_must_increase_and_nothing_follows_a_close():
     stream.close()
     with pytest.raises(ValueError, match="closed"):
         stream.feed([8], [0.0], series.values[:1])
+
+
+def _through_a_record(arrays):
+    """``arrays`` as a reader gets them back from a digest record (`metadata.encode_digest`)."""
+    from tensorboard_gradients.format import metadata
+
+    return metadata.decode_digest(metadata.encode_digest(arrays))
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_a_stream_resumed_from_its_written_state_goes_on_as_if_never_stopped(seed):
+    """A stream's `state`, written after random feeds (one record per feed: the whole-run
+    rules' records in pieces) and read back, with its kept rows read again: the resumed stream
+    fed the rest judges the run as the whole series (another process takes up a run where the
+    writer of its first steps left it)."""
+    series, thresholds = random_series(seed)
+    rng = np.random.default_rng(2000 + seed)
+    count = len(series.steps)
+    if count < 2:
+        return
+    cuts = sorted(rng.choice(np.arange(1, count), size=min(count - 1, int(rng.integers(1, 8))),
+                             replace=False).tolist())
+    stop_at = int(rng.integers(len(cuts)))  # the writer stops after this feed
+    stream, states, final_rows = analysis.AnalysisStream(series, thresholds), [], 0
+    for start, end in zip([0] + cuts[:stop_at], cuts[:stop_at + 1]):
+        stream.feed(series.steps[start:end], series.wall_times[start:end],
+                    series.values[start:end])
+        states.append(_through_a_record(stream.state(final_rows)))
+        final_rows = stream.final_rows
+    rows, kept_from = stream.rows, int(states[-1]["stream_kept_from"])
+    resumed = analysis.AnalysisStream.resumed(
+        series, thresholds, states,
+        dataclasses.replace(series, steps=series.steps[kept_from:rows],
+                            wall_times=series.wall_times[kept_from:rows],
+                            values=series.values[kept_from:rows]),
+        series.steps[:rows])
+    decided = [np.zeros((0, len(series.variables)), np.int8)]
+    later = [c for c in cuts if c > rows]
+    for start, end in zip([rows] + later, later + [count]):
+        decided.append(resumed.feed(series.steps[start:end], series.wall_times[start:end],
+                                    series.values[start:end]))
+        so_far = analysis.analyze(_prefix(series, end), thresholds)
+        np.testing.assert_array_equal(
+            np.concatenate(decided + [resumed.provisional_classes()]),
+            so_far.classes[final_rows:])
+        assert _same_alerts(resumed.alerts(), so_far.alerts)

@@ -38,7 +38,9 @@ class Finding:
     """What one rule found for one subject over some steps: an `Alert` before its message.
 
     Findings of the same rule and subject over different steps (the rounds of a stream, see
-    `analysis.stream`) `merge` into the finding over all those steps.
+    `analysis.stream`) `merge` into the finding over all those steps. A finding whose
+    ``describe`` is a `Wording` and whose reducers are in `REDUCERS` is plain data
+    (`to_data`, `from_data`): a stream's state can be written and taken up again.
     """
 
     kind: str
@@ -71,6 +73,30 @@ class Finding:
                     else _reduced(self.detail_worst, [self.detail, later.detail])),
         )
 
+    def to_data(self) -> Dict:
+        """This finding as JSON-able data (`from_data` reads it back)."""
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        data.update(worst=_REDUCER_NAMES[self.worst], describe=self.describe.to_data(),
+                    detail_worst=(None if self.detail_worst is None
+                                  else _REDUCER_NAMES[self.detail_worst]))
+        return data
+
+    @classmethod
+    def from_data(cls, data: Dict) -> "Finding":
+        """The finding `to_data` gave. Raises ValueError (KeyError, TypeError) for anything
+        else: data read from a file is checked, and a wording renders before it is taken."""
+        data = dict(data)
+        data["worst"] = REDUCERS[data["worst"]]
+        data["describe"] = Wording.from_data(data["describe"])
+        if data["detail_worst"] is not None:
+            data["detail_worst"] = REDUCERS[data["detail_worst"]]
+        finding = cls(**data)
+        for name in ("first_step", "last_step", "steps"):
+            if type(getattr(finding, name)) is not int:
+                raise ValueError(f"a finding's {name} is not an integer")
+        finding.alert()  # every field of the right kind, or an error now
+        return finding
+
     def alert(self) -> Alert:
         if self.first_step == self.last_step:
             span = f"at step {self.first_step}"
@@ -85,6 +111,50 @@ class Finding:
             value=self.value, threshold=self.threshold, severity=self.severity,
             message=f"{subject}: {described} {span}.",
         )
+
+
+class Wording:
+    """A rule's message as a template of this package (named, registered in `WORDINGS`) and
+    the parameters it was given (`bound`): calling it with the finding's value (and detail)
+    renders the message. Data (`to_data`) that names a template, never holds one: a template
+    read from a file could reach any attribute through `str.format`."""
+
+    def __init__(self, name: str, template: str, params: Optional[Dict] = None):
+        self.name, self.template, self.params = name, template, dict(params or {})
+
+    @classmethod
+    def define(cls, name: str, template: str) -> "Wording":
+        """A template ``template`` (fields ``{value}``, ``{detail}`` and parameters) named
+        ``name``, registered in `WORDINGS`."""
+        if name in WORDINGS:
+            raise ValueError(f"wording {name!r} is defined twice")
+        WORDINGS[name] = cls(name, template)
+        return WORDINGS[name]
+
+    def bound(self, **params) -> "Wording":
+        return Wording(self.name, self.template, params)
+
+    def __call__(self, value, detail=None) -> str:
+        return self.template.format(value=value, detail=detail, **self.params)
+
+    def to_data(self) -> Dict:
+        return {"name": self.name, "params": self.params}
+
+    @classmethod
+    def from_data(cls, data: Dict) -> "Wording":
+        params = data["params"]
+        if not isinstance(params, dict) or not all(
+                isinstance(value, (str, bool, int, float)) for value in params.values()):
+            raise ValueError("a wording's parameters are not plain values")
+        wording = WORDINGS[data["name"]].bound(**params)
+        wording(1.0, 1.0)  # renders, or raises now
+        return wording
+
+
+WORDINGS: Dict[str, Wording] = {}
+# How findings reduce the values of their steps to the reported one, by name.
+REDUCERS = {"max": np.max, "min": np.min}
+_REDUCER_NAMES = {function: name for name, function in REDUCERS.items()}
 
 
 def _reduced(worst: Callable, values) -> float:

@@ -16,11 +16,14 @@ a `close`, so there is one implementation of every rule.
 """
 
 import dataclasses
-from typing import List, Optional, Sequence
+import json
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from tensorboard_gradients.analysis.alerts import AlertBuilder, Alert, by_urgency, merged_findings
+from tensorboard_gradients.analysis.alerts import (
+    AlertBuilder, Alert, Finding, by_urgency, merged_findings,
+)
 from tensorboard_gradients.analysis.classes import CLASSES, MISSING, OK
 from tensorboard_gradients.analysis.evidence import Evidence
 from tensorboard_gradients.analysis.rules import RULES
@@ -126,9 +129,12 @@ class AnalysisStream:
                 findings = merged_findings(findings, builder.findings)
         return by_urgency([f.alert() for f in findings.values()], rows.variables, rows.layers)
 
-    def _record(self, rule):
+    def _record(self, rule, provisional: bool = True):
+        """A whole-run rule's record of every row (``provisional``) or of the final ones; None
+        when it records nothing."""
         parts = self._records[rule.name] + ([self._provisional_records[rule.name]]
-                                           if rule.name in self._provisional_records else [])
+                                           if provisional and rule.name in
+                                           self._provisional_records else [])
         parts = [part for part in parts if part is not None]
         if not parts:
             return None
@@ -169,6 +175,77 @@ class AnalysisStream:
             self._keep_from(end)
         return classes[low:split]
 
+    def state(self, since_final_rows: int) -> Dict[str, np.ndarray]:
+        """What this stream needs, besides its rows, to go on in another process
+        (`resumed`), as arrays (a writer's digest record holds them, `analysis.digest`): its
+        counts, what the rules carried to the next round, the final findings, and the
+        whole-run rules' records of the rows that became final since ``since_final_rows``."""
+        arrays = {
+            "stream_rows": np.int64(self.rows), "stream_final_rows": np.int64(self.final_rows),
+            "stream_kept_from": np.int64(self._kept_from),
+            "stream_last_step": np.int64(-1 if self._last_step is None else self._last_step),
+            "stream_findings": _json_array([f.to_data() for f in self._findings.values()]),
+        }
+        for key, value in self._carried.items():
+            if isinstance(value, tuple):
+                for index, part in enumerate(value):
+                    arrays[f"carried.{key}.{index}"] = np.asarray(part)
+            else:
+                arrays[f"carried.{key}"] = np.int64(value)
+        for rule in RULES:
+            record = self._record(rule, provisional=False) if rule.whole_run else None
+            if record is not None:
+                name, scale, columns, ratios = record
+                arrays[f"record.{rule.name}.rule"] = _json_array([name, scale])
+                arrays[f"record.{rule.name}.columns"] = np.asarray(columns, np.int64)
+                arrays[f"record.{rule.name}.values"] = ratios[since_final_rows:]
+        return arrays
+
+    @classmethod
+    def resumed(cls, like, thresholds: Thresholds, states: Sequence[Dict], kept,
+                all_steps: np.ndarray) -> "AnalysisStream":
+        """The stream whose `state` the writer wrote as ``states`` (every record's, in order:
+        the last one's counts, carried values and findings; the whole-run records of all),
+        with its kept rows ``kept`` (a `GradientSeries` of the rows from ``stream_kept_from``
+        on, read back) and ``all_steps`` (every row's step). Raises ValueError (KeyError,
+        TypeError) when they do not fit together."""
+        last = states[-1]
+        stream = cls(like, thresholds)
+        stream.rows, stream.final_rows = int(last["stream_rows"]), int(last["stream_final_rows"])
+        stream._kept_from = int(last["stream_kept_from"])
+        step = int(last["stream_last_step"])
+        stream._last_step = None if step < 0 else step
+        if (len(kept.steps) != stream.rows - stream._kept_from or len(all_steps) != stream.rows
+                or not np.array_equal(kept.steps, all_steps[stream._kept_from:])
+                or not 0 <= stream._kept_from <= stream.final_rows <= stream.rows):
+            raise ValueError("the stream's rows do not match its state")
+        stream._steps, stream._wall_times = [kept.steps], [kept.wall_times]
+        stream._values = [kept.values]
+        stream._all_steps = [np.asarray(all_steps, np.int64)]
+        findings = [Finding.from_data(data) for data in _from_json_array(last["stream_findings"])]
+        stream._findings = {finding.key: finding for finding in findings}
+        carried = {}
+        for name, value in last.items():
+            if name.startswith("carried."):
+                key, *index = name[len("carried."):].split(".")
+                if index:
+                    carried.setdefault(key, []).append((int(index[0]), value))
+                else:
+                    carried[key] = int(value)
+        stream._carried = {key: tuple(part for _, part in sorted(value))
+                           if isinstance(value, list) else value
+                           for key, value in carried.items()}
+        for rule in RULES:
+            if not rule.whole_run or f"record.{rule.name}.rule" not in last:
+                continue
+            name, scale = _from_json_array(last[f"record.{rule.name}.rule"])
+            columns = np.asarray(last[f"record.{rule.name}.columns"], np.int64)
+            values = np.concatenate([state[f"record.{rule.name}.values"] for state in states])
+            if values.shape != (stream.final_rows, len(columns)):
+                raise ValueError(f"the {rule.name} record does not cover the final rows")
+            stream._records[rule.name] = [(str(name), float(scale), columns, values)]
+        return stream
+
     def _kept_series(self, first_row: int):
         """A series of the kept rows from the run's row ``first_row`` on."""
         self._steps, self._wall_times, self._values = (
@@ -190,6 +267,14 @@ class AnalysisStream:
             self._values = [self._values[0][cut:]]
             self._kept_from = row
         self._all_steps = _joined(self._all_steps)
+
+
+def _json_array(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value, separators=(",", ":")).encode("utf-8"), np.uint8)
+
+
+def _from_json_array(array) -> object:
+    return json.loads(np.asarray(array, np.uint8).tobytes().decode("utf-8"))
 
 
 def _joined(parts: List[np.ndarray]) -> List[np.ndarray]:

@@ -5,7 +5,7 @@
 import numpy as np
 
 from tensorboard_gradients.analysis import window
-from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
 DEAD_FRACTION = Parameter(
@@ -16,6 +16,11 @@ network can die at too high a learning rate; here 99% of the gradient is gone) o
 disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
 rows get a gradient); raise this threshold or ignore those alerts for them.
 """)
+
+
+_ZERO_FRACTION = Wording.define(
+    "dead.zero_fraction", "{value:.1%} of the gradient entries were exactly zero (dead units or "
+    "a disconnected path; expected for embedding tables)")
 
 
 class Dead(Rule):
@@ -34,7 +39,6 @@ class Dead(Rule):
             builder.add(
                 self.kind, "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,
                 limits.dead_fraction,
-                lambda v: f"{v:.1%} of the gradient entries were exactly zero (dead units or a "
-                "disconnected path; expected for embedding tables)",
+                _ZERO_FRACTION,
                 row=row,
             )

@@ -5,7 +5,7 @@ are the spike rule (`spike.py`).
 
 import numpy as np
 
-from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.classes import EXPLODING
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
@@ -25,6 +25,12 @@ that ``clipnorm``/``global_clipnorm``/``clip_grad_norm_`` act on (Pascanu et al.
 """)
 
 
+_ABSOLUTE = Wording.define("exploding.absolute", "gradient norm reached {value:.3g}, above "
+                           "{limit:g}")
+_GLOBAL = Wording.define("exploding.global", "global gradient norm reached {value:.3g}, above "
+                         "{limit:g}")
+
+
 class Exploding(Rule):
     name = "exploding"
     kind = "exploding"
@@ -41,7 +47,7 @@ class Exploding(Rule):
         for row in flagged_columns(exploding):
             builder.add(
                 self.kind, "absolute", "critical", exploding[:, row], evidence.norms[:, row],
-                np.max, limit, lambda v: f"gradient norm reached {v:.3g}, above {limit:g}",
+                np.max, limit, _ABSOLUTE.bound(limit=limit),
                 row=row,
             )
 
@@ -51,5 +57,5 @@ class Exploding(Rule):
         builder.add(
             self.kind, "global", "critical", global_exploding, evidence.global_norm, np.max,
             global_limit,
-            lambda v: f"global gradient norm reached {v:.3g}, above {global_limit:g}",
+            _GLOBAL.bound(limit=global_limit),
         )

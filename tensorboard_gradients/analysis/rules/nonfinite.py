@@ -5,9 +5,15 @@ Every other rule leaves these cells alone: their statistics cover only the finit
 
 import numpy as np
 
-from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.classes import NONFINITE
 from tensorboard_gradients.analysis.rule import Rule
+
+
+_COUNT = Wording.define("nonfinite.count", "gradient had up to {value:.0f} NaN/Inf entries")
+_AT_FIRST = Wording.define(
+    "nonfinite.count_at_first", "gradient had up to {value:.0f} NaN/Inf entries (among the first "
+    "non-finite gradients of the run)")
 
 
 class Nonfinite(Rule):
@@ -38,7 +44,6 @@ class Nonfinite(Rule):
             at_first = bool(first_row.size) and nonfinite[first_row[0], row]
             builder.add(
                 self.kind, "count", "critical", nonfinite[:, row], entries[:, row], np.max, 0,
-                lambda v, at_first=at_first: f"gradient had up to {v:.0f} NaN/Inf entries"
-                + (" (among the first non-finite gradients of the run)" if at_first else ""),
+                _AT_FIRST if at_first else _COUNT,
                 row=row,
             )

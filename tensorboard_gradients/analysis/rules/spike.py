@@ -9,7 +9,7 @@ is compared with its level before it, not flagged as a spike.
 import numpy as np
 
 from tensorboard_gradients.analysis import window
-from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.classes import EXPLODING, VANISHING
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
@@ -53,6 +53,12 @@ def _log10(values):
     return logs
 
 
+_SPIKED = ("spiked to {detail:.3g}x its running median (robust z-score {value:.3g}, threshold "
+           "{limit:g})")
+_VARIABLE = Wording.define("spike.variable", "gradient norm " + _SPIKED)
+_GLOBAL = Wording.define("spike.global", "global gradient norm " + _SPIKED)
+
+
 class Spike(Rule):
     name = "spike"
     kind = "exploding"
@@ -86,24 +92,21 @@ class Spike(Rule):
         spikes = evidence.cells(self)
         z, excess = evidence.once(self._variable_scores)
         for row in flagged_columns(spikes):
-            self._add(evidence, builder, spikes[:, row], z[:, row], excess[:, row],
-                      "gradient norm", row=row)
+            self._add(evidence, builder, spikes[:, row], z[:, row], excess[:, row], _VARIABLE,
+                      row=row)
 
         present = evidence.global_present
         global_z, global_excess = self._scores(
             evidence, _log10(np.where(present, evidence.global_norm, np.nan))[:, None], "global"
         )
         self._add(evidence, builder, present & self._is_spike(evidence, global_z[:, 0]),
-                  global_z[:, 0], global_excess[:, 0], "global gradient norm",
-                  rule="global_spike")
+                  global_z[:, 0], global_excess[:, 0], _GLOBAL, rule="global_spike")
 
-    def _add(self, evidence, builder, mask, z, excess, what, rule="spike", row=None):
+    def _add(self, evidence, builder, mask, z, excess, wording, rule="spike", row=None):
         limit = evidence.thresholds.spike_zscore
         with np.errstate(over="ignore"):
             ratios = 10.0 ** excess
         builder.add(
-            self.kind, rule, "warning", mask, z, np.max, limit,
-            lambda v, ratio: f"{what} spiked to {ratio:.3g}x its running median (robust "
-            f"z-score {v:.3g}, threshold {limit:g})",
+            self.kind, rule, "warning", mask, z, np.max, limit, wording.bound(limit=limit),
             row=row, detail=(ratios, np.max),
         )

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 
+from tensorboard_gradients.analysis.alerts import Wording
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
 UPDATE_RATIO_LOW = Parameter(
@@ -34,6 +35,13 @@ REFERENCE_LEARNING_RATE = Parameter(
     "reference_learning_rate", 1e-2, float, "learning rate for gradient/weight", doc="""
 The SGD learning rate assumed for that gradient/weight fallback (Keras SGD's default).
 """)
+
+
+_BELOW = Wording.define("update_ratio.below",
+                        "median {what} {value:.3g} is below {limit:g} (barely learning)")
+_ABOVE = Wording.define(
+    "update_ratio.above", "median {what} {value:.3g} is above {limit:g} (weights rewritten every "
+    "step)")
 
 
 class UpdateRatio(Rule):
@@ -91,8 +99,6 @@ class UpdateRatio(Rule):
             builder.add(
                 self.kind, rule, "info", mask, ratios[:, column], lambda _: median,
                 low if too_low else high,
-                lambda v, too_low=too_low: f"median {what} {v:.3g} is "
-                + (f"below {low:g} (barely learning)" if too_low else f"above {high:g} (weights "
-                   "rewritten every step)"),
+                (_BELOW if too_low else _ABOVE).bound(what=what, limit=low if too_low else high),
                 row=int(rows[column]),
             )

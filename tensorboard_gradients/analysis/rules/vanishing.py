@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from tensorboard_gradients.analysis import window
-from tensorboard_gradients.analysis.alerts import flagged_columns
+from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.classes import VANISHING
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
@@ -88,6 +88,13 @@ def _layer_norms(norms: np.ndarray, rows: np.ndarray, layer_count: int) -> np.nd
     return np.where(present, np.sqrt(squares), np.nan)
 
 
+_ABSOLUTE = Wording.define("vanishing.absolute",
+                           "gradient norm stayed below {limit:g} (down to {value:.3g})")
+_DEPTH = Wording.define(
+    "vanishing.depth",
+    "gradient norm fell to {value:.3g}x that of the output-side layers (below {limit:g})")
+
+
 class Vanishing(Rule):
     name = "vanishing"
     kind = "vanishing"
@@ -131,8 +138,7 @@ class Vanishing(Rule):
             builder.add(
                 self.kind, "absolute", "warning", below_floor[:, row], evidence.norms[:, row],
                 np.min, limits.vanishing_norm,
-                lambda v: f"gradient norm stayed below {limits.vanishing_norm:g} (down to "
-                f"{v:.3g})",
+                _ABSOLUTE.bound(limit=limits.vanishing_norm),
                 row=row,
             )
         depth = evidence.once(self._depth_profile)
@@ -142,7 +148,6 @@ class Vanishing(Rule):
             builder.add(
                 self.kind, "depth", "warning", depth.vanishing[:, position],
                 depth.ratios[:, position], np.min, limits.depth_ratio,
-                lambda v: f"gradient norm fell to {v:.3g}x that of the output-side layers "
-                f"(below {limits.depth_ratio:g})",
+                _DEPTH.bound(limit=limits.depth_ratio),
                 layer=depth.layers[position],
             )
