@@ -145,3 +145,69 @@ def test_a_digest_restored_from_its_records_answers_as_the_digest_fed(seed, monk
     if epoch_starts is not None:
         with pytest.raises(ValueError, match="other epoch starts"):
             digest.Digest.restored(_piece(series, 0, 0), thresholds, records, series.wall_times)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_digest_continued_from_its_records_goes_on_as_the_digest_fed_whole(seed, monkeypatch):
+    """After any number of feeds, the writer's records (through the on-disk encoding, blocks
+    only from the last record that wrote them all on) and the few rows read back make a digest
+    (`Digest.continued`) that takes the rest of the run and then answers every question as the
+    digest fed the whole run does, bit for bit: a restarted job's steps cost only those steps.
+    Records written without the state, or rows read back that are not the records' rows, are
+    refused."""
+    monkeypatch.setattr(digest, "MAX_BLOCKS", 8)
+    series, thresholds = random_series(seed)
+    count = len(series.steps)
+    if count < 2:
+        return
+    random = np.random.default_rng(seed + 3000)
+    epoch_starts = epoch_indices = None
+    if random.random() < 0.5:
+        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
+        epoch_indices = np.arange(len(epoch_starts))
+    cuts = [0]
+    while cuts[-1] < count:
+        cuts.append(min(count, cuts[-1] + int(random.integers(1, 60))))
+    stopped = int(random.integers(1, len(cuts) - 1)) if len(cuts) > 2 else 1
+    stop_at = cuts[stopped]  # the writer's last record covers this many rows
+    # The digest never stopped, fed the same pieces (blocks merge as they come).
+    whole = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices, 2)
+    writer = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices, 2)
+    written, records = digest.Written(), []
+    for start, stop in zip(cuts[:stopped], cuts[1:stopped + 1]):
+        writer.feed(_piece(series, start, stop))
+        arrays, written = writer.record(written)
+        arrays["analysis"] = digest.analysis_identity(thresholds)
+        arrays["writer"] = np.int64(seed)
+        records.append(metadata.decode_digest(metadata.encode_digest(arrays)))
+    last_whole = max(i for i, r in enumerate(records) if int(r["first_block"]) == 0)
+    records = [r if i >= last_whole else {k: v for k, v in r.items()
+                                           if k not in digest.BLOCK_ARRAYS}
+               for i, r in enumerate(records)]
+    read_back = []
+
+    def rows_of(first, last):
+        read_back.append((first, last))
+        return _piece(series, first, last)
+
+    continued = digest.Digest.continued(_piece(series, 0, 0), thresholds, records,
+                                        series.wall_times, rows_of, epoch_starts, epoch_indices)
+    (first, last), = read_back
+    assert last == stop_at and stop_at - first <= 2 * thresholds.spike_window + max(
+        thresholds.sustain_steps, writer.block_steps) + 2 * digest.MAX_BLOCKS  # a few rows
+    for start, stop in zip(cuts[:-1], cuts[1:]):
+        whole.feed(_piece(series, start, stop))
+        if start >= stop_at:
+            continued.feed(_piece(series, start, stop))
+    _assert_same_answers(continued, whole)
+
+    with pytest.raises(ValueError, match="no state"):
+        digest.Digest.continued(_piece(series, 0, 0), thresholds,
+                                [{k: v for k, v in r.items() if k != "stream_rows"}
+                                 for r in records], series.wall_times, rows_of, epoch_starts,
+                                epoch_indices)
+    with pytest.raises(ValueError, match="not the digest records' rows"):
+        digest.Digest.continued(
+            _piece(series, 0, 0), thresholds, records, series.wall_times,
+            lambda a, b: dataclasses.replace(_piece(series, a, b), steps=series.steps[a:b] + 1),
+            epoch_starts, epoch_indices)

@@ -259,8 +259,9 @@ class Digest:
         before (``since``), the steps of the rows fed and the classes that became final; the
         blocks made since (`BLOCK_ARRAYS`: all of them once blocks merged since, so a reader
         needs them only from the last such record on); and as of now: the groups of the rows
-        not in a whole block yet (``tail_*``), the provisional classes and the alerts. Call
-        after `summarise` (`metadata.encode_digest` writes it)."""
+        not in a whole block yet (``tail_*``), the provisional classes, the alerts and what the
+        analysis stream needs to go on elsewhere (`AnalysisStream.state`). Call after
+        `summarise` (`metadata.encode_digest` writes it)."""
         final = self._classes.view()
         blocks = self._blocks()
         first_block = since.blocks if since.block_steps == self.block_steps else 0
@@ -279,6 +280,7 @@ class Digest:
             "tail_starts": np.asarray(cuts, np.int64), "tail_worst": tail.worst,
             "tail_total": tail.total, "tail_count": tail.count,
             "epoch_starts": self.epoch_starts, "alerts": _alerts_json(self.alerts()),
+            **self._stream.state(since.final_rows),
         }
         return arrays, Written(self.rows, len(final), len(blocks.worst), self.block_steps)
 
@@ -287,14 +289,118 @@ class Digest:
                  epoch_starts=None, epoch_indices=None) -> "WrittenDigest":
         """The digest that a writer's ``records`` (`record`'s dicts in the order written, up to
         the first that does not follow the ones before) describe, under ``thresholds``;
-        read-only (it takes no more steps). Records before the last one whose blocks start at
-        the first may leave out their `BLOCK_ARRAYS`. ``wall_times``: of the run's rows (at
-        least those they cover).
+        read-only (it takes no more steps: see `continued`). Records before the last one whose
+        blocks start at the first may leave out their `BLOCK_ARRAYS`. ``wall_times``: of the
+        run's rows (at least those they cover).
 
         Raises:
           ValueError: as `chained`; no record follows from the first step; or the records cut
             blocks at other epoch starts than ``epoch_starts`` or do not hold what they say.
         """
+        read = _Records.read(like, thresholds, records, wall_times, epoch_starts)
+        last = read.used[-1]
+        alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
+        written = WrittenDigest(
+            like, thresholds, read.epoch_starts, epoch_indices, steps=read.steps,
+            wall_times=wall_times[:len(read.steps)],
+            classes=read.classes + [last["provisional"]], blocks=read.blocks,
+            block_starts=read.block_starts + read.tail_starts[1:], block_steps=read.block_steps,
+            tail=read.tail, alerts=alerts)
+        written.records = read.used
+        return written
+
+    @classmethod
+    def continued(cls, like, thresholds: analysis.Thresholds, records, wall_times, rows_of,
+                  epoch_starts=None, epoch_indices=None) -> "Digest":
+        """The digest that ``records`` describe (as `restored`), able to take the steps that
+        follow them: the writer's digest goes on in another process (a restarted job's steps
+        cost only those steps). ``rows_of(start, stop)`` reads the run's rows back (a
+        `GradientSeries`): the few the writer had not yet put in a block or still looked back
+        on.
+
+        Raises:
+          ValueError: as `restored`; or the records hold no state to go on from (written by a
+            version that did not write it), or the rows read back are not the records' rows.
+        """
+        read = _Records.read(like, thresholds, records, wall_times, epoch_starts)
+        last = read.used[-1]
+        if "stream_rows" not in last:
+            raise ValueError("the digest records hold no state to go on from")
+        rows = len(read.steps)
+        pending_from = read.block_starts[-1]
+        start = min(int(last["stream_kept_from"]), pending_from)
+        if not 0 <= start <= rows:
+            raise ValueError("the digest records' state does not fit their rows")
+        again = rows_of(start, rows)
+        if not np.array_equal(again.steps, read.steps[start:]):
+            raise ValueError("the rows read back are not the digest records' rows")
+        digest = cls(like, thresholds, read.epoch_starts, epoch_indices, read.block_steps)
+        digest._stream = analysis.AnalysisStream.resumed(
+            like, thresholds, read.used, _rows_from(again, int(last["stream_kept_from"]) - start),
+            read.steps)
+        digest._steps.extend(read.steps)
+        digest._wall_times.extend(wall_times[:rows])
+        for part in read.classes:
+            digest._classes.extend(part)
+        for part in read.blocks:
+            digest._add_blocks(part)
+        digest._block_starts = list(read.block_starts)
+        digest._pending = [again.values[pending_from - start:]]
+        digest._pending_from = pending_from
+        if len(digest._classes.view()) != digest._stream.final_rows:
+            raise ValueError("the digest records' classes and state disagree")
+        return digest
+
+    def _block_groups(self, stat: str):
+        """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
+        where blocks start, with the end appended)."""
+        position = self.stats.index(stat)
+        tail, cuts = self._tail()
+        parts = [self._blocks().stat(position)] + ([tail.stat(position)] if tail else [])
+        return (Groups.concatenated(parts),
+                np.asarray(self._block_starts + cuts[1:], dtype=np.int64))
+
+    def _tail(self):
+        """(the `Groups` of the rows not in a whole block yet, in blocks, or None; the rows
+        where those blocks start, from the end of the whole ones, with the end appended)."""
+        if self.rows == self._pending_from:
+            return None, [self._pending_from]
+        cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
+        return self._groups_of(cuts), cuts
+
+
+# The arrays of a record that hold its blocks: a reader reads them from the last record whose
+# blocks start at the first (``first_block`` 0) on, and the other arrays of every record.
+BLOCK_ARRAYS = ("first_block", "block_steps", "block_starts", "worst", "total", "count")
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """How much of a digest the records written so far hold (see `Digest.record`)."""
+
+    rows: int = 0
+    final_rows: int = 0
+    blocks: int = 0
+    block_steps: int = 0
+
+
+@dataclasses.dataclass
+class _Records:
+    """A writer's records read and checked (`Digest.restored`, `Digest.continued`): the steps
+    and final classes of every row, the whole blocks, the tail's groups, the records used."""
+
+    used: list
+    steps: np.ndarray
+    classes: list  # the final classes, a part per record
+    blocks: list  # `Groups` parts of the whole blocks
+    block_starts: list  # where whole blocks start, with the end of the last appended
+    block_steps: int
+    tail: Groups
+    tail_starts: list
+    epoch_starts: np.ndarray
+
+    @classmethod
+    def read(cls, like, thresholds, records, wall_times, epoch_starts) -> "_Records":
         steps, classes, blocks, block_starts = [], [], None, [0]
         written = Written()
         used = records[:chained(records, thresholds)]
@@ -337,44 +443,15 @@ class Digest:
                 or any(part.ndim != 2 or part.shape[1] != width[0] or part.dtype.kind not in "iu"
                        for part in classes + [last["provisional"]])):
             raise ValueError("the digest records do not hold what they say")
-        alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
-        return WrittenDigest(
-            like, thresholds, epoch_starts, epoch_indices, steps=steps,
-            wall_times=wall_times[:written.rows], classes=classes + [last["provisional"]],
-            blocks=blocks, block_starts=block_starts + tail_starts[1:], block_steps=block_steps,
-            tail=tail, alerts=alerts)
-
-    def _block_groups(self, stat: str):
-        """(`Groups` of every block of ``stat``, the unfinished ones at the end too; the rows
-        where blocks start, with the end appended)."""
-        position = self.stats.index(stat)
-        tail, cuts = self._tail()
-        parts = [self._blocks().stat(position)] + ([tail.stat(position)] if tail else [])
-        return (Groups.concatenated(parts),
-                np.asarray(self._block_starts + cuts[1:], dtype=np.int64))
-
-    def _tail(self):
-        """(the `Groups` of the rows not in a whole block yet, in blocks, or None; the rows
-        where those blocks start, from the end of the whole ones, with the end appended)."""
-        if self.rows == self._pending_from:
-            return None, [self._pending_from]
-        cuts = self._block_cuts(self._pending_from, self.rows, partial=True)
-        return self._groups_of(cuts), cuts
+        return cls(used, steps, classes, blocks, block_starts, block_steps, tail, tail_starts,
+                   epoch_starts)
 
 
-# The arrays of a record that hold its blocks: a reader reads them from the last record whose
-# blocks start at the first (``first_block`` 0) on, and the other arrays of every record.
-BLOCK_ARRAYS = ("first_block", "block_steps", "block_starts", "worst", "total", "count")
-
-
-@dataclasses.dataclass(frozen=True)
-class Written:
-    """How much of a digest the records written so far hold (see `Digest.record`)."""
-
-    rows: int = 0
-    final_rows: int = 0
-    blocks: int = 0
-    block_steps: int = 0
+def _rows_from(series, start: int):
+    """``series`` from its row ``start`` on."""
+    return dataclasses.replace(series, steps=series.steps[start:],
+                               wall_times=series.wall_times[start:],
+                               values=series.values[start:])
 
 
 def _whole(groups: Groups, width) -> bool:
@@ -443,6 +520,7 @@ class WrittenDigest(Digest):
         self._written_alerts = alerts
         # (first row, end row, file) of each record, set by its reader (`server.long_runs`)
         self.sources = []
+        self.records = []  # the records used, in order (`Digest.continued` goes on from them)
 
     @property
     def rows(self) -> int:

@@ -178,13 +178,17 @@ class AnalysisStream:
     def state(self, since_final_rows: int) -> Dict[str, np.ndarray]:
         """What this stream needs, besides its rows, to go on in another process
         (`resumed`), as arrays (a writer's digest record holds them, `analysis.digest`): its
-        counts, what the rules carried to the next round, the final findings, and the
-        whole-run rules' records of the rows that became final since ``since_final_rows``."""
+        counts, what the rules carried to the next round, the findings and classes (final and
+        provisional), and the whole-run rules' records of the rows that became final since
+        ``since_final_rows`` and of the provisional rows."""
         arrays = {
             "stream_rows": np.int64(self.rows), "stream_final_rows": np.int64(self.final_rows),
             "stream_kept_from": np.int64(self._kept_from),
             "stream_last_step": np.int64(-1 if self._last_step is None else self._last_step),
             "stream_findings": _json_array([f.to_data() for f in self._findings.values()]),
+            "stream_provisional_findings": _json_array(
+                [f.to_data() for f in self._provisional_findings.values()]),
+            "stream_provisional_classes": self._provisional_classes,
         }
         for key, value in self._carried.items():
             if isinstance(value, tuple):
@@ -199,13 +203,17 @@ class AnalysisStream:
                 arrays[f"record.{rule.name}.rule"] = _json_array([name, scale])
                 arrays[f"record.{rule.name}.columns"] = np.asarray(columns, np.int64)
                 arrays[f"record.{rule.name}.values"] = ratios[since_final_rows:]
+                provisional = self._provisional_records.get(rule.name)
+                if provisional is not None:
+                    arrays[f"record.{rule.name}.provisional"] = provisional[3]
         return arrays
 
     @classmethod
     def resumed(cls, like, thresholds: Thresholds, states: Sequence[Dict], kept,
                 all_steps: np.ndarray) -> "AnalysisStream":
         """The stream whose `state` the writer wrote as ``states`` (every record's, in order:
-        the last one's counts, carried values and findings; the whole-run records of all),
+        the last one's counts, carried values, findings and provisional parts; the whole-run
+        records of all),
         with its kept rows ``kept`` (a `GradientSeries` of the rows from ``stream_kept_from``
         on, read back) and ``all_steps`` (every row's step). Raises ValueError (KeyError,
         TypeError) when they do not fit together."""
@@ -222,8 +230,13 @@ class AnalysisStream:
         stream._steps, stream._wall_times = [kept.steps], [kept.wall_times]
         stream._values = [kept.values]
         stream._all_steps = [np.asarray(all_steps, np.int64)]
-        findings = [Finding.from_data(data) for data in _from_json_array(last["stream_findings"])]
-        stream._findings = {finding.key: finding for finding in findings}
+        stream._findings, stream._provisional_findings = (
+            {finding.key: finding for finding in map(Finding.from_data, _from_json_array(
+                last[name]))} for name in ("stream_findings", "stream_provisional_findings"))
+        stream._provisional_classes = np.asarray(last["stream_provisional_classes"], np.int8)
+        if stream._provisional_classes.shape != (stream.rows - stream.final_rows,
+                                                 len(like.variables)):
+            raise ValueError("the stream's provisional classes do not match its state")
         carried = {}
         for name, value in last.items():
             if name.startswith("carried."):
@@ -244,6 +257,12 @@ class AnalysisStream:
             if values.shape != (stream.final_rows, len(columns)):
                 raise ValueError(f"the {rule.name} record does not cover the final rows")
             stream._records[rule.name] = [(str(name), float(scale), columns, values)]
+            provisional = last.get(f"record.{rule.name}.provisional")
+            if provisional is not None:
+                if provisional.shape != (stream.rows - stream.final_rows, len(columns)):
+                    raise ValueError(f"the {rule.name} record does not cover the last rows")
+                stream._provisional_records[rule.name] = (str(name), float(scale), columns,
+                                                          provisional)
         return stream
 
     def _kept_series(self, first_row: int):
