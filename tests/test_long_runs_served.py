@@ -117,14 +117,14 @@ def _plugin_busy(client, monkeypatch, busy=True):
                 long_run._reader.join(timeout=60)
 
 
-def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch):
+def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS):
 
     def both(route, **params):
         return (_get(client, route, True, monkeypatch, **params),
                 _get(client, route, False, monkeypatch, **params))
 
     long, short = both("runs")
-    assert long == short and long["run"]["gradients"]["steps"] == STEPS
+    assert long == short and long["run"]["gradients"]["steps"] == steps
     long, short = both("alerts")
     assert long == short
     assert {(a["first_step"], a["variable"]) for a in long["alerts"] if a["rule"] == "spike"} >= {
@@ -137,7 +137,7 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch):
     long, short = both("histogram", variable_index=3, step=612)
     assert long == short and long["step"] == 600
     long_csv, short_csv = both("export", format="csv")
-    assert long_csv == short_csv and long_csv.count("\n") == STEPS * VARIABLES + 1
+    assert long_csv == short_csv and long_csv.count("\n") == steps * VARIABLES + 1
     # The epoch axis: blocks never span an epoch start, so epochs merge exactly. Blocks keep
     # their sums in float32: a sum of n float32 terms is off by at most n * 2**-24 of the sum
     # of their magnitudes (norms are positive), n <= 250 steps per epoch here.
@@ -378,27 +378,62 @@ def _fed_rows(monkeypatch):
     return fed
 
 
-def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_read(
-        written_logdir, plugin_client, monkeypatch):
+def test_a_run_a_restarted_job_wrote_on_costs_only_the_new_steps(written_logdir, plugin_client,
+                                                                  monkeypatch):
     """Another writer's steps after the records (a restarted job: another file, with records
-    of its own that start from its own first step) are not in the first writer's digest: while
-    the plugin reads the run itself, the answers are that digest's at once, saying how many
-    steps are still to read; then the whole run's."""
+    of its own that start from its own first step) are not in the first writer's digest: the
+    plugin takes that digest up where its records leave off (`Digest.continued`) and judges
+    the new steps only, in the request that finds them; the answer is the whole run's."""
     client = plugin_client(str(written_logdir))
-    with _plugin_busy(client, monkeypatch) as fed:
+    with _plugin_busy(client, monkeypatch, busy=False) as fed:
+        assert _get(client, "alerts", True, monkeypatch)["steps_to_read"] == 0
+        _write(written_logdir / "run", STEPS, STEPS + 1100, seed=2, digest=True)
+        client.reload()
+        answers_ = {route: _get(client, route, True, monkeypatch, **params)
+                    for route, params in (("alerts", {}), ("heatmap", {"stat": "l2_norm"}))}
+        assert sum(fed) == 1100  # the new steps, not the 1,300 before them
+    assert answers_["alerts"]["steps_to_read"] == answers_["heatmap"]["steps_to_read"] == 0
+    assert answers_["heatmap"]["last_steps"][-1] == STEPS + 1100 - 1
+    assert answers_["alerts"] == _get(client, "alerts", False, monkeypatch)
+    _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, STEPS + 1100)
+
+
+@pytest.mark.parametrize("why", ["many new steps", "busy", "no state"])
+def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_read(
+        written_logdir, plugin_client, monkeypatch, why):
+    """When the new steps are many (more than `CONTINUE_IN_REQUEST_STEPS`), or the plugin's
+    background read holds the digest, or the records hold no state to go on from (the
+    writer's digest cannot be taken up: the plugin reads every step), the answers are the
+    writer's digest's at once, saying how many steps are still to read; then the whole
+    run's."""
+    if why == "many new steps":
+        monkeypatch.setattr(long_runs, "CONTINUE_IN_REQUEST_STEPS", 500)
+    if why == "no state":
+        def refused(*args, **kwargs):
+            raise ValueError("the digest records hold no state to go on from")
+
+        monkeypatch.setattr(digest.Digest, "continued", refused)
+    client = plugin_client(str(written_logdir))
+    with _plugin_busy(client, monkeypatch, busy=why == "busy") as fed:
         first = _get(client, "alerts", True, monkeypatch)
         _write(written_logdir / "run", STEPS, STEPS + 1100, seed=2, digest=True)
         client.reload()
+        if why != "busy":  # the background reads it at once: hold it
+            for long_run in _long_runs_of(client).values():
+                assert long_run._feeding.acquire(blocking=False)
         partial = _get(client, "alerts", True, monkeypatch)
         heatmap_ = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
-        assert fed == []
+        if why != "busy":
+            for long_run in _long_runs_of(client).values():
+                long_run._feeding.release()
     assert first["steps_to_read"] == 0
     assert partial["alerts"] == first["alerts"] and partial["steps_to_read"] == 1100
     assert "1,300 of its 2,400 logged steps" in partial["sampled"]
     assert heatmap_["last_steps"][-1] == STEPS - 1 and heatmap_["steps_to_read"] == 1100
     whole = _until_read(client, monkeypatch, "alerts")
     assert whole == _get(client, "alerts", False, monkeypatch)
-    assert sum(fed) == STEPS + 1100  # read once, in the background
+    # Read once, in the background: from the writer's digest on, or every step.
+    assert sum(fed) == (STEPS + 1100 if why == "no state" else 1100)
 
 
 def _until_read(client, monkeypatch, route, **params):
@@ -464,7 +499,8 @@ def test_steps_written_again_are_never_answered_from_a_stale_digest(
                 last_step=1010)
     assert long == _get(client, "heatmap", False, monkeypatch, stat="l2_norm", first_step=490,
                         last_step=1010)
-    assert sum(fed) == steps
+    # The new job's digest is taken up: only the old job's later steps are judged.
+    assert sum(fed) == (steps - 2000 if how == "restarted_from_scratch" else steps)
 
 
 def test_a_request_waiting_for_a_background_read_does_not_hold_it_back():

@@ -521,6 +521,7 @@ class WrittenDigest(Digest):
         # (first row, end row, file) of each record, set by its reader (`server.long_runs`)
         self.sources = []
         self.records = []  # the records used, in order (`Digest.continued` goes on from them)
+        self.continues = None  # False once `Digest.continued` failed on them
 
     @property
     def rows(self) -> int:
