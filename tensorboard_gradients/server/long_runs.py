@@ -10,13 +10,14 @@ Works for local logdirs only; elsewhere TensorBoard keeps every step, as for sho
 
 A run whose writer kept its digest (`format.digest_feed`) opens from those records
 (`Digest.restored`): answers under the default thresholds come from them at once, and while
-they cover every located step nothing is judged again. When steps follow that they do not
-cover (the writer has not written its next record yet, or a restarted job wrote on in another
-file), the plugin digests the run itself in the background, as for runs written without a
-digest, answering from the writer's digest meanwhile and saying how many steps are still to
-read, and from its own once it has read every step: only a digest fed step by step takes the
-steps that follow at the cost of those steps alone (the writer's records hold no state of the
-analysis to go on from).
+they cover every located step nothing is judged again. Steps after them (a live writer's
+latest steps, a restarted job's in another file) are judged from where the records leave off
+(`Digest.continued`: they hold the analysis' state), by the request that finds them when they
+are few (`CONTINUE_IN_REQUEST_STEPS`), else in the background, answering from the writer's
+digest meanwhile and saying how many steps are still to read. A run written without a digest,
+or whose records cannot be taken up, is digested by the plugin from its first step, in the
+background; a digest fed step by step takes the steps that follow at the cost of those steps
+alone.
 """
 
 import concurrent.futures
