@@ -259,8 +259,8 @@ class Digest:
         before (``since``), the steps of the rows fed and the classes that became final; the
         blocks made since (`BLOCK_ARRAYS`: all of them once blocks merged since, so a reader
         needs them only from the last such record on); and as of now: the groups of the rows
-        not in a whole block yet (``tail_*``), the provisional classes, the alerts and what the
-        analysis stream needs to go on elsewhere (`AnalysisStream.state`). Call after
+        not in a whole block yet (``tail_*``), the alerts, and the analysis stream's state to go
+        on elsewhere, its provisional classes among it (`AnalysisStream.state`). Call after
         `summarise` (`metadata.encode_digest` writes it)."""
         final = self._classes.view()
         blocks = self._blocks()
@@ -272,7 +272,6 @@ class Digest:
         arrays = {
             "first_row": np.int64(since.rows), "steps": self.steps()[since.rows:],
             "final_from": np.int64(since.final_rows), "classes": final[since.final_rows:],
-            "provisional": self._stream.provisional_classes(),
             "block_steps": np.int64(self.block_steps), "first_block": np.int64(first_block),
             "block_starts": np.asarray(self._block_starts[first_block:], np.int64),
             "worst": blocks.worst[first_block:], "total": blocks.total[first_block:],
@@ -303,7 +302,7 @@ class Digest:
         written = WrittenDigest(
             like, thresholds, read.epoch_starts, epoch_indices, steps=read.steps,
             wall_times=wall_times[:len(read.steps)],
-            classes=read.classes + [last["provisional"]], blocks=read.blocks,
+            classes=read.classes + [last["stream_provisional_classes"]], blocks=read.blocks,
             block_starts=read.block_starts + read.tail_starts[1:], block_steps=read.block_steps,
             tail=read.tail, alerts=alerts)
         written.records = read.used
@@ -434,14 +433,14 @@ class _Records:
         tail_starts = last["tail_starts"].tolist()
         width = (len(like.variables), len(like.available_stats))
         if (len(wall_times) < written.rows
-                or len(last["provisional"]) != written.rows - written.final_rows
+                or len(last["stream_provisional_classes"]) != written.rows - written.final_rows
                 or len(block_starts) - 1 != sum(len(part.worst) for part in blocks)
                 or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]
                 or len(tail_starts) - 1 != len(tail.worst) or not _whole(tail, width)
                 or not all(_whole(part, width) for part in blocks)
                 or (np.diff(np.asarray(block_starts + tail_starts[1:])) <= 0).any()
                 or any(part.ndim != 2 or part.shape[1] != width[0] or part.dtype.kind not in "iu"
-                       for part in classes + [last["provisional"]])):
+                       for part in classes + [last["stream_provisional_classes"]])):
             raise ValueError("the digest records do not hold what they say")
         return cls(used, steps, classes, blocks, block_starts, block_steps, tail, tail_starts,
                    epoch_starts)

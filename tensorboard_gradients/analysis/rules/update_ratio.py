@@ -60,7 +60,7 @@ class UpdateRatio(Rule):
     def record(self, evidence):
         """``(rule, scale, rows, ratios)``: the ratio this rule judges (``rule`` names it, the
         band is multiplied by ``scale``) of the kernels (variables ``rows``), ``[steps,
-        len(rows)]`` in the logged precision, NaN at non-finite steps; None when the series
+        len(rows)]`` in float32, NaN at non-finite steps; None when the series
         logged neither ratio."""
         series, limits = evidence.series, evidence.thresholds
         available = series.available_stats
@@ -73,8 +73,10 @@ class UpdateRatio(Rule):
             return None
         rows = np.array([row for row, shape in enumerate(series.shapes)
                          if shape is not None and len(shape) >= 2], dtype=np.int64)
-        # A NaN/Inf step's ratio describes no update.
-        ratios = np.where(evidence.nonfinite[:, rows], np.nan, series.stat(name)[:, rows])
+        # A NaN/Inf step's ratio describes no update. float32: the statistics' precision, and
+        # half the bytes of the record a stream keeps of every step (and writes, `state`).
+        ratios = np.where(evidence.nonfinite[:, rows], np.nan,
+                          series.stat(name)[:, rows]).astype(np.float32)
         return rule, scale, rows, ratios
 
     def alerts(self, evidence, builder):
