@@ -214,25 +214,9 @@ class LongRun:
         return digest
 
     def _restore(self, written, located, marks):
-        """The writer's digest from its records, or None (why is logged). The blocks are read
-        from the last record that wrote them all on (`analysis.digest.BLOCK_ARRAYS`)."""
-        records_at, blocks_at = written
+        """The writer's digest from its records, or None (why is logged)."""
         try:
-            records = [metadata.decode_digest(payload) for payload in
-                       self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
-            # The records of the writer that wrote the first step (a restarted job's follow).
-            records = records[:chained(records, _DEFAULTS)]
-            by_step = dict(zip(records_at.steps.tolist(), records))
-            files = [path for path, _, _ in records_at.locations[:len(records)]]
-            tag = metadata.digest_blocks_tag(self.tag)
-            for step, location in zip(reversed(blocks_at.steps.tolist()),
-                                      reversed(blocks_at.locations)):
-                if step in by_step:
-                    (payload,) = self._payloads((location,), tag)
-                    blocks = metadata.decode_digest(payload)
-                    by_step[step].update(blocks)
-                    if int(blocks["first_block"]) == 0:
-                        break
+            records = self._records(written)
             restored = Digest.restored(self.like, _DEFAULTS, records, located.wall_times,
                                        *marks)
         except Exception as error:  # noqa: BLE001 - whatever a crafted record does: read steps
@@ -240,9 +224,33 @@ class LongRun:
                         "the steps", self.run, self.tag, error)
             return None
         # The file of each record, from the row after the one before it on.
+        files = [path for path, _, _ in written[0].locations[:len(records)]]
         ends = np.cumsum([len(record["steps"]) for record in records])
         restored.sources = list(zip(np.append(0, ends[:-1]).tolist(), ends.tolist(), files))
+        restored.read_from = written
         return restored
+
+    def _records(self, written):
+        """The writer's records (decoded) at ``written`` (the records and their blocks
+        located), those of the writer of the first step (a restarted job's follow), with the
+        blocks read from the last record that wrote them all on
+        (`analysis.digest.BLOCK_ARRAYS`). Read again to take the digest up (`_continued`),
+        rather than kept: they hold every step's update ratios."""
+        records_at, blocks_at = written
+        records = [metadata.decode_digest(payload) for payload in
+                   self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
+        records = records[:chained(records, _DEFAULTS)]
+        by_step = dict(zip(records_at.steps.tolist(), records))
+        tag = metadata.digest_blocks_tag(self.tag)
+        for step, location in zip(reversed(blocks_at.steps.tolist()),
+                                  reversed(blocks_at.locations)):
+            if step in by_step:
+                (payload,) = self._payloads((location,), tag)
+                blocks = metadata.decode_digest(payload)
+                by_step[step].update(blocks)
+                if int(blocks["first_block"]) == 0:
+                    break
+        return records
 
     @staticmethod
     def _payloads(locations, tag):
@@ -295,7 +303,7 @@ class LongRun:
         located = self.located
         try:
             return Digest.continued(
-                self.like, thresholds, written.records, located.wall_times,
+                self.like, thresholds, self._records(written.read_from), located.wall_times,
                 lambda start, stop: self._rows_of(located, start, stop),
                 self.epoch_starts, self.epoch_indices)
         except Exception as error:  # noqa: BLE001 - whatever a record holds: read every step
