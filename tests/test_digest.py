@@ -19,6 +19,22 @@ def _piece(series, start, stop):
                                values=series.values[start:stop])
 
 
+def _random_epochs(series, random):
+    """Epoch marks at random steps of ``series`` (half the time none): (starts, indices)."""
+    if not len(series.steps) or random.random() < 0.5:
+        return None, None
+    starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
+    return starts, np.arange(len(starts))
+
+
+def _record(fed, written, thresholds, writer):
+    """(``fed``'s next record as a reader reads it back, how much is then written)."""
+    arrays, written = fed.record(written)
+    arrays["analysis"] = digest.analysis_identity(thresholds)
+    arrays["writer"] = np.int64(writer)
+    return metadata.decode_digest(metadata.encode_digest(arrays)), written
+
+
 def _assert_overview_is_the_merge_of_every_step(fed, series, rows):
     """Every stat's overview (by step, and by epoch when marked) equals `heatmap.merge` of the
     first ``rows`` steps under the digest's own classes and columns."""
@@ -54,10 +70,7 @@ def test_a_digest_fed_in_pieces_serves_the_merge_of_every_step(seed, alongside, 
     series, thresholds = random_series(seed)
     count = len(series.steps)
     random = np.random.default_rng(seed + 1000)
-    epoch_starts = epoch_indices = None
-    if count and random.random() < 0.5:
-        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
-        epoch_indices = np.arange(len(epoch_starts))
+    epoch_starts, epoch_indices = _random_epochs(series, random)
     fed = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as summary:
         start = 0
@@ -102,10 +115,7 @@ def test_a_digest_restored_from_its_records_answers_as_the_digest_fed(seed, monk
     if not count:
         return
     random = np.random.default_rng(seed + 2000)
-    epoch_starts = epoch_indices = None
-    if random.random() < 0.5:
-        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
-        epoch_indices = np.arange(len(epoch_starts))
+    epoch_starts, epoch_indices = _random_epochs(series, random)
     fed = digest.Digest(_piece(series, 0, 0), thresholds, epoch_starts, epoch_indices)
     written, records, rows_after = digest.Written(), [], []
     start = 0
@@ -113,10 +123,8 @@ def test_a_digest_restored_from_its_records_answers_as_the_digest_fed(seed, monk
         stop = min(count, start + int(random.integers(1, 60)))
         fed.feed(_piece(series, start, stop))
         start = stop
-        arrays, written = fed.record(written)
-        arrays["analysis"] = digest.analysis_identity(thresholds)
-        arrays["writer"] = np.int64(seed)
-        records.append(metadata.decode_digest(metadata.encode_digest(arrays)))
+        record, written = _record(fed, written, thresholds, seed)
+        records.append(record)
         rows_after.append(stop)
         restored = digest.Digest.restored(_piece(series, 0, 0), thresholds, records,
                                           series.wall_times, epoch_starts, epoch_indices)
@@ -161,10 +169,7 @@ def test_a_digest_continued_from_its_records_goes_on_as_the_digest_fed_whole(see
     if count < 2:
         return
     random = np.random.default_rng(seed + 3000)
-    epoch_starts = epoch_indices = None
-    if random.random() < 0.5:
-        epoch_starts = np.unique(random.choice(series.steps, size=int(random.integers(1, 10))))
-        epoch_indices = np.arange(len(epoch_starts))
+    epoch_starts, epoch_indices = _random_epochs(series, random)
     cuts = [0]
     while cuts[-1] < count:
         cuts.append(min(count, cuts[-1] + int(random.integers(1, 60))))
@@ -176,10 +181,8 @@ def test_a_digest_continued_from_its_records_goes_on_as_the_digest_fed_whole(see
     written, records = digest.Written(), []
     for start, stop in zip(cuts[:stopped], cuts[1:stopped + 1]):
         writer.feed(_piece(series, start, stop))
-        arrays, written = writer.record(written)
-        arrays["analysis"] = digest.analysis_identity(thresholds)
-        arrays["writer"] = np.int64(seed)
-        records.append(metadata.decode_digest(metadata.encode_digest(arrays)))
+        record, written = _record(writer, written, thresholds, seed)
+        records.append(record)
     last_whole = max(i for i, r in enumerate(records) if int(r["first_block"]) == 0)
     records = [r if i >= last_whole else {k: v for k, v in r.items()
                                            if k not in digest.BLOCK_ARRAYS}

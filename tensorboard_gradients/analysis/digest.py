@@ -337,6 +337,8 @@ class Digest:
             read.steps)
         digest._steps.extend(read.steps)
         digest._wall_times.extend(wall_times[:rows])
+        # Room for every row at once (the classes of 1,000 x 100,000 are 100 MB).
+        digest._classes = _Rows(np.int8, len(like.variables), capacity=rows)
         for part in read.classes:
             digest._classes.extend(part)
         for part in read.blocks:
