@@ -299,12 +299,14 @@ class Digest:
         read = _Records.read(like, thresholds, records, wall_times, epoch_starts)
         last = read.used[-1]
         alerts = [analysis.Alert(**alert) for alert in json.loads(last["alerts"].tobytes())]
-        return WrittenDigest(
+        written = WrittenDigest(
             like, thresholds, read.epoch_starts, epoch_indices, steps=read.steps,
             wall_times=wall_times[:len(read.steps)],
             classes=read.classes + [last["stream_provisional_classes"]], blocks=read.blocks,
             block_starts=read.block_starts + read.tail_starts[1:], block_steps=read.block_steps,
             tail=read.tail, alerts=alerts)
+        written.records = read.used  # their arrays are its parts: kept at no cost
+        return written
 
     @classmethod
     def continued(cls, like, thresholds: analysis.Thresholds, records, wall_times, rows_of,
@@ -519,8 +521,8 @@ class WrittenDigest(Digest):
         self._written_alerts = alerts
         # (first row, end row, file) of each record, set by its reader (`server.long_runs`)
         self.sources = []
-        self.read_from = None  # where its reader read the records (`server.long_runs`)
-        self.continues = None  # False once `Digest.continued` failed on its records
+        self.records = []  # the records used, in order (`Digest.continued` goes on from them)
+        self.continues = None  # False once `Digest.continued` failed on them
 
     @property
     def rows(self) -> int:

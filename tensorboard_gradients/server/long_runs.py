@@ -227,15 +227,13 @@ class LongRun:
         files = [path for path, _, _ in written[0].locations[:len(records)]]
         ends = np.cumsum([len(record["steps"]) for record in records])
         restored.sources = list(zip(np.append(0, ends[:-1]).tolist(), ends.tolist(), files))
-        restored.read_from = written
         return restored
 
     def _records(self, written):
         """The writer's records (decoded) at ``written`` (the records and their blocks
         located), those of the writer of the first step (a restarted job's follow), with the
         blocks read from the last record that wrote them all on
-        (`analysis.digest.BLOCK_ARRAYS`). Read again to take the digest up (`_continued`),
-        rather than kept: they hold every step's update ratios."""
+        (`analysis.digest.BLOCK_ARRAYS`)."""
         records_at, blocks_at = written
         records = [metadata.decode_digest(payload) for payload in
                    self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
@@ -303,7 +301,7 @@ class LongRun:
         located = self.located
         try:
             return Digest.continued(
-                self.like, thresholds, self._records(written.read_from), located.wall_times,
+                self.like, thresholds, written.records, located.wall_times,
                 lambda start, stop: self._rows_of(located, start, stop),
                 self.epoch_starts, self.epoch_indices)
         except Exception as error:  # noqa: BLE001 - whatever a record holds: read every step
