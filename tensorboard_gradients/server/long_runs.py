@@ -74,6 +74,8 @@ class LongRun:
         # integrity.Located of the writer's digest records and of their blocks, or None
         self.written = None
         self._restored = None  # (what it was restored from, the writer's Digest or None)
+        # Whether the plugin's own digest (defaults) went on from the writer's, then dropped.
+        self._taken_up = False
         self.epoch_starts = self.epoch_indices = None
         self.lost = {}  # (path, message) of points left out when read back: None
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
@@ -105,6 +107,7 @@ class LongRun:
             self.epoch_starts, self.epoch_indices = epoch_starts, epoch_indices
             if not grew:
                 self._digests.clear()
+                self._taken_up = False
             for digest, _ in self._digests.values():
                 digest.set_epochs(epoch_starts, epoch_indices)
 
@@ -197,7 +200,7 @@ class LongRun:
             marks = (self.epoch_starts, self.epoch_indices)
             own = self._digests.get(thresholds)
             if (thresholds != _DEFAULTS or written is None or not len(written[0].steps)
-                    or (own is not None and own[1] == len(located.steps))):
+                    or (own is not None and (own[1] == len(located.steps) or self._taken_up))):
                 self._restored = None  # the plugin's own digest (or none) answers from now on
                 return None
         source = (written[0].locations, written[1].locations, _marks_key(marks))
@@ -285,6 +288,8 @@ class LongRun:
             if thresholds != _DEFAULTS:
                 self._digests = {t: d for t, d in self._digests.items() if t == _DEFAULTS}
             digest = self._continued(thresholds)
+            if digest is not None:  # it answers from now on, with every step it has read
+                self._taken_up, self._restored = True, None
             self._digests[thresholds] = (digest, digest.rows) if digest else (
                 Digest(self.like, thresholds, self.epoch_starts, self.epoch_indices), 0)
         return self._digests[thresholds]
