@@ -539,3 +539,101 @@ def test_a_damaged_digest_record_leaves_the_records_before_it(tmp_path, plugin_c
     assert partial["steps_to_read"] == STEPS - 1000
     whole = _until_read(client, monkeypatch, "alerts")
     assert whole == _get(client, "alerts", False, monkeypatch) and whole["steps_to_read"] == 0
+
+
+def _tampered_records(monkeypatch, change):
+    """Digest records written from now on pass through ``change(arrays)`` (a crafted file);
+    returns the real `Digest.record`."""
+    real = digest.Digest.record
+
+    def record(self, since):
+        arrays, written = real(self, since)
+        change(arrays)
+        return arrays, written
+
+    monkeypatch.setattr(digest.Digest, "record", record)
+    return real
+
+
+def _json_field(name, field, value):
+    def change(arrays):
+        items = json.loads(arrays[name].tobytes())
+        for item in items:
+            item[field] = value
+        arrays[name] = np.frombuffer(json.dumps(items).encode(), np.uint8)
+    return change
+
+
+CRAFTED_STATES = {
+    "last step": lambda arrays: arrays.update(stream_last_step=np.int64(10**9)),
+    "severity": _json_field("stream_findings", "severity", "bogus"),
+    "detail without its reducer": _json_field("stream_findings", "detail_worst", None),
+    "block steps 0": lambda arrays: arrays.update(block_steps=np.int64(0)),
+    "block steps 10**12": lambda arrays: arrays.update(block_steps=np.int64(10**12)),
+    "kept from the first row": lambda arrays: arrays.update(stream_kept_from=np.int64(0)),
+    "carried of another width": lambda arrays: arrays.update(
+        {"carried.variables.0": np.zeros(3, np.float32)}),
+    "carried twice": lambda arrays: arrays.update({"carried.variables": np.int64(3)}),
+    "classes out of range": lambda arrays: arrays.update(
+        stream_provisional_classes=np.full_like(arrays["stream_provisional_classes"], 99)),
+}
+
+
+@pytest.mark.parametrize("crafted", list(CRAFTED_STATES))
+def test_crafted_digest_records_never_break_or_hang_the_run(tmp_path, plugin_client,
+                                                            monkeypatch, crafted):
+    """Records whose state was crafted are refused when taken up (or restored), never raised
+    into a request, never looping: every answer is a 200, and once the plugin has read the
+    steps itself, the run read whole."""
+    real = _tampered_records(monkeypatch, CRAFTED_STATES[crafted])
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
+    monkeypatch.setattr(digest.Digest, "record", real)
+    _write(tmp_path / "run", STEPS, STEPS + 300, seed=2, digest=True)  # a restarted job
+    client = plugin_client(str(tmp_path))
+    codes = []
+
+    def ask():
+        for route in ("alerts", "heatmap?stat=l2_norm", "alerts"):
+            path, _, query = route.partition("?")
+            _get(client, "runs", True, monkeypatch)
+            response = client.get(BASE + path + "?run=run&tag=gradients&" + query)
+            codes.append(response.status_code)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(timeout=60)
+    assert not asking.is_alive() and codes == [200, 200, 200]
+    assert _until_read(client, monkeypatch, "alerts") == _get(client, "alerts", False,
+                                                               monkeypatch)
+
+
+def test_a_step_written_again_before_its_void_is_never_answered_from_a_stale_digest(
+        tmp_path, plugin_client, monkeypatch):
+    """The same job writes a step again after the record covering it; the plugin looks before
+    the writer's void record is written. The step, written after that record, is not covered
+    by it: the answers are the run read whole, then and after the void."""
+    from tensorboard_gradients.format import digest_feed
+
+    voids = []
+    real_void = digest_feed.DigestFeed._void
+    monkeypatch.setattr(digest_feed.DigestFeed, "_void", lambda self: voids.append(self))
+    writer = tg.GradientWriter(str(tmp_path / "run"), digest=True)
+    rng, scale = np.random.default_rng(1), 10 ** np.linspace(-3, -1, VARIABLES)
+    for step in range(1100):
+        writer.write(step, _gradients(rng, step, scale))
+    for feed in writer._feeds.values():  # its record of the first 1,000 steps is written
+        feed.wait()
+    grown = {name: g * 1e6 for name, g in _gradients(rng, 500, scale).items()}
+    writer.write(500, grown)  # written again: exploding
+    writer.flush()
+    client = plugin_client(str(tmp_path))
+    assert _until_read(client, monkeypatch, "alerts") == _get(client, "alerts", False,
+                                                               monkeypatch)
+    for feed in voids:
+        real_void(feed)
+    writer.close()
+    client.reload()
+    whole = _until_read(client, monkeypatch, "alerts")
+    assert whole == _get(client, "alerts", False, monkeypatch)
+    assert any(a["rule"] == "absolute" and a["first_step"] <= 500 <= a["last_step"]
+               for a in whole["alerts"])

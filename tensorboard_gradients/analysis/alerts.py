@@ -94,7 +94,15 @@ class Finding:
         for name in ("first_step", "last_step", "steps"):
             if type(getattr(finding, name)) is not int:
                 raise ValueError(f"a finding's {name} is not an integer")
-        finding.alert()  # every field of the right kind, or an error now
+        for name in ("value", "threshold", "detail"):
+            value = getattr(finding, name)
+            if type(value) not in (int, float) and not (name == "detail" and value is None):
+                raise ValueError(f"a finding's {name} is not a number")
+        if ((finding.detail is None) != (finding.detail_worst is None)
+                or finding.severity not in SEVERITIES
+                or not all(isinstance(getattr(finding, name), str) for name in ("kind", "rule"))):
+            raise ValueError("a finding's fields do not go together")
+        finding.alert()  # renders, or an error now
         return finding
 
     def alert(self) -> Alert:

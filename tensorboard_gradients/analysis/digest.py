@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorboard_gradients import analysis
+from tensorboard_gradients.analysis.stream import first_kept_row
 from tensorboard_gradients.analysis.heatmap import (
     NO_EPOCHS, Groups, Heatmap, NoEpochsError, step_groups,
 )
@@ -42,6 +43,10 @@ from tensorboard_gradients.analysis.heatmap import (
 # 8 bytes per variable, stat and block (176 MB for 1,000 variables x 11 stats; up to one read's
 # blocks more until they next merge in pairs).
 MAX_BLOCKS = 2000
+# A record's blocks are at most this many steps while they have not merged (the writer's first
+# are `format.digest_feed.FIRST_BLOCK_STEPS`); merging in pairs, at most twice the steps per
+# `MAX_BLOCKS`. A reader refuses more: a block's steps are what it reads back to go on.
+FIRST_BLOCK_STEPS_AT_MOST = 64
 
 
 class Digest:
@@ -325,10 +330,15 @@ class Digest:
         last = read.used[-1]
         if "stream_rows" not in last:
             raise ValueError("the digest records hold no state to go on from")
-        rows = len(read.steps)
+        rows, final_rows = len(read.steps), sum(len(part) for part in read.classes)
         pending_from = read.block_starts[-1]
         start = min(int(last["stream_kept_from"]), pending_from)
-        if not 0 <= start <= rows:
+        # Checked before any row is read back: a writer leaves fewer rows than a block, and the
+        # rules' windows, out of its blocks (a crafted record must not make it read the run).
+        if (int(last["stream_rows"]) != rows or int(last["stream_final_rows"]) != final_rows
+                or not 0 <= final_rows - pending_from < read.block_steps
+                or rows - final_rows > thresholds.sustain_steps - 1
+                or int(last["stream_kept_from"]) != first_kept_row(final_rows, thresholds)):
             raise ValueError("the digest records' state does not fit their rows")
         again = rows_of(start, rows)
         if not np.array_equal(again.steps, read.steps[start:]):
@@ -435,6 +445,10 @@ class _Records:
         tail_starts = last["tail_starts"].tolist()
         width = (len(like.variables), len(like.available_stats))
         if (len(wall_times) < written.rows
+                or not 1 <= block_steps <= max(FIRST_BLOCK_STEPS_AT_MOST,
+                                               2 * written.rows // MAX_BLOCKS + 2)
+                or any(part.size and not 0 <= part.min() <= part.max() < len(analysis.CLASSES)
+                       for part in classes + [last["stream_provisional_classes"]])
                 or len(last["stream_provisional_classes"]) != written.rows - written.final_rows
                 or len(block_starts) - 1 != sum(len(part.worst) for part in blocks)
                 or [block_starts[-1], written.rows] != [tail_starts[0], tail_starts[-1]]

@@ -170,7 +170,7 @@ class AnalysisStream:
         self._provisional_classes = classes[split:high]
         self.final_rows = decided
         if resume_row is not None:
-            self._keep_from(max(0, resume_row - self._context))
+            self._keep_from(first_kept_row(decided, self.thresholds))
         else:
             self._keep_from(end)
         return classes[low:split]
@@ -225,7 +225,9 @@ class AnalysisStream:
         stream._last_step = None if step < 0 else step
         if (len(kept.steps) != stream.rows - stream._kept_from or len(all_steps) != stream.rows
                 or not np.array_equal(kept.steps, all_steps[stream._kept_from:])
-                or not 0 <= stream._kept_from <= stream.final_rows <= stream.rows):
+                or not 0 <= stream.final_rows <= stream.rows
+                or stream._kept_from != first_kept_row(stream.final_rows, thresholds)
+                or stream._last_step != (int(all_steps[-1]) if stream.rows else None)):
             raise ValueError("the stream's rows do not match its state")
         stream._steps, stream._wall_times = [kept.steps], [kept.wall_times]
         stream._values = [kept.values]
@@ -233,6 +235,11 @@ class AnalysisStream:
         stream._findings, stream._provisional_findings = (
             {finding.key: finding for finding in map(Finding.from_data, _from_json_array(
                 last[name]))} for name in ("stream_findings", "stream_provisional_findings"))
+        kinds = {rule.kind for rule in RULES}
+        for finding in (*stream._findings.values(), *stream._provisional_findings.values()):
+            if (finding.kind not in kinds or finding.variable not in (None, *like.variables)
+                    or finding.layer not in (None, *like.layers)):
+                raise ValueError("a finding names no rule or variable of this series")
         stream._provisional_classes = np.asarray(last["stream_provisional_classes"], np.int8)
         if stream._provisional_classes.shape != (stream.rows - stream.final_rows,
                                                  len(like.variables)):
@@ -242,10 +249,21 @@ class AnalysisStream:
             if name.startswith("carried."):
                 key, *index = name[len("carried."):].split(".")
                 if index:
-                    carried.setdefault(key, []).append((int(index[0]), value))
+                    parts = carried.setdefault(key, [])
+                    if not isinstance(parts, list):
+                        raise ValueError("what the rules carried does not fit this series")
+                    parts.append((int(index[0]), value))
+                elif key in carried:
+                    raise ValueError("what the rules carried does not fit this series")
                 else:
                     carried[key] = int(value)
-        stream._carried = {key: tuple(part for _, part in sorted(value))
+        for value in carried.values():  # what rules keep: ints, or pairs of columns
+            if isinstance(value, list) and (
+                    sorted(index for index, _ in value) != [0, 1]
+                    or any(part.dtype != np.float32 or part.shape not in (
+                        (len(like.variables),), (1,)) for _, part in value)):
+                raise ValueError("what the rules carried does not fit this series")
+        stream._carried = {key: tuple(part for _, part in sorted(value, key=lambda p: p[0]))
                            if isinstance(value, list) else value
                            for key, value in carried.items()}
         for rule in RULES:
@@ -254,12 +272,17 @@ class AnalysisStream:
             name, scale = _from_json_array(last[f"record.{rule.name}.rule"])
             columns = np.asarray(last[f"record.{rule.name}.columns"], np.int64)
             values = np.concatenate([state[f"record.{rule.name}.values"] for state in states])
-            if values.shape != (stream.final_rows, len(columns)):
-                raise ValueError(f"the {rule.name} record does not cover the final rows")
+            # What this rule records of this series (its name, scale and columns).
+            expected = rule.record(Evidence(kept, thresholds, RULES))
+            if (expected is None or (name, scale) != expected[:2]
+                    or not np.array_equal(columns, expected[2]) or values.dtype.kind != "f"
+                    or values.shape != (stream.final_rows, len(columns))):
+                raise ValueError(f"the {rule.name} record does not fit this series")
             stream._records[rule.name] = [(str(name), float(scale), columns, values)]
             provisional = last.get(f"record.{rule.name}.provisional")
             if provisional is not None:
-                if provisional.shape != (stream.rows - stream.final_rows, len(columns)):
+                if (provisional.dtype.kind != "f"
+                        or provisional.shape != (stream.rows - stream.final_rows, len(columns))):
                     raise ValueError(f"the {rule.name} record does not cover the last rows")
                 stream._provisional_records[rule.name] = (str(name), float(scale), columns,
                                                           provisional)
@@ -286,6 +309,13 @@ class AnalysisStream:
             self._values = [self._values[0][cut:]]
             self._kept_from = row
         self._all_steps = _joined(self._all_steps)
+
+
+def first_kept_row(final_rows: int, thresholds: Thresholds) -> int:
+    """The first row a stream keeps once ``final_rows`` are final: the context before the
+    spike block holding the first undecided row, where its next round starts."""
+    block_start = final_rows // thresholds.spike_window * thresholds.spike_window
+    return max(0, block_start - (thresholds.sustain_steps - 1))
 
 
 def _json_array(value) -> np.ndarray:

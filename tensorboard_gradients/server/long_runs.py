@@ -74,8 +74,9 @@ class LongRun:
         # integrity.Located of the writer's digest records and of their blocks, or None
         self.written = None
         self._restored = None  # (what it was restored from, the writer's Digest or None)
-        # Whether the plugin's own digest (defaults) went on from the writer's, then dropped.
-        self._taken_up = False
+        # Whether the plugin's own digest (defaults) went on from the writer's, then dropped;
+        # and whether that failed (crafted records), until the run's steps change.
+        self._taken_up = self._no_taking_up = False
         self.epoch_starts = self.epoch_indices = None
         self.lost = {}  # (path, message) of points left out when read back: None
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
@@ -107,7 +108,7 @@ class LongRun:
             self.epoch_starts, self.epoch_indices = epoch_starts, epoch_indices
             if not grew:
                 self._digests.clear()
-                self._taken_up = False
+                self._taken_up = self._no_taking_up = False
             for digest, _ in self._digests.values():
                 digest.set_epochs(epoch_starts, epoch_indices)
 
@@ -196,14 +197,13 @@ class LongRun:
         there is none or its records do not match the steps located (another writer's steps,
         a step written again, a record lost)."""
         with self._lock:
-            written, located = self.written, self.located
-            marks = (self.epoch_starts, self.epoch_indices)
+            written, located, marks = self.written, self.located, self._marks()
             own = self._digests.get(thresholds)
             if (thresholds != _DEFAULTS or written is None or not len(written[0].steps)
                     or (own is not None and (own[1] == len(located.steps) or self._taken_up))):
                 self._restored = None  # the plugin's own digest (or none) answers from now on
                 return None
-        source = (written[0].locations, written[1].locations, _marks_key(marks))
+        source = _source(written, marks)
         with self._restoring:  # one thread reads the records, the others wait for it
             restored = self._restored
             if restored is None or restored[0] != source:
@@ -226,10 +226,11 @@ class LongRun:
             logger.info("run %r tag %r: the writer's digest is not used (%s); the plugin reads "
                         "the steps", self.run, self.tag, error)
             return None
-        # The file of each record, from the row after the one before it on.
-        files = [path for path, _, _ in written[0].locations[:len(records)]]
+        # The file and offset of each record, from the row after the one before it on.
+        places = [(path, offset) for path, offset, _ in written[0].locations[:len(records)]]
         ends = np.cumsum([len(record["steps"]) for record in records])
-        restored.sources = list(zip(np.append(0, ends[:-1]).tolist(), ends.tolist(), files))
+        restored.sources = [(start, end, path, offset) for start, end, (path, offset)
+                            in zip(np.append(0, ends[:-1]).tolist(), ends.tolist(), places)]
         return restored
 
     def _records(self, written):
@@ -301,6 +302,7 @@ class LongRun:
         restored = self._restored
         written = None if restored is None else restored[1]
         if (thresholds != _DEFAULTS or written is None or written.continues is False
+                or self._no_taking_up or self.written is None or restored[0] != _source(self.written, self._marks())
                 or not _covers(written, self.located)):
             return None
         located = self.located
@@ -314,6 +316,9 @@ class LongRun:
             logger.info("run %r tag %r: the writer's digest cannot be taken up (%s); the "
                         "plugin reads every step", self.run, self.tag, error)
             return None
+
+    def _marks(self):
+        return self.epoch_starts, self.epoch_indices
 
     def _continues(self, thresholds, written) -> bool:
         """Whether the plugin's own digest has read as far as ``written`` (the writer's
@@ -355,10 +360,17 @@ class LongRun:
                         continue  # the old steps changed meanwhile (`update`): start again
                     try:
                         digest.feed(rows, alongside=summary)
-                    except BaseException:
-                        # Half fed, it could take no later step: the next request starts over.
+                    except BaseException as error:
+                        # Half fed, it could take no later step: the next request starts over,
+                        # from the first step if it went on from a writer's records.
                         self._digests.pop(thresholds, None)
-                        raise
+                        if not (isinstance(error, Exception) and thresholds == _DEFAULTS
+                                and self._taken_up):
+                            raise
+                        self._taken_up, self._no_taking_up = False, True
+                        logger.info("run %r tag %r: the writer's digest could not go on (%s); "
+                                    "the plugin reads every step", self.run, self.tag, error)
+                        return
                     self._digests[thresholds] = (digest, after)
 
 
@@ -372,6 +384,12 @@ def _extends(old, new) -> bool:
             and (count == 0 or new.steps[count - 1] == old.steps[-1]))
 
 
+def _source(written, marks):
+    """What a restored writer's digest was read from: its records' and blocks' locations, and
+    the epoch marks."""
+    return written[0].locations, written[1].locations, _marks_key(marks)
+
+
 def _marks_key(marks):
     starts, indices = marks
     return (None if starts is None else tuple(starts.tolist()),
@@ -380,13 +398,15 @@ def _marks_key(marks):
 
 def _covers(digest, located) -> bool:
     """Whether ``digest`` (restored from a writer's records) describes the first located
-    steps: the same steps, each read from the file of the record that covers it (a restarted
-    job that wrote a step again wrote it to another file)."""
+    steps: the same steps, each read from the file of the record that covers it and written
+    before that record (a restarted job that wrote a step again wrote it to another file; the
+    same writer writing it again wrote it after, and voids its records soon after)."""
     rows = digest.rows
     if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
         return False
-    return all(path == file for start, end, file in digest.sources
-               for path, _, _ in located.locations[start:end])
+    return all(path == file and offset < record_offset
+               for start, end, file, record_offset in digest.sources
+               for path, offset, _ in located.locations[start:end])
 
 
 def _same_marks(old_starts, new_starts, last_step) -> bool:
