@@ -341,7 +341,8 @@ def _big_records_run(directory, damaged_steps=(), unparsable_step=None):
             file.write(bytes([byte[0] ^ 0xFF]))
     if unparsable_step is not None:
         tensor = b"\x07" * 6000  # wire type 7 does not exist
-        value = b"\x0a" + bytes([len(TAG)]) + TAG.encode() + b"\x42" + _varint(len(tensor)) + tensor
+        value = (b"\x0a" + bytes([len(TAG)]) + TAG.encode() + b"\x42" + _varint(len(tensor))
+                 + tensor)
         summary = b"\x0a" + _varint(len(value)) + value
         event = (b"\x09" + struct.pack("<d", 1.7e9) + b"\x10" + _varint(unparsable_step)
                  + b"\x2a" + _varint(len(summary)) + summary)

@@ -228,8 +228,7 @@ class EventFileIntegrity:
         except OSError as error:
             logger.info("tensorboard-gradients will verify %s later: %s", path, error)
             return
-        _take_back(scan, taken)
-        scan.unverified, scan.unverified_bytes = [], 0
+        _settle(scan, taken, len(scan.unverified))
 
     def _start_verifier(self):
         """Starts verifying in the background unless a verifier runs (hold the lock)."""
@@ -273,10 +272,7 @@ class EventFileIntegrity:
                     return
                 with self._lock:
                     if self._files.get(path) is scan and scan.unverified[:1] == offsets[:1]:
-                        _take_back(scan, taken)
-                        del scan.unverified[:len(offsets)]
-                        if not scan.unverified:
-                            scan.unverified_bytes = 0
+                        _settle(scan, taken, len(offsets))
         except BaseException:
             with self._lock:
                 self._verifier = None
@@ -379,6 +375,15 @@ def _verified(path: str, offsets) -> list:
             elif event_files.parse_event(record.data) is None:
                 taken.append((offset, False))
     return taken
+
+
+def _settle(scan: _FileScan, taken, count: int):
+    """The first ``count`` unverified records of ``scan`` verified: what `_verified` found
+    taken back (`_take_back`), and they are verified no more."""
+    _take_back(scan, taken)
+    del scan.unverified[:count]
+    if not scan.unverified:
+        scan.unverified_bytes = 0
 
 
 def _take_back(scan: _FileScan, taken):

@@ -302,7 +302,8 @@ class LongRun:
         restored = self._restored
         written = None if restored is None else restored[1]
         if (thresholds != _DEFAULTS or written is None or written.continues is False
-                or self._no_taking_up or self.written is None or restored[0] != _source(self.written, self._marks())
+                or self._no_taking_up or self.written is None
+                or restored[0] != _source(self.written, self._marks())
                 or not _covers(written, self.located)):
             return None
         located = self.located
