@@ -37,8 +37,10 @@ setup(
         # torch pinned: on this project's machines 2.13.0 resolves to a CPU wheel on disk, where
         # an unpinned torch would pull the multi-GB CUDA build from PyPI.
         # deepspeed pinned: the ZeRO tests read its partitions (public and `_hp_mapping`).
+        # transformers pinned: the validation set's GPT-2 (benchmarks/validation.py) is built from
+        # its GPT2Config (no weights downloaded); it pulls no torch of its own.
         "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
-                 "torch==2.13.0", "jax>=0.4.20", "deepspeed==0.19.8"],
+                 "torch==2.13.0", "jax>=0.4.20", "deepspeed==0.19.8", "transformers==5.18.0"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],

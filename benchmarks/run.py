@@ -39,6 +39,7 @@ BENCHMARKS = {
     "route_latency": "Route latency in a real TensorBoard",
     "long_run": "Long runs and big models: 1,000 tensors x 100,000 steps",
     "frontend_paint": "Gradients tab in Chromium",
+    "validation": "Diagnosis validation set: real models, healthy and sick",
 }
 
 

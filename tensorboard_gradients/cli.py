@@ -1,10 +1,13 @@
 """``tensorboard-gradients diagnose LOGDIR``: the alerts of a logdir, without a browser.
 
-    tensorboard-gradients diagnose runs/ [--run R] [--tag T] [--json]
+    tensorboard-gradients diagnose runs/ [--run R] [--tag T] [--json] [--every-alert]
         [--fail-on nonfinite,exploding] [--threshold exploding_norm=100 ...]
 
-Prints one line per alert (or a JSON document with ``--json``: ``alerts`` and ``problems``), so
-a training pipeline can gate on the exit status. Rules and defaults:
+Prints one line per finding: the alerts of one rule over one stretch of steps ("17 of 18
+tensors exploded ... at steps 31-32, first dense_00/kernel", `analysis.groups`); with
+``--every-alert`` one line per alert; with ``--json`` a JSON document (``alerts``, ``groups``
+whose ``alerts`` index that list, and ``problems``). A training pipeline can gate on the exit
+status. Rules and defaults:
 `tensorboard_gradients.analysis`. Runs of any length: the logged steps are located first, then
 decoded and judged `STEPS_PER_READ` at a time (`analysis.AnalysisStream`), so memory is bounded
 by that, not by the run.
@@ -33,6 +36,7 @@ import sys
 from typing import List, Optional
 
 from tensorboard_gradients import analysis
+from tensorboard_gradients.analysis import groups
 from tensorboard_gradients.format import metadata, reader
 
 EXIT_OK = 0
@@ -59,6 +63,10 @@ def _parser():
     diagnose.add_argument("--run", help="only this run (as TensorBoard names it, e.g. 'train')")
     diagnose.add_argument("--tag", help="only this gradients tag (default: all)")
     diagnose.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    diagnose.add_argument(
+        "--every-alert", action="store_true",
+        help="one line per alert (default: one per finding, the alerts of one rule over one "
+        "stretch of steps, e.g. '17 of 18 tensors exploded at steps 31-32')")
     diagnose.add_argument(
         "--fail-on",
         default="",
@@ -117,17 +125,18 @@ def _json_number(value):
     return value if math.isfinite(value) else str(value)
 
 
-def _table(findings) -> str:
-    if not findings:
+def _span(first_step: int, last_step: int) -> str:
+    return str(first_step) if first_step == last_step else f"{first_step}-{last_step}"
+
+
+def _table(lines) -> str:
+    """``lines``: (severity, kind, run, tag, where, first step, last step, message)."""
+    if not lines:
         return "No gradient alerts."
     rows = [("SEVERITY", "KIND", "RUN", "TAG", "WHERE", "STEPS", "MESSAGE")]
-    for run, tag, alert in findings:
-        where = alert.variable or (f"layer {alert.layer}" if alert.layer else "(model)")
-        span = str(alert.first_step) if alert.first_step == alert.last_step else (
-            f"{alert.first_step}-{alert.last_step}"
-        )
+    for severity, kind, run, tag, where, first_step, last_step, message in lines:
         rows.append(tuple(_printable(cell) for cell in (
-            alert.severity, alert.kind, run, tag, where, span, alert.message
+            severity, kind, run, tag, where, _span(first_step, last_step), message
         )))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
@@ -168,6 +177,18 @@ def diagnose_logged(logged: reader.LoggedSeries, thresholds) -> List[analysis.Al
     return stream.alerts()
 
 
+def _grouped(judged, findings):
+    """(run, tag, `groups.AlertGroup`, its alerts' positions in ``findings``) of each judged
+    series."""
+    position = {id(alert): index for index, (_, _, alert) in enumerate(findings)}
+    result = []
+    for run, tag, logged, alerts in judged:
+        names = logged.rows(0, 0)
+        for found in groups.group(alerts, names.variables, names.layers):
+            result.append((run, tag, found, [position[id(alerts[i])] for i in found.alerts]))
+    return result
+
+
 def _selected_problems(scan, args):
     """The problems of the selected runs and tags, each reported once on stderr."""
     problems = [p for p in scan.problems if _is_selected(p, args)]
@@ -194,21 +215,32 @@ def diagnose_command(args, parser) -> int:
     if args.tag is not None and not selected:
         tags = {tag for run_tags in runs.values() for tag in run_tags}
         return _absent("tag", args.tag, tags, _selected_problems(scan, args), args.logdir)
-    findings = [(run, tag, alert) for run, tag, logged in selected
-                for alert in diagnose_logged(logged, thresholds)]
+    judged = [(run, tag, logged, diagnose_logged(logged, thresholds))
+              for run, tag, logged in selected]
+    findings = [(run, tag, alert) for run, tag, _, alerts in judged for alert in alerts]
     problems = _selected_problems(scan, args)
     severity = {s: i for i, s in enumerate(analysis.SEVERITIES)}
     findings.sort(key=lambda f: (severity[f[2].severity], f[2].first_step))
+    grouped = _grouped(judged, findings)
+    grouped.sort(key=lambda g: (severity[g[2].severity], g[2].first_step))
     if args.json:
         alerts = [
             dict(a.to_json(), run=run, tag=tag, value=_json_number(a.value))
             for run, tag, a in findings
         ]
+        group_list = [dict(g.to_json(), run=run, tag=tag, alerts=members)
+                      for run, tag, g, members in grouped]
         problem_list = [p.to_json() for p in problems]
-        print(json.dumps({"logdir": args.logdir, "alerts": alerts, "problems": problem_list},
-                         indent=1))
+        print(json.dumps({"logdir": args.logdir, "alerts": alerts, "groups": group_list,
+                          "problems": problem_list}, indent=1))
+    elif args.every_alert:
+        print(_table([(a.severity, a.kind, run, tag,
+                       a.variable or (f"layer {a.layer}" if a.layer else "(model)"),
+                       a.first_step, a.last_step, a.message) for run, tag, a in findings]))
     else:
-        print(_table(findings))
+        print(_table([(g.severity, g.kind, run, tag,
+                       g.first + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
+                       g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped]))
     if not runs:
         _complain(f"no gradient summaries under {args.logdir}")
     if any(alert.kind in fail_on for _, _, alert in findings):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tensorboard_gradients import analysis
+from tensorboard_gradients.analysis import groups
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.reader import GradientSeries
 
@@ -105,17 +106,32 @@ def test_an_exploding_output_side_does_not_make_healthy_layers_vanish():
     assert (classes[200:, :-6] == analysis.OK).all()
 
 
-def test_absolute_floor_needs_sustained_steps():
+def test_absolute_floor_judges_whole_layers_and_needs_sustained_steps():
     norms, variables = deep_net()
-    norms[50:60, 5] = 1e-9
-    norms[80:83, 6] = 1e-9  # 3 < sustain_steps
-    alerts = analysis.diagnose(make_series(norms, variables))
-    assert [(a.kind, a.rule, a.variable, a.first_step, a.last_step) for a in alerts] == [
-        ("vanishing", "absolute", variables[5], 500, 590)
-    ]
-    assert alerts[0].value == pytest.approx(1e-9)
-    longer = analysis.diagnose(make_series(norms, variables), sustain_steps=3)
-    assert {a.variable for a in longer} == {variables[5], variables[6]}
+    norms[50:60, 4:6] = 1e-9  # layer dense_02: kernel and bias
+    norms[80:83, 6:8] = 1e-9  # layer dense_03, for 3 < sustain_steps
+    series = make_series(norms, variables)
+    alerts = analysis.diagnose(series, depth_ratio=1e-12)  # the depth rule would fire too
+    assert [(a.kind, a.rule, a.variable, a.layer, a.first_step, a.last_step)
+            for a in alerts] == [("vanishing", "absolute", None, "dense_02", 500, 590)]
+    # The layer's norm: both variables' together.
+    assert alerts[0].value == pytest.approx(np.sqrt(2) * 1e-9)
+    assert alerts[0].message.startswith("layer dense_02: gradient norm stayed below 1e-07")
+    classes = analysis.classify(series)
+    assert (classes[50:60, 4:6] == analysis.VANISHING).all()
+    assert (classes[:50] == analysis.OK).all()
+    longer = analysis.diagnose(series, sustain_steps=3, depth_ratio=1e-12)
+    assert {a.layer for a in longer} == {"dense_02", "dense_03"}
+
+
+def test_a_tiny_variable_next_to_a_training_one_is_not_vanishing():
+    # A healthy MobileNet's batch-norm betas that feed another normalisation get 1e-8 gradients
+    # (the next layer subtracts their shift) while their gammas train: not a vanishing layer.
+    norms, variables = deep_net()
+    norms[:, 5] = 2e-8
+    series = make_series(norms, variables)
+    assert analysis.diagnose(series) == []
+    assert (analysis.classify(series) == analysis.OK).all()
 
 
 def test_nonfinite_reports_first_step_and_every_variable_hit_there():
@@ -182,16 +198,31 @@ def test_spike_against_running_median_but_not_a_small_bump():
     series = make_series(norms, variables)
     alerts = analysis.diagnose(series)
     spikes = [a for a in alerts if a.rule == "spike"]
-    assert [(a.variable, a.first_step) for a in spikes] == [(variables[9], 2000)]
+    assert [(a.kind, a.variable, a.first_step) for a in spikes] == [("spike", variables[9], 2000)]
     assert spikes[0].severity == "warning" and spikes[0].value >= 5
     ratio = float(spikes[0].message.split("spiked to ")[1].split("x its")[0])
     assert 20 < ratio < 45
+    assert not [a for a in alerts if a.kind == "exploding"]  # far below the ceiling
     classes = analysis.classify(series)
-    assert classes[200, 9] == analysis.EXPLODING and classes[220, 11] == analysis.OK
+    assert classes[200, 9] == analysis.SPIKE and classes[220, 11] == analysis.OK
     # No history yet: the first spike_window steps are judged by the absolute ceiling only.
     early, _ = deep_net(noise=0.05)
     early[10, 9] *= 30
     assert not [a for a in analysis.diagnose(make_series(early, variables)) if a.rule == "spike"]
+
+
+def test_a_jump_of_a_norm_far_below_the_rest_is_not_a_spike():
+    # A vanishing-scale layer's 1e-9 -> 1e-7 (the issue's deep sigmoid net), or a bias far
+    # below its kernel: the jump changes no update, so no finding and no spike cell.
+    norms, variables = deep_net(noise=0.05)
+    norms[:, 3] = 1e-9 * 10 ** np.random.default_rng(1).normal(scale=0.05, size=STEPS)
+    norms[200, 3] *= 100
+    series = make_series(norms, variables)
+    assert not [a for a in analysis.diagnose(series) if a.kind == "spike"]
+    assert analysis.classify(series)[200, 3] == analysis.OK
+    # The same jump carrying a real share of the global norm is one.
+    assert [a.variable for a in analysis.diagnose(series, spike_min_share=1e-9)
+            if a.kind == "spike"] == [variables[3]]
 
 
 def test_dead_needs_sustained_zero_fraction():
@@ -230,24 +261,41 @@ def test_update_ratio_judges_kernels_not_zero_initialised_biases():
     assert sorted(a.variable for a in alerts) == sorted(v for v in variables if v.endswith("kernel"))
 
 
-def test_gradient_weight_fallback_without_update_norms():
+def test_the_gradient_weight_ratio_alone_is_not_judged():
+    # A healthy AdamW run: gradient/weight ratios of 16 (PyTorch logs weights, not updates).
+    # Adam's step does not scale with the gradient, so that ratio says nothing of the update.
     norms, variables = deep_net(depth=3)
-    weights = np.full_like(norms, 10.0)  # ratios 1e-2 / 3e-3: inside [1e-3, 10]
-    weights[:, 2] = 1e6  # ratio 1e-7: below
-    alerts = analysis.diagnose(make_series(norms, variables, weights=weights))
-    assert [(a.kind, a.rule, a.variable) for a in alerts] == [
-        ("update_ratio", "gradient/weight", variables[2])
-    ]
+    weights = norms / 16.2
+    weights[:, 2] = 1e6  # and one 1e-7: without the update, no judgement either way
+    assert analysis.diagnose(make_series(norms, variables, weights=weights)) == []
 
 
-def test_missing_gradients_are_their_own_class_and_never_alert():
+def test_a_variable_that_never_gets_a_gradient_is_a_finding_of_its_own():
     norms, variables = deep_net()
     missing = np.zeros(norms.shape, dtype=bool)
-    missing[:, 5] = True
+    missing[:, 5] = True  # a branch disconnected from the loss
+    missing[::2, 7] = True  # logged every other step only: it does train
+    missing[:3, 9] = True  # reached from the fourth step on
     series = make_series(norms, variables, missing=missing)
     classes = analysis.classify(series)
     assert (classes[:, 5] == analysis.MISSING).all()
-    assert analysis.diagnose(series) == []
+    alerts = analysis.diagnose(series)
+    assert [(a.kind, a.rule, a.variable, a.severity, a.first_step, a.last_step, a.steps)
+            for a in alerts] == [("never_updated", "no_gradient", variables[5], "warning", 0,
+                                  (STEPS - 1) * 10, STEPS)]
+    assert "received no gradient" in alerts[0].message
+    # Too few steps to say: the first steps of a run may not reach every branch.
+    assert analysis.diagnose(make_series(norms[:4], variables, missing=missing[:4])) == []
+    # A gradient at the last step withdraws it, also from a stream fed step by step.
+    missing[-1, 5] = False
+    stream = analysis.AnalysisStream(series)
+    for row in range(STEPS):
+        assert [a.kind for a in stream.alerts()] == (
+            ["never_updated"] if row >= analysis.Thresholds().sustain_steps else [])
+        series_row = make_series(norms, variables, missing=missing)
+        stream.feed(series_row.steps[row:row + 1], series_row.wall_times[row:row + 1],
+                    series_row.values[row:row + 1])
+    assert stream.alerts() == []
 
 
 def test_thresholds_are_overridable_and_validated():
@@ -306,7 +354,7 @@ def test_rule_registry_and_thresholds_agree():
     assert analysis.KINDS == tuple(dict.fromkeys(rule.kind for rule in analysis.RULES))
     assert len({rule.name for rule in analysis.RULES}) == len(analysis.RULES)
     assert {rule.cell_class for rule in analysis.RULES} - {None} == {
-        analysis.VANISHING, analysis.EXPLODING, analysis.NONFINITE
+        analysis.VANISHING, analysis.SPIKE, analysis.EXPLODING, analysis.NONFINITE
     }
 
 
@@ -325,7 +373,8 @@ def test_the_tabs_form_parameters_and_class_descriptions():
 
 
 def test_a_rule_is_found_by_kind_and_raises_only_that_kind():
-    assert [rule.name for rule in analysis.rules.of_kind("exploding")] == ["exploding", "spike"]
+    assert [rule.name for rule in analysis.rules.of_kind("exploding")] == ["exploding"]
+    assert [rule.name for rule in analysis.rules.of_kind("spike")] == ["spike"]
     assert analysis.rules.of_kind("no such kind") == ()
     for kind in analysis.KINDS:
         assert analysis.rules.of_kind(kind), kind
@@ -338,3 +387,44 @@ def test_a_rule_is_found_by_kind_and_raises_only_that_kind():
                      builder)
     assert builder.by_urgency() == analysis.diagnose(series)
     assert {a.kind for a in builder.alerts} == {"vanishing"}
+
+
+def test_alerts_group_into_findings_by_rule_and_overlapping_steps():
+    norms, variables = deep_net(noise=0.05)
+    norms[31:33, :-1] = 5e3  # 23 of 24 tensors explode at steps 310-320
+    counts = np.zeros_like(norms)
+    counts[33:, :] = 64  # then everything is NaN
+    norms[33:, :] = 0.0
+    series = make_series(norms, variables, nonfinite=counts)
+    alerts = analysis.diagnose(series)
+    found = groups.group(alerts, series.variables, series.layers)
+    # The jump past the ceiling is an explosion only, not also a spike.
+    assert [(g.kind, g.rule, g.severity, g.first_step, g.last_step, g.subjects, g.of, g.first)
+            for g in found] == [
+        ("exploding", "global", "critical", 310, 320, 1, 1, "whole model"),
+        ("exploding", "absolute", "critical", 310, 320, 23, 24, variables[0]),
+        ("nonfinite", "count", "critical", 330, (STEPS - 1) * 10, 24, 24, variables[0]),
+    ]
+    assert found[1].message == (
+        f"23 of 24 tensors exploded (norm above 1000) at steps 310-320, first "
+        f"{variables[0]}.")
+    assert found[0].message == next(a.message for a in alerts if a.rule == "global")
+    # Every alert is in exactly one group, and a group's alerts are its rule's.
+    members = sorted(i for g in found for i in g.alerts)
+    assert members == list(range(len(alerts)))
+    for g in found:
+        assert {(alerts[i].kind, alerts[i].rule) for i in g.alerts} == {(g.kind, g.rule)}
+
+
+def test_separate_stretches_of_one_rule_are_separate_groups_most_urgent_first():
+    norms, variables = deep_net(noise=0.05)
+    norms[100, 8] *= 30  # a spike at 1000
+    norms[200, 10] *= 30  # and one at 2000
+    norms[150:160, 0:2] = 1e-9  # layer dense_00 below the floor at 1500-1590
+    series = make_series(norms, variables)
+    found = groups.group(analysis.diagnose(series, depth_ratio=1e-12), series.variables,
+                         series.layers)
+    assert [(g.kind, g.first_step, g.subjects, g.unit) for g in found] == [
+        ("spike", 1000, 1, "tensor"), ("vanishing", 1500, 1, "layer"),
+        ("spike", 2000, 1, "tensor")]
+    assert groups.group([], series.variables, series.layers) == []

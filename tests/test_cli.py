@@ -43,6 +43,8 @@ def test_table_and_exit_status_gate_on_fail_on_kinds(logdir):
     assert "critical  nonfinite" in lines[1] and "broken" in lines[1]
     assert "dense_2/kernel" in lines[1] and "70-99" in lines[1]
     assert all("healthy" not in line for line in lines)
+    every = run("diagnose", logdir, "--every-alert").stdout.splitlines()
+    assert every[1] == lines[1]  # a finding of one alert reads as that alert
     assert run("diagnose", logdir).returncode == 0  # no --fail-on: report only
     assert run("diagnose", logdir, "--fail-on", "vanishing").returncode == 0
 
@@ -50,11 +52,14 @@ def test_table_and_exit_status_gate_on_fail_on_kinds(logdir):
 def test_run_filter_and_json(logdir):
     result = run("diagnose", logdir, "--run", "healthy", "--json", "--fail-on", "any")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"logdir": logdir, "alerts": [], "problems": []}
+    assert json.loads(result.stdout) == {"logdir": logdir, "alerts": [], "groups": [],
+                                         "problems": []}
     result = run("diagnose", logdir, "--run", "broken", "--json")
     alerts = json.loads(result.stdout)["alerts"]
     assert alerts[0]["kind"] == "nonfinite" and alerts[0]["run"] == "broken"
     assert alerts[0]["first_step"] == 70 and alerts[0]["tag"] == "gradients"
+    (nonfinite,) = [g for g in json.loads(result.stdout)["groups"] if g["kind"] == "nonfinite"]
+    assert nonfinite["alerts"] == [0] and nonfinite["run"] == "broken"
 
 
 def test_threshold_overrides(logdir):

@@ -106,7 +106,7 @@ def test_no_planted_spike_or_nan_is_lost_in_the_overview_or_the_alerts(long_run,
     quiet = np.nanmedian(np.asarray(heatmap["values"], dtype=float), axis=1)
     for row, step in spikes:
         kind, value = _cell(heatmap, row, step)
-        assert kind == "exploding" and value > 100 * quiet[row], (names[row], step, kind, value)
+        assert kind == "spike" and value > 100 * quiet[row], (names[row], step, kind, value)
     assert _cell(heatmap, *nan)[0] == "nonfinite"
     assert _alerted(alerts, names, spikes, "spike"), "a planted spike has no alert of its own"
     assert any(a["kind"] == "nonfinite" and a["variable"] == names[nan[0]]

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
+from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import digest
 from tensorboard_gradients.server import answers, long_runs, traffic
 
@@ -31,6 +32,7 @@ STEPS = 1300
 EPOCH_STEPS = 250
 SPIKES = {(300, 3), (777, 8), (1201, 0)}  # (step, variable)
 NAN_CELL = (650, 5)
+LATE_NAN_STEP = STEPS + 100  # the same cell again, in steps a growing run appends
 
 
 def _gradients(rng, step, scale):
@@ -40,10 +42,11 @@ def _gradients(rng, step, scale):
     for spike_step, row in SPIKES:
         if step == spike_step:
             grads[names[row]] = grads[names[row]] * 1e4
-    if step == NAN_CELL[0]:
+    if step in (NAN_CELL[0], LATE_NAN_STEP):
         grads[names[NAN_CELL[1]]][0] = np.nan
-    if 900 <= step < 940:
-        grads[names[10]] = grads[names[10]] * 1e-12  # vanishing for 40 steps
+    if 900 <= step < 940:  # layer_5 vanishing for 40 steps
+        for row in (10, 11):
+            grads[names[row]] = grads[names[row]] * 1e-12
     return grads
 
 
@@ -133,6 +136,21 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS
     # A zoom at full resolution: the same matrix as the short run's zoom.
     long, short = both("heatmap", stat="l2_norm", first_step=610, last_step=700)
     assert long == short
+    long, short = both("heatmap", stat="std", first_step=610, last_step=700, rows="layers")
+    assert long == short and long["variables"] == [f"layer_{i}" for i in range(VARIABLES // 2)]
+    # The overview by layer: each column's class is the worst of its variables' columns.
+    by_layer = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", rows="layers")
+    by_variable = _get(client, "heatmap", True, monkeypatch, stat="l2_norm")
+    order = {name: i for i, name in enumerate(analysis.CLASSES)}
+    worst = [[max(pair, key=order.get) for pair in zip(*by_variable["classes"][2 * i:2 * i + 2])]
+             for i in range(VARIABLES // 2)]
+    assert by_layer["classes"] == worst and by_layer["steps"] == by_variable["steps"]
+    long, short = both("series", variable="layer_2", rows="layers")
+    assert long["classes"] == [max(pair, key=order.get) for pair in zip(*(
+        _get(client, "series", True, monkeypatch, variable_index=row)["classes"]
+        for row in (4, 5)))]
+    block = int(np.searchsorted(long["steps"], NAN_CELL[0], "right")) - 1  # holding the NaN
+    assert long["stats"]["nan_count"][block] == 1 == short["stats"]["nan_count"][NAN_CELL[0]]
     # A histogram, and the whole run as CSV (read back a few thousand steps at a time).
     long, short = both("histogram", variable_index=3, step=612)
     assert long == short and long["step"] == 600
@@ -163,7 +181,7 @@ def test_the_overview_of_a_long_run_hides_no_step(tmp_path, plugin_client, monke
     flagged = {(int(np.searchsorted(steps_of_columns["steps"], step, "right") - 1), row)
                for step, row in SPIKES}
     for column, row in flagged:
-        assert steps_of_columns["classes"][row][column] == "exploding"
+        assert steps_of_columns["classes"][row][column] == "spike"
 
 
 def _assert_hides_no_step(client, monkeypatch, **params):
@@ -172,8 +190,7 @@ def _assert_hides_no_step(client, monkeypatch, **params):
     overview = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", **params)
     per_step = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", max_steps=10_000)
     classes = np.array(per_step["classes"])
-    order = {name: i for i, name in enumerate(["missing", "ok", "vanishing", "exploding",
-                                                "nonfinite"])}
+    order = {name: i for i, name in enumerate(analysis.CLASSES)}
     for column, (first, last) in enumerate(zip(overview["steps"], overview["last_steps"])):
         worst = [max(row[first:last + 1], key=order.get) for row in classes]
         assert [row[column] for row in overview["classes"]] == worst
@@ -199,7 +216,7 @@ def test_a_growing_long_run_reads_only_its_new_steps(logdir, plugin_client, monk
     grown = _get(client, "alerts", True, monkeypatch)
     assert sum(read) == 150  # the new steps only
     assert grown == _get(client, "alerts", False, monkeypatch)
-    assert grown != first
+    assert grown != first  # the NaN of a new step
 
 
 def test_a_digest_that_failed_half_fed_is_read_again_by_the_next_request(
@@ -339,7 +356,7 @@ def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():
     expected = heatmap.build(series, "l2_norm", tg.classify(series), 1000, by_epoch=True)
     assert result["epochs"].steps.tolist() == expected.steps.tolist()
     np.testing.assert_array_equal(result["epochs"].classes, expected.classes)
-    assert result["epochs"].classes[1, 38] == 3  # the exploding step's epoch
+    assert result["epochs"].classes[1, 38] == analysis.EXPLODING  # that step's epoch
 
 
 def test_a_point_that_does_not_read_back_leaves_the_zoom_on_the_right_steps(

@@ -74,8 +74,9 @@ def test_heatmap_shape_and_non_finite_encoding(client):
     status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm")
     assert status == 200
     assert set(body) == {
-        "run", "tag", "stat", "variables", "layers", "steps", "last_steps", "wall_times", "values",
-        "classes", "epochs", "downsampled", "sampled", "steps_to_read", "damaged", "damage",
+        "run", "tag", "stat", "rows", "variables", "layers", "steps", "last_steps", "wall_times",
+        "values", "classes", "epochs", "downsampled", "sampled", "steps_to_read", "damaged",
+        "damage",
     }
     assert body["steps_to_read"] == 0
     assert (body["damaged"], body["damage"]) == (0, [])
@@ -156,9 +157,9 @@ def test_alerts(client):
     severities = [["critical", "warning", "info"].index(a["severity"]) for a in alerts]
     assert severities == sorted(severities)
     status, body = get(client, "alerts", run="plain", tag="gradients")
-    assert status == 200  # the all-zero bias: vanishing and dead, nothing about the kernel
-    assert {(a["kind"], a["variable"]) for a in body["alerts"]} == {
-        ("vanishing", "ü/bias"), ("dead", "ü/bias")}
+    assert status == 200  # the all-zero bias: its layer vanishing, it dead; not the kernel
+    assert {(a["kind"], a["variable"] or a["layer"]) for a in body["alerts"]} == {
+        ("vanishing", "ü"), ("dead", "ü/bias")}
 
 
 def test_series(client):
@@ -563,3 +564,36 @@ def test_the_answers_are_plain_data_without_http(client, provider):
     with pytest.raises(data_access.UnknownError, match="no histograms"):
         answers.histogram_answer(data, ctx, "", "plain", "gradients", 0, 0)
     assert answers.thresholds_answer() == as_served("thresholds")
+
+
+def test_rows_by_layer_combine_each_layers_variables(client):
+    """``rows=layers``: heatmap, series and histogram of one row per layer."""
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       rows="layers")
+    assert status == 200 and body["rows"] == "layers"
+    assert body["variables"] == body["layers"] == ["dense", "out"]
+    # dense: a 3x3 kernel of ones and a bias of 0.1s, as one tensor: sqrt(9 + 3 * 0.01).
+    assert body["values"][0][0] == pytest.approx(np.sqrt(9.03), rel=1e-6)
+    assert body["classes"][0][NAN_STEP] == "nonfinite"  # the worst of its variables
+    assert body["classes"][1][INF_STEP] == "exploding" and body["classes"][0][INF_STEP] == "ok"
+    status, by_variable = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm")
+    assert by_variable["rows"] == "variables" and by_variable["variables"] == VARIABLES
+    status, series = get(client, "series", run="train", tag="gradients", variable="dense",
+                         rows="layers")
+    assert status == 200 and series["variable"] == "dense" and series["shape"] == [12]
+    assert series["stats"]["size"][0] == 12 and series["stats"]["nan_count"][NAN_STEP] == 1
+    assert series["classes"][NAN_STEP] == "nonfinite"
+    status, histogram = get(client, "histogram", run="train", tag="gradients",
+                            variable="dense", step=0, rows="layers")
+    _, kernel = get(client, "histogram", run="train", tag="gradients",
+                    variable="dense/kernel", step=0)
+    _, bias = get(client, "histogram", run="train", tag="gradients", variable="dense/bias",
+                  step=0)
+    assert status == 200 and histogram["variable"] == "dense"
+    assert histogram["counts"] == [k + b for k, b in zip(kernel["counts"], bias["counts"])]
+    status, body = get(client, "series", run="train", tag="gradients", variable="dense/kernel",
+                       rows="layers")
+    assert status == 404 and "no variable 'dense/kernel'" in body["error"]
+    status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
+                       rows="tensors")
+    assert status == 400 and "'rows' must be one of variables, layers" in body["error"]

@@ -51,7 +51,7 @@ import numpy as np
 
 from tensorboard_gradients.analysis.alerts import SEVERITIES, Alert
 from tensorboard_gradients.analysis.classes import (
-    CLASS_DESCRIPTIONS, CLASSES, EXPLODING, MISSING, NONFINITE, OK, VANISHING,
+    CLASS_DESCRIPTIONS, CLASSES, EXPLODING, MISSING, NONFINITE, OK, SPIKE, VANISHING,
 )
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES
@@ -59,7 +59,8 @@ from tensorboard_gradients.analysis.stream import AnalysisStream
 from tensorboard_gradients.analysis.thresholds import Thresholds
 
 __all__ = [
-    "CLASSES", "CLASS_DESCRIPTIONS", "MISSING", "OK", "VANISHING", "EXPLODING", "NONFINITE",
+    "CLASSES", "CLASS_DESCRIPTIONS", "MISSING", "OK", "VANISHING", "SPIKE", "EXPLODING",
+    "NONFINITE",
     "SEVERITIES", "KINDS", "PARAMETERS", "RULES", "Parameter", "Rule", "Thresholds", "Alert",
     "Analysis", "AnalysisStream", "classify", "diagnose", "analyze",
 ]

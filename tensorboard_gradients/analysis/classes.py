@@ -1,8 +1,8 @@
 """The cell classes of the heatmap: their codes, their order of alarm and their tooltip texts."""
 
 # Cell classes, ordered from least to most alarming: merging cells keeps the largest code.
-CLASSES = ("missing", "ok", "vanishing", "exploding", "nonfinite")
-MISSING, OK, VANISHING, EXPLODING, NONFINITE = range(len(CLASSES))
+CLASSES = ("missing", "ok", "vanishing", "spike", "exploding", "nonfinite")
+MISSING, OK, VANISHING, SPIKE, EXPLODING, NONFINITE = range(len(CLASSES))
 
 # One line per class for the tab's tooltip (which rules produce each class: `rules.RULES`).
 CLASS_DESCRIPTIONS = {
@@ -10,6 +10,8 @@ CLASS_DESCRIPTIONS = {
     "ok": "ok (no rule fired)",
     "vanishing": "vanishing (norm below the floor, or far below the output-side layers, "
                  "for several logged steps)",
-    "exploding": "exploding (norm above the ceiling, or a spike against its running median)",
+    "spike": "spike (norm jumped far above its running median, and carries a real share of "
+             "the step's global norm)",
+    "exploding": "exploding (norm above the ceiling)",
     "nonfinite": "NaN/Inf in the gradient",
 }

@@ -86,6 +86,13 @@ class Rule:
         """Add this rule's alerts to ``builder`` (an `AlertBuilder`), in model order."""
         raise NotImplementedError
 
+    def holds(self, finding, gradient_rows: int, thresholds) -> bool:
+        """Whether ``finding`` (this rule's, merged over every step fed so far) still holds
+        for the run so far: ``gradient_rows`` steps held some gradient. A finding about its
+        own steps holds for good (the default); one about the whole run can be withdrawn by a
+        later step."""
+        return True
+
     def check(self, thresholds) -> None:
         """`ValueError` when this rule's parameters contradict each other (checked after every
         parameter's own `Parameter.check_type` and `Parameter.check_maximum`)."""

@@ -26,7 +26,7 @@ from tensorboard_gradients.analysis.alerts import (
 )
 from tensorboard_gradients.analysis.classes import CLASSES, MISSING, OK
 from tensorboard_gradients.analysis.evidence import Evidence
-from tensorboard_gradients.analysis.rules import RULES
+from tensorboard_gradients.analysis.rules import RULES, of_kind
 from tensorboard_gradients.analysis.thresholds import Thresholds
 
 
@@ -64,6 +64,8 @@ class AnalysisStream:
         self._width = width
         self._kept_from = 0
         self.rows = 0  # rows fed
+        self.gradient_rows = 0  # rows fed in which some variable had a gradient
+        self._size_column = like.stat_names.index("size")
         self._last_step = None
         self.final_rows = 0  # rows [0, final_rows) are decided
         self._closed = False
@@ -98,6 +100,7 @@ class AnalysisStream:
         self._values.append(values)
         self._all_steps.append(steps)
         self.rows += len(steps)
+        self.gradient_rows += int((~np.isnan(values[:, :, self._size_column])).any(axis=1).sum())
         if last:
             self._closed = True
         elif not len(steps):
@@ -127,7 +130,10 @@ class AnalysisStream:
                 builder = AlertBuilder(rows)
                 rule.alerts_on(self._record(rule), self.thresholds, builder)
                 findings = merged_findings(findings, builder.findings)
-        return by_urgency([f.alert() for f in findings.values()], rows.variables, rows.layers)
+        holding = [finding for finding in findings.values()
+                   if all(rule.holds(finding, self.gradient_rows, self.thresholds)
+                          for rule in of_kind(finding.kind))]
+        return by_urgency([f.alert() for f in holding], rows.variables, rows.layers)
 
     def _record(self, rule, provisional: bool = True):
         """A whole-run rule's record of every row (``provisional``) or of the final ones; None
@@ -138,8 +144,8 @@ class AnalysisStream:
         parts = [part for part in parts if part is not None]
         if not parts:
             return None
-        name, scale, columns, _ = parts[0]
-        return name, scale, columns, np.concatenate([part[3] for part in parts])
+        name, columns, _ = parts[0]
+        return name, columns, np.concatenate([part[2] for part in parts])
 
     def _round(self, closed: bool) -> np.ndarray:
         first_undecided = self.final_rows
@@ -161,9 +167,9 @@ class AnalysisStream:
                 continue
             record = rule.record(evidence)
             if record is not None:
-                name, scale, columns, ratios = record
-                self._records[rule.name].append((name, scale, columns, ratios[low:split]))
-                self._provisional_records[rule.name] = (name, scale, columns, ratios[split:high])
+                name, columns, ratios = record
+                self._records[rule.name].append((name, columns, ratios[low:split]))
+                self._provisional_records[rule.name] = (name, columns, ratios[split:high])
         self._findings = merged_findings(self._findings, builder.findings)
         self._provisional_findings = builder.provisional
         self._carried = evidence.next
@@ -183,6 +189,7 @@ class AnalysisStream:
         ``since_final_rows`` and of the provisional rows."""
         arrays = {
             "stream_rows": np.int64(self.rows), "stream_final_rows": np.int64(self.final_rows),
+            "stream_gradient_rows": np.int64(self.gradient_rows),
             "stream_kept_from": np.int64(self._kept_from),
             "stream_last_step": np.int64(-1 if self._last_step is None else self._last_step),
             "stream_findings": _json_array([f.to_data() for f in self._findings.values()]),
@@ -199,13 +206,13 @@ class AnalysisStream:
         for rule in RULES:
             record = self._record(rule, provisional=False) if rule.whole_run else None
             if record is not None:
-                name, scale, columns, ratios = record
-                arrays[f"record.{rule.name}.rule"] = _json_array([name, scale])
+                name, columns, ratios = record
+                arrays[f"record.{rule.name}.rule"] = _json_array(name)
                 arrays[f"record.{rule.name}.columns"] = np.asarray(columns, np.int64)
                 arrays[f"record.{rule.name}.values"] = ratios[since_final_rows:]
                 provisional = self._provisional_records.get(rule.name)
                 if provisional is not None:
-                    arrays[f"record.{rule.name}.provisional"] = provisional[3]
+                    arrays[f"record.{rule.name}.provisional"] = provisional[2]
         return arrays
 
     @classmethod
@@ -221,11 +228,13 @@ class AnalysisStream:
         stream = cls(like, thresholds)
         stream.rows, stream.final_rows = int(last["stream_rows"]), int(last["stream_final_rows"])
         stream._kept_from = int(last["stream_kept_from"])
+        stream.gradient_rows = int(last["stream_gradient_rows"])
         step = int(last["stream_last_step"])
         stream._last_step = None if step < 0 else step
         if (len(kept.steps) != stream.rows - stream._kept_from or len(all_steps) != stream.rows
                 or not np.array_equal(kept.steps, all_steps[stream._kept_from:])
                 or not 0 <= stream.final_rows <= stream.rows
+                or not 0 <= stream.gradient_rows <= stream.rows
                 or stream._kept_from != first_kept_row(stream.final_rows, thresholds)
                 or stream._last_step != (int(all_steps[-1]) if stream.rows else None)):
             raise ValueError("the stream's rows do not match its state")
@@ -269,23 +278,22 @@ class AnalysisStream:
         for rule in RULES:
             if not rule.whole_run or f"record.{rule.name}.rule" not in last:
                 continue
-            name, scale = _from_json_array(last[f"record.{rule.name}.rule"])
+            name = _from_json_array(last[f"record.{rule.name}.rule"])
             columns = np.asarray(last[f"record.{rule.name}.columns"], np.int64)
             values = np.concatenate([state[f"record.{rule.name}.values"] for state in states])
-            # What this rule records of this series (its name, scale and columns).
+            # What this rule records of this series (its name and columns).
             expected = rule.record(Evidence(kept, thresholds, RULES))
-            if (expected is None or (name, scale) != expected[:2]
-                    or not np.array_equal(columns, expected[2]) or values.dtype.kind != "f"
+            if (expected is None or name != expected[0]
+                    or not np.array_equal(columns, expected[1]) or values.dtype.kind != "f"
                     or values.shape != (stream.final_rows, len(columns))):
                 raise ValueError(f"the {rule.name} record does not fit this series")
-            stream._records[rule.name] = [(str(name), float(scale), columns, values)]
+            stream._records[rule.name] = [(name, columns, values)]
             provisional = last.get(f"record.{rule.name}.provisional")
             if provisional is not None:
                 if (provisional.dtype.kind != "f"
                         or provisional.shape != (stream.rows - stream.final_rows, len(columns))):
                     raise ValueError(f"the {rule.name} record does not cover the last rows")
-                stream._provisional_records[rule.name] = (str(name), float(scale), columns,
-                                                          provisional)
+                stream._provisional_records[rule.name] = (name, columns, provisional)
         return stream
 
     def _kept_series(self, first_row: int):

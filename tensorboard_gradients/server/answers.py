@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.analysis import heatmap
+from tensorboard_gradients.analysis import groups, heatmap, layers
 from tensorboard_gradients.server import encoding, vocabulary
 from tensorboard_gradients.server.data_access import (
     GradientData,
@@ -91,7 +91,8 @@ class HeatmapQuery:
 
     ``max_steps``: at most that many columns (None: `MAX_COLUMNS`); ``by_epoch``: one column
     per epoch; ``packed``: the matrix as typed arrays (`encoding.packed_matrix`);
-    ``step_range``: ``(first, last)`` logged steps, inclusive (a zoom).
+    ``step_range``: ``(first, last)`` logged steps, inclusive (a zoom); ``by_layer``: one row
+    per layer (`layers.combined`).
     """
 
     stat: str
@@ -99,6 +100,7 @@ class HeatmapQuery:
     by_epoch: bool = False
     packed: bool = False
     step_range: Optional[Tuple[int, int]] = None
+    by_layer: bool = False
     thresholds: analysis.Thresholds = dataclasses.field(default_factory=analysis.Thresholds)
 
     def bounded(self, loaded: Loaded) -> "HeatmapQuery":
@@ -129,7 +131,11 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
     ``by_epoch`` makes one column per epoch (adds ``epoch_index``; `heatmap.NoEpochsError`, a
     ValueError, without epoch marks). ``packed`` packs ``values``/``classes`` as typed arrays
     (`encoding.packed_matrix`). ``step_range`` zooms into a step range; cells keep the classes
-    judged on the whole run.
+    judged on the whole run. ``by_layer`` draws one row per layer: its variables combined as
+    one tensor (`analysis.layers`), its class their worst; ``variables`` and ``layers`` are
+    then both the layer names. A long run's overview combines its variables' merged columns
+    (a column's layer norm is then the root of summed squares of its variables' merged norms);
+    a zoom of at most `FULL_RESOLUTION_STEPS` steps combines every step exactly.
     ``sampled`` explains when TensorBoard could not deliver every logged step (else null);
     ``steps_to_read`` counts the logged steps of a long run the plugin has still to read (the
     tab asks again until it is 0); ``damaged``/``damage`` count and explain logged steps left
@@ -142,14 +148,19 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
         matrix, progress = _long_heatmap(loaded.long_run, query)
     else:
         classes = data.analysis(loaded, query.thresholds).classes
-        matrix = heatmap.build(series, query.stat, classes, query.max_steps, query.by_epoch,
+        rows = series
+        if query.by_layer:
+            rows, classes = _by_layer(series, classes)
+        matrix = heatmap.build(rows, query.stat, classes, query.max_steps, query.by_epoch,
                                query.step_range)
+    names = layers.Layers.of(series.layers).names if query.by_layer else series.variables
     payload = {
         "run": series.run,
         "tag": series.tag,
         "stat": query.stat,
-        "variables": list(series.variables),
-        "layers": list(series.layers),
+        "rows": "layers" if query.by_layer else "variables",
+        "variables": list(names),
+        "layers": list(names) if query.by_layer else list(series.layers),
         "steps": matrix.steps.tolist(),
         "last_steps": matrix.last_steps.tolist(),
         "wall_times": encoding.floats(matrix.wall_times),
@@ -197,10 +208,37 @@ def _long_heatmap(long_run, query: HeatmapQuery):
             picked = positions[inside]
             classes = (digest.classes(picked[0], picked[-1] + 1)[picked - picked[0]]
                        if picked.size else np.zeros((0, len(zoom.variables)), np.int8))
+            if query.by_layer:
+                zoom, classes = _by_layer(zoom, classes)
             matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
+        elif query.by_layer:
+            needed = layers.needed_stats(query.stat, long_run.like.available_stats)
+            combined, first, classes = _layer_columns(long_run.like, digest, needed,
+                                                      query.max_steps, rows, query.by_epoch)
+            matrix = dataclasses.replace(first, values=combined.stat(query.stat).T,
+                                         classes=classes.T)
         else:
             matrix, _ = digest.overview(query.stat, query.max_steps, rows, query.by_epoch)
         return matrix, progress
+
+
+def _by_layer(series, classes):
+    """(``series`` with one row per layer, each layer's worst class of ``classes``)."""
+    return layers.combined(series), layers.Layers.of(series.layers).worst_classes(classes)
+
+
+def _layer_columns(like, digest, stats, max_steps, rows=None, by_epoch=False):
+    """A long run's overview by layer: (its variables' merged columns of ``stats`` combined
+    as `layers.combined` combines steps, as a series of one row per layer whose steps are the
+    columns; the first stat's `heatmap.Heatmap`, by variable; ``[columns, layers]`` classes)."""
+    columns_of = {stat: digest.overview(stat, max_steps, rows, by_epoch)[0] for stat in stats}
+    first = columns_of[stats[0]]
+    as_steps = dataclasses.replace(
+        like, stat_names=tuple(stats), steps=first.steps, wall_times=first.wall_times,
+        values=np.stack([columns_of[stat].values.T for stat in stats], axis=-1),
+        epoch_starts=None, epoch_indices=None)
+    combined, classes = _by_layer(as_steps, first.classes.T)
+    return combined, first, classes
 
 
 def waits(thresholds: analysis.Thresholds) -> bool:
@@ -228,8 +266,10 @@ def _read_whole(loaded: Loaded) -> dict:
 
 
 def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thresholds) -> dict:
-    """``{"alerts": [Alert, ...]}`` (see `analysis.Alert`), most severe first, with
-    ``sampled``, ``steps_to_read`` and ``damaged``/``damage`` as in the heatmap."""
+    """``{"alerts": [Alert, ...], "groups": [AlertGroup, ...]}`` (see `analysis.Alert`,
+    `analysis.groups.AlertGroup`: the alerts of one rule over one stretch of steps, whose
+    ``alerts`` index the list), both most severe first, with ``sampled``, ``steps_to_read``
+    and ``damaged``/``damage`` as in the heatmap."""
     progress = _read_whole(loaded)
     if loaded.long_run is not None:
         with _digest_of(loaded.long_run, thresholds) as (digest, progress):
@@ -241,36 +281,55 @@ def alerts_answer(data: GradientData, loaded: Loaded, thresholds: analysis.Thres
              threshold=encoding.floats(alert.threshold))
         for alert in found
     ]
-    return {"alerts": encoded, **progress, **_damage_fields(loaded)}
+    series = loaded.series
+    grouped = [found_group.to_json()
+               for found_group in groups.group(found, series.variables, series.layers)]
+    return {"alerts": encoded, "groups": grouped, **progress, **_damage_fields(loaded)}
 
 
 def series_answer(data: GradientData, loaded: Loaded, row: int,
-                  thresholds: analysis.Thresholds) -> dict:
-    """Every stat of the variable of ``row`` over the logged steps, with its cell classes.
+                  thresholds: analysis.Thresholds, by_layer: bool = False) -> dict:
+    """Every stat of the variable of ``row`` (``by_layer``: of the layer of that row in
+    model order, combined as in the heatmap's layer rows) over the logged steps, with its
+    cell classes.
 
     A long run (`long_runs`) answers per block of its digest (``downsampled``: each point is a
     block's merged value and worst class, its step the block's first; no step's worst cell is
     hidden); short runs every logged step. ``sampled`` and ``steps_to_read`` as in the
     heatmap."""
     series = loaded.series
-    shape = series.shapes[row]
     progress = _read_whole(loaded)
     if loaded.long_run is not None:
         with _digest_of(loaded.long_run, thresholds) as (digest, progress):
-            blocks = {stat: digest.overview(stat, 2**62)[0] for stat in series.available_stats}
-        first = next(iter(blocks.values()))
-        steps, wall_times, classes = first.steps, first.wall_times, first.classes[row]
-        stats = {name: matrix.values[row] for name, matrix in blocks.items()}
+            if by_layer:
+                combined, first, all_classes = _layer_columns(
+                    series, digest, series.stat_names, 2**62)
+                blocks = {name: combined.stat(name).T for name in combined.available_stats}
+                classes = all_classes.T[row]
+            else:
+                overviews = {stat: digest.overview(stat, 2**62)[0]
+                             for stat in series.available_stats}
+                first = next(iter(overviews.values()))
+                blocks = {stat: overview.values for stat, overview in overviews.items()}
+                classes = first.classes[row]
+        steps, wall_times = first.steps, first.wall_times
+        stats = {name: values[row] for name, values in blocks.items()}
+        shown = combined if by_layer else series
     else:
+        classes = data.analysis(loaded, thresholds).classes
+        shown = series
+        if by_layer:
+            shown, classes = _by_layer(series, classes)
         steps, wall_times = series.steps, series.wall_times
-        stats = {name: series.stat(name)[:, row] for name in series.available_stats}
-        classes = data.analysis(loaded, thresholds).classes[:, row]
+        stats = {name: shown.stat(name)[:, row] for name in shown.available_stats}
+        classes = classes[:, row]
+    shape = shown.shapes[row]
     return {
         "run": series.run,
         "tag": series.tag,
-        "variable": series.variables[row],
+        "variable": shown.variables[row],
         "variable_index": row,
-        "layer": series.layers[row],
+        "layer": shown.layers[row],
         "shape": None if shape is None else list(shape),
         "steps": steps.tolist(),
         "wall_times": encoding.floats(wall_times),
@@ -283,8 +342,9 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
 
 
 def histogram_answer(data: GradientData, ctx, experiment, run: str, tag: str, row: int,
-                     step: int, tags=None) -> dict:
-    """One variable's log10|g| histogram at the logged step nearest ``step`` (ties: earlier).
+                     step: int, tags=None, by_layer: bool = False) -> dict:
+    """One variable's log10|g| histogram at the logged step nearest ``step`` (ties: earlier);
+    ``by_layer``: the layer's in model order ``row``, its variables' counts summed.
 
     ``counts`` follow ``bins`` (labels) and ``log10_edges`` as in `metadata` (exact zeros,
     below/above the edges, NaN and Inf have their own bins). ``row`` is the variable's row in
@@ -293,19 +353,27 @@ def histogram_answer(data: GradientData, ctx, experiment, run: str, tag: str, ro
     `reader.histograms_mismatch`). ``tags``: `GradientData.tags` when the caller has it.
     """
     tags = data.tags(ctx, experiment) if tags is None else tags
-    variables = data.stats_tag(tags, run, tag).parsed.layout.variables
+    layout = data.stats_tag(tags, run, tag).parsed.layout
     histogram = data.histogram_near(ctx, experiment, run, tag, step, tags)
+    if by_layer:
+        order = layers.Layers.of(layout.layers)
+        name = order.names[row]
+        members = histogram.counts[order.rows == row]
+        with np.errstate(invalid="ignore"):  # NaN rows: variables without a gradient
+            counts = np.where(np.isnan(members).all(axis=0), np.nan, np.nansum(members, axis=0))
+    else:
+        name, counts = layout.variables[row], histogram.counts[row]
     return {
         "run": run,
         "tag": tag,
-        "variable": variables[row],
+        "variable": name,
         "variable_index": row,
         "requested_step": step,
         "step": int(histogram.steps[histogram.index]),
         "wall_time": histogram.wall_time,
         "bins": list(histogram.bin_labels),
         "log10_edges": list(histogram.log10_edges),
-        "counts": encoding.floats(histogram.counts[row]),
+        "counts": encoding.floats(counts),
         "steps": histogram.steps.tolist(),
     }
 

@@ -52,6 +52,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import security
 
+from tensorboard_gradients.analysis.layers import Layers
 from tensorboard_gradients.format import metadata
 from tensorboard_gradients.server import (
     answers, data_access, export, integrity, long_runs, responses,
@@ -118,7 +119,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
     def _serve_heatmap(self, request, ctx, experiment):
         query = Query(
             request,
-            ("run", "tag", "stat", "max_steps", "axis", "encoding", "first_step", "last_step"),
+            ("run", "tag", "stat", "max_steps", "axis", "encoding", "first_step", "last_step",
+             "rows"),
             thresholds=True,
         )
         asked = answers.HeatmapQuery(
@@ -128,6 +130,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
             by_epoch=query.choice("axis", ("step", "epoch")) == "epoch",
             packed=query.choice("encoding", ("json", "base64")) == "base64",
             thresholds=query.thresholds(),
+            by_layer=_by_layer(query),
         )
         loaded = self._load(ctx, experiment, query)
         asked = asked.bounded(loaded)  # the key of the kept answer: equal answers, one copy
@@ -154,25 +157,30 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
     @responses.route
     def _serve_series(self, request, ctx, experiment):
-        query = Query(request, ("run", "tag", "variable", "variable_index"), thresholds=True)
+        query = Query(request, ("run", "tag", "variable", "variable_index", "rows"),
+                      thresholds=True)
         thresholds = query.thresholds()
+        by_layer = _by_layer(query)
         loaded = self._load(ctx, experiment, query)
         series = loaded.series
-        row = query.row(series.variables, series.run, series.tag)
+        row = query.row(_row_names(series.variables, series.layers, by_layer), series.run,
+                        series.tag)
         return responses.json_response(
-            request, answers.series_answer(self._data, loaded, row, thresholds)
+            request, answers.series_answer(self._data, loaded, row, thresholds, by_layer)
         )
 
     @responses.route
     def _serve_histogram(self, request, ctx, experiment):
-        query = Query(request, ("run", "tag", "variable", "variable_index", "step"))
+        query = Query(request, ("run", "tag", "variable", "variable_index", "step", "rows"))
         step = query.integer("step", minimum=0, required=True)
+        by_layer = _by_layer(query)
         run, tag = query.text("run"), query.text("tag")
         tags = self._data.tags(ctx, experiment)
-        row = query.row(self._data.stats_tag(tags, run, tag).parsed.layout.variables, run, tag)
+        layout = self._data.stats_tag(tags, run, tag).parsed.layout
+        row = query.row(_row_names(layout.variables, layout.layers, by_layer), run, tag)
         return responses.json_response(
-            request,
-            answers.histogram_answer(self._data, ctx, experiment, run, tag, row, step, tags),
+            request, answers.histogram_answer(self._data, ctx, experiment, run, tag, row, step,
+                                              tags, by_layer),
         )
 
     @responses.route
@@ -199,6 +207,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         content_type = _STATIC_TYPES.get(extension) or mimetypes.guess_type(path)[0]
         with open(path, "rb") as handle:
             return http_util.Respond(request, handle.read(), content_type or "text/plain")
+
+
+def _by_layer(query: Query) -> bool:
+    """``rows=layers``: one row per layer (default ``variables``)."""
+    return query.choice("rows", ("variables", "layers")) == "layers"
+
+
+def _row_names(variables, layer_of_rows, by_layer: bool):
+    """The names of a tag's rows: its variables, or (``by_layer``) its layers in model order."""
+    return Layers.of(layer_of_rows).names if by_layer else list(variables)
 
 
 def _kept_as(loaded, key: tuple, thresholds) -> tuple:

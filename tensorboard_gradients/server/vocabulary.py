@@ -48,6 +48,13 @@ CLASS_STYLES = {
                   "hatch": {"rgb": [200, 240, 255], "angle": -45},
                   "accent": "#12b5cb", "tooltip": "#9be7ff", "legend": True,
                   "extreme": "low", "norm_threshold": "vanishing_norm"},
+    # A spike can have any value's colour (a jump against its own history, at any level; a
+    # merged cell keeps its highest), so its stripes are magenta, a hue viridis never reaches,
+    # and horizontal: they cross neither diagonal class's. Accent and tooltip are the same
+    # magenta family, readable on the light panel and on dark grey.
+    "spike": {"label": "spike", "fill": None,
+              "hatch": {"rgb": [235, 0, 235], "angle": 0},
+              "accent": "#c51fc5", "tooltip": "#f48fff", "legend": True, "extreme": "high"},
     # Exploding values sit at the bright yellow end of the map, so their stripes are dark red.
     # The accent is orange, apart from both the map's yellow and the non-finite red; the
     # tooltip's lighter orange stays readable on dark grey.

@@ -12,7 +12,7 @@ from typing import Tuple
 
 from tensorboard_gradients.analysis.rule import Rule
 from tensorboard_gradients.analysis.rules import (
-    dead, exploding, nonfinite, spike, update_ratio, vanishing,
+    dead, exploding, never_updated, nonfinite, spike, update_ratio, vanishing,
 )
 
 RULES: Tuple[Rule, ...] = (
@@ -21,6 +21,7 @@ RULES: Tuple[Rule, ...] = (
     spike.Spike(),
     vanishing.Vanishing(),
     dead.Dead(),
+    never_updated.NeverUpdated(),
     update_ratio.UpdateRatio(),
 )
 
@@ -30,5 +31,5 @@ KINDS = tuple(dict.fromkeys(rule.kind for rule in RULES))
 
 
 def of_kind(kind: str) -> Tuple[Rule, ...]:
-    """The rules whose alerts have this `Alert.kind` (e.g. ``exploding``: exploding and spike)."""
+    """The rules whose alerts have this `Alert.kind` (e.g. ``spike``: the spike rule)."""
     return tuple(rule for rule in RULES if rule.kind == kind)

@@ -1,5 +1,11 @@
 """The update-ratio rule: a kernel whose update/weight ratio lies far outside the healthy band
 over the run (info alerts; no cell class: it judges the run's median, not single steps).
+
+It judges only the update the optimizer really made (``update_l2_norm``). The gradient/weight
+ratio alone says nothing about the update under an adaptive optimizer: Adam's step is about
+``lr`` per entry whatever the gradient's size, so healthy AdamW runs have gradient/weight
+ratios of 10 and more, which a band scaled by an assumed SGD learning rate would call
+rewritten weights. That ratio is logged and drawn, not judged.
 """
 
 import warnings
@@ -21,19 +27,12 @@ Judged for kernels only (variables of 2+ dimensions), as Karpathy's plot does: b
 and normalisation scales start at 0 or 1, so their early ratios are large by
 construction and say nothing about the learning rate.
 
-Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both). When only
-weights are known, the gradient/weight ratio is judged against this band divided by
-``reference_learning_rate`` - the update an SGD step would make.
+Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both).
 """)
 
 UPDATE_RATIO_HIGH = Parameter(
     "update_ratio_high", 1e-1, float, "update/weight ratio above", doc="""
 The upper end of that band (see ``update_ratio_low``).
-""")
-
-REFERENCE_LEARNING_RATE = Parameter(
-    "reference_learning_rate", 1e-2, float, "learning rate for gradient/weight", doc="""
-The SGD learning rate assumed for that gradient/weight fallback (Keras SGD's default).
 """)
 
 
@@ -47,7 +46,7 @@ _ABOVE = Wording.define(
 class UpdateRatio(Rule):
     name = "update_ratio"
     kind = "update_ratio"
-    parameters = (UPDATE_RATIO_LOW, UPDATE_RATIO_HIGH, REFERENCE_LEARNING_RATE)
+    parameters = (UPDATE_RATIO_LOW, UPDATE_RATIO_HIGH)
 
     def check(self, thresholds):
         if thresholds.update_ratio_low >= thresholds.update_ratio_high:
@@ -58,26 +57,19 @@ class UpdateRatio(Rule):
     whole_run = True
 
     def record(self, evidence):
-        """``(rule, scale, rows, ratios)``: the ratio this rule judges (``rule`` names it, the
-        band is multiplied by ``scale``) of the kernels (variables ``rows``), ``[steps,
-        len(rows)]`` in float32, NaN at non-finite steps; None when the series
-        logged neither ratio."""
-        series, limits = evidence.series, evidence.thresholds
-        available = series.available_stats
-        if "update_weight_ratio" in available:
-            name, rule, scale = "update_weight_ratio", "update/weight", 1.0
-        elif "grad_weight_ratio" in available:
-            name, rule = "grad_weight_ratio", "gradient/weight"
-            scale = 1.0 / limits.reference_learning_rate
-        else:
+        """``(rule, rows, ratios)``: the update/weight ratio (``rule`` names it in alerts) of
+        the kernels (variables ``rows``), ``[steps, len(rows)]`` in float32, NaN at
+        non-finite steps; None when the series did not log it."""
+        series = evidence.series
+        if "update_weight_ratio" not in series.available_stats:
             return None
         rows = np.array([row for row, shape in enumerate(series.shapes)
                          if shape is not None and len(shape) >= 2], dtype=np.int64)
         # A NaN/Inf step's ratio describes no update. float32: the statistics' precision, and
         # half the bytes of the record a stream keeps of every step (and writes, `state`).
         ratios = np.where(evidence.nonfinite[:, rows], np.nan,
-                          series.stat(name)[:, rows]).astype(np.float32)
-        return rule, scale, rows, ratios
+                          series.stat("update_weight_ratio")[:, rows]).astype(np.float32)
+        return "update/weight", rows, ratios
 
     def alerts(self, evidence, builder):
         self.alerts_on(self.record(evidence), evidence.thresholds, builder)
@@ -86,9 +78,9 @@ class UpdateRatio(Rule):
         """This rule's alerts from a `record` of the whole run (None: nothing to judge)."""
         if record is None:
             return
-        rule, scale, rows, ratios = record
+        rule, rows, ratios = record
         what = f"{rule} ratio"
-        low, high = limits.update_ratio_low * scale, limits.update_ratio_high * scale
+        low, high = limits.update_ratio_low, limits.update_ratio_high
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             medians = np.nanmedian(ratios, axis=0)

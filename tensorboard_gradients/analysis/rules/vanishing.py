@@ -1,5 +1,11 @@
-"""The vanishing rule: a gradient norm, sustained, below an absolute floor (per variable) or far
-below the output-side layers (per layer, the depth profile): class ``vanishing``, warnings.
+"""The vanishing rule: a layer's gradient norm, sustained, below an absolute floor or far below
+the output-side layers (the depth profile): class ``vanishing`` on the layer's variables,
+warnings per layer.
+
+Both judge layers (all of a layer's variables together), not single variables: a legitimately
+tiny variable next to a healthy one is not a vanishing gradient. A batch-norm beta followed by
+another normalisation gets almost no gradient by construction (the next layer subtracts its
+shift), while its gamma trains; a final bias is tiny next to its kernel.
 
 Both judge `Evidence.finite_norms`: a NaN/Inf gradient's norm says nothing about vanishing.
 """
@@ -13,14 +19,17 @@ import numpy as np
 from tensorboard_gradients.analysis import window
 from tensorboard_gradients.analysis.alerts import Wording, flagged_columns
 from tensorboard_gradients.analysis.classes import VANISHING
+from tensorboard_gradients.analysis.layers import Layers
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
 VANISHING_NORM = Parameter(
     "vanishing_norm", 1e-7, float, "vanishing below (norm)", in_form=True, doc="""
-Absolute floor for one variable's gradient norm. Below it EVERY entry is below 1e-7, which
-is Keras Adam's ``epsilon`` (PyTorch: 1e-8): Adam's step ``g / (sqrt(v) + eps)`` shrinks
-toward zero there, and a plain SGD step ``lr * g`` on weights of order 1 is below float32's
-relative resolution (6e-8) for any learning rate <= 1, i.e. rounded away.
+Absolute floor for one layer's gradient norm (all its variables together). Below it EVERY
+entry is below 1e-7, which is Keras Adam's ``epsilon`` (PyTorch: 1e-8): Adam's step
+``g / (sqrt(v) + eps)`` shrinks toward zero there, and a plain SGD step ``lr * g`` on
+weights of order 1 is below float32's relative resolution (6e-8) for any learning rate
+<= 1, i.e. rounded away. Judged per layer: a healthy MobileNet's batch-norm betas that feed
+another normalisation sit at 1e-8 while their gammas train.
 """)
 
 DEPTH_RATIO = Parameter(
@@ -56,36 +65,8 @@ step is not an alert (and not a highlighted cell).
 class DepthProfile:
     """Each layer's gradient norm relative to the output side's, at every step."""
 
-    layers: List[str]  # layer names in model order
-    rows: np.ndarray  # variable row -> position in ``layers``
     ratios: np.ndarray  # [steps, layers] layer norm / output-side reference norm
     vanishing: np.ndarray  # [steps, layers] ratio below depth_ratio, sustained
-
-
-def _layer_index(series) -> Tuple[List[str], np.ndarray]:
-    """(layer names in model order, row -> layer position)."""
-    names: List[str] = []
-    positions = {}
-    rows = []
-    for layer in series.layers:
-        if layer not in positions:
-            positions[layer] = len(names)
-            names.append(layer)
-        rows.append(positions[layer])
-    return names, np.array(rows, dtype=np.int64)
-
-
-def _layer_norms(norms: np.ndarray, rows: np.ndarray, layer_count: int) -> np.ndarray:
-    """``[steps, layers]`` norm of each layer's variables together (NaN when all are missing)."""
-    order = np.argsort(rows, kind="stable")
-    if (np.diff(rows) < 0).any():  # layers interleaved (shared or reused layers): group them
-        norms, rows = norms[:, order], rows[order]
-    boundaries = np.searchsorted(rows, np.arange(layer_count))
-    valid = ~np.isnan(norms)
-    with np.errstate(over="ignore"):
-        squares = np.add.reduceat(np.where(valid, norms, 0.0) ** 2, boundaries, axis=1)
-    present = np.logical_or.reduceat(valid, boundaries, axis=1)
-    return np.where(present, np.sqrt(squares), np.nan)
 
 
 _ABSOLUTE = Wording.define("vanishing.absolute",
@@ -101,19 +82,24 @@ class Vanishing(Rule):
     cell_class = VANISHING
     parameters = (VANISHING_NORM, DEPTH_RATIO, DEPTH_REFERENCE_FRACTION, SUSTAIN_STEPS)
 
+    def _layers(self, evidence) -> Tuple[List[str], np.ndarray, np.ndarray]:
+        """(layer names, row -> layer position, ``[steps, layers]`` finite layer norms)."""
+        layers = Layers.of(evidence.series.layers)
+        return layers.names, layers.rows, layers.root_sum_squares(evidence.finite_norms)
+
     def _below_floor(self, evidence) -> np.ndarray:
+        """``bool[steps, layers]``: the layer's norm below the floor, sustained."""
         limits = evidence.thresholds
+        _, _, layer_norms = evidence.once(self._layers)
         with np.errstate(invalid="ignore"):
-            return window.sustained(evidence.finite_norms < limits.vanishing_norm,
-                                    limits.sustain_steps)
+            return window.sustained(layer_norms < limits.vanishing_norm, limits.sustain_steps)
 
     def _depth_profile(self, evidence) -> Optional[DepthProfile]:
         """None for a model of one layer: it has no depth to compare along."""
         limits = evidence.thresholds
-        names, rows = _layer_index(evidence.series)
+        names, rows, layer_norms = evidence.once(self._layers)
         if len(names) < 2:
             return None
-        layer_norms = _layer_norms(evidence.finite_norms, rows, len(names))
         reference_count = max(1, int(math.ceil(len(names) * limits.depth_reference_fraction)))
         output_side = layer_norms[:, -reference_count:]
         with np.errstate(invalid="ignore"):
@@ -122,24 +108,26 @@ class Vanishing(Rule):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = layer_norms / reference[:, None]
             vanishing = window.sustained(ratios < limits.depth_ratio, limits.sustain_steps)
-        return DepthProfile(names, rows, ratios, vanishing)
+        return DepthProfile(ratios, vanishing)
 
     def cells(self, evidence):
-        below_floor = evidence.once(self._below_floor)
+        _, rows, _ = evidence.once(self._layers)
+        vanishing = evidence.once(self._below_floor)
         depth = evidence.once(self._depth_profile)
-        if depth is None:
-            return below_floor
-        return below_floor | (depth.vanishing[:, depth.rows] & ~evidence.missing)
+        if depth is not None:
+            vanishing = vanishing | depth.vanishing
+        return vanishing[:, rows] & ~evidence.missing
 
     def alerts(self, evidence, builder):
         limits = evidence.thresholds
+        names, _, layer_norms = evidence.once(self._layers)
         below_floor = evidence.once(self._below_floor)
-        for row in flagged_columns(below_floor):
+        for position in flagged_columns(below_floor):
             builder.add(
-                self.kind, "absolute", "warning", below_floor[:, row], evidence.norms[:, row],
-                np.min, limits.vanishing_norm,
+                self.kind, "absolute", "warning", below_floor[:, position],
+                layer_norms[:, position], np.min, limits.vanishing_norm,
                 _ABSOLUTE.bound(limit=limits.vanishing_norm),
-                row=row,
+                layer=names[position],
             )
         depth = evidence.once(self._depth_profile)
         if depth is None:
@@ -149,5 +137,5 @@ class Vanishing(Rule):
                 self.kind, "depth", "warning", depth.vanishing[:, position],
                 depth.ratios[:, position], np.min, limits.depth_ratio,
                 _DEPTH.bound(limit=limits.depth_ratio),
-                layer=depth.layers[position],
+                layer=names[position],
             )
