@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import tensorboard_gradients as tg
-from support import ROOT
+from support import ROOT, run_demo
 
 QUICK_STEPS = 87  # 3 epochs of ceil(1797 / 64) = 29 batches
 CUSTOM_LOOP_STEPS = 84  # 3 epochs of 28 full batches (drop_remainder)
@@ -55,6 +55,23 @@ def test_each_scenario_shows_its_problem_and_the_fixes_are_healthy(demo):
     assert any(a.kind == "exploding" and a.rule == "global" for a in found)
     assert f"first NaN/Inf gradient at step {first_nan}" in stdout
     assert f"Logs written to {logdir}" in stdout
+
+
+def test_the_full_demo_shows_what_the_readme_says(tmp_path):
+    """The README's demo table is about `./dev demo`, 20 epochs: where it says "no alerts",
+    none (a spike rule once fired on `vanishing_fixed` at step 472, past the quick mode's 87)."""
+    stdout = run_demo(tmp_path, quick=False)
+    runs = tg.read_logdir(str(tmp_path))
+    alerts = {run: tg.diagnose(tags["gradients"]) for run, tags in runs.items()}
+    for run in HEALTHY:
+        assert alerts[run] == [], (run, [a.message for a in alerts[run]])
+        assert f"{run:26s} no alerts" in stdout
+    assert {a.kind for a in alerts["vanishing/train"]} == {"vanishing", "update_ratio"}
+    found = alerts["exploding/train"]
+    first_nan = min(a.first_step for a in found if a.kind == "nonfinite")
+    assert {a.kind for a in found} == {"exploding", "nonfinite"}
+    assert all(a.first_step < first_nan for a in found if a.kind == "exploding")
+    assert f"first NaN/Inf gradient at step {first_nan}" in stdout
 
 
 def test_an_unknown_scenario_is_refused_with_the_known_ones():
