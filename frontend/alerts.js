@@ -1,15 +1,34 @@
-// The alerts' place in the heatmap (pure, no DOM): which rows an alert is about, each row's most
-// urgent severity (the dots beside the labels), and the earliest alert of a kind.
+// The alerts' place in the heatmap (pure, no DOM): which rows an alert or a group of alerts is
+// about, in the rows the heatmap shows (variables or layers), each row's most urgent severity
+// (the dots beside the labels), and the earliest alert of a kind.
 
-/** A function from an alert to the heatmap rows it is about: its variable's row when the matrix
- * has that variable, else every row of its layer. */
+/**
+ * A function from an alert to the heatmap rows it is about. By variable: its variable's row when
+ * the matrix has that variable, else every row of its layer (a whole-layer alert, or a variable
+ * the matrix lacks). By layer: its layer's row, whether the alert names a variable of the layer or
+ * the whole layer. A whole-model alert names no row.
+ */
 export function alertRowFinder(matrix) {
   const rowOf = new Map(matrix.variables.map((variable, row) => [variable, row]));
+  const byVariable = matrix.rowsBy !== "layers";
   return (alert) => {
-    if (alert.variable !== null && rowOf.has(alert.variable)) return [rowOf.get(alert.variable)];
+    if (byVariable && alert.variable !== null && rowOf.has(alert.variable)) return [rowOf.get(alert.variable)];
     if (alert.layer !== null) return matrix.layers.flatMap((layer, row) => (layer === alert.layer ? [row] : []));
     return [];
   };
+}
+
+/**
+ * What to outline for `alerts` (one clicked alert, or a group's): [{rows, firstStep, lastStep}],
+ * each alert's rows over its own steps, so a group outlines exactly its members' cells.
+ */
+export function alertSpans(alerts, rowsOf) {
+  return alerts.map((alert) => ({ rows: rowsOf(alert), firstStep: alert.first_step, lastStep: alert.last_step }));
+}
+
+/** The alerts of `group` (an entry of the `alerts` route's `groups`), from its indices. */
+export function groupAlerts(group, alerts) {
+  return group.alerts.map((index) => alerts[index]);
 }
 
 /** Row -> the most urgent severity of its alerts; `rank(severity)` is 0 for the most urgent. */

@@ -1,24 +1,28 @@
-// The heatmap's surroundings on canvas, lined up with its rows and columns: the row labels (one
-// variable per row, or one layer per group of rows when rows are too thin to label) with a dot
-// in the colour of each row's most urgent alert, the step or epoch axis, and the run's training
-// loss above the columns.
+// The heatmap's surroundings, lined up with its rows and columns: the row labels (one variable
+// per row, or one layer per group of rows when rows are too thin to label) with a dot in the
+// colour of each row's most urgent alert, the step or epoch axis (labels thinned so none overlap)
+// under its title, and the run's training loss above the columns, its range and scale beside it.
 
+import { thinLabels } from "./axis_labels.js";
 import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { ellipsize, formatStep, formatValue } from "./format.js";
-import { gridLayout, layerGroups, niceTicks, stepX } from "./layout.js";
+import { gridLayout, layerGroups, niceTicks, stepX, valueScale } from "./layout.js";
 
 const LABEL_WIDTH = 240; // CSS px, as the stylesheet's first grid column
 const AXIS_HEIGHT = 28;
 const LOSS_HEIGHT = 70;
 const MIN_LABEL_ROW = 10; // CSS px a row needs for its own label
 const MARKER_SPACE = 14; // CSS px left of the labels for the alert dots
+const AXIS_LABEL_GAP = 8; // CSS px at least between two axis labels
+const AXIS_TITLES = { step: "step", epoch: "epoch (each column: the epoch's worst cell)" };
 
 export class HeatmapAxes {
   constructor(vocabulary) {
     this.vocabulary = vocabulary;
     this.labels = el("canvas", { class: "labels", "aria-hidden": "true" });
     this.axis = el("canvas", { class: "axis", "aria-hidden": "true" });
+    this.axisTitle = el("div", { class: "axis-title", "data-testid": "axis-title" });
     this.lossLabel = el("div", { class: "loss-label" });
     this.loss = el("canvas", { class: "loss", "data-testid": "loss-curve", hidden: true });
     this.lossPoints = null;
@@ -58,44 +62,49 @@ export class HeatmapAxes {
     }
   }
 
-  /** Step ticks (or one label per epoch column) under a plot `width` CSS px wide. */
+  /**
+   * Step ticks (or the epoch of each column) under a plot `width` CSS px wide, every k-th label
+   * when they would overlap (`axis_labels.thinLabels`), and the axis' title.
+   */
   drawAxis(matrix, width, ratio) {
     const context = sizeCanvas(this.axis, width, AXIS_HEIGHT, ratio);
     context.clearRect(0, 0, width, AXIS_HEIGHT);
+    replaceChildren(this.axisTitle, AXIS_TITLES[matrix.epochIndex ? "epoch" : "step"]);
     if (!matrix.columns) return;
     const style = getComputedStyle(this.axis);
     context.font = `11px ${style.fontFamily}`;
     context.fillStyle = style.color;
     context.strokeStyle = style.color;
-    context.textAlign = "center";
     context.textBaseline = "top";
     const grid = gridLayout(matrix.rows, matrix.columns, width, 1);
-    if (matrix.epochIndex) {
-      const every = Math.max(1, Math.ceil((matrix.columns * 40) / width));
-      for (let c = 0; c < matrix.columns; c += every) {
-        const x = (grid.columnRange(c)[0] + grid.columnRange(c)[1]) / 2;
-        context.fillText(`epoch ${matrix.epochIndex[c]}`, x, 6);
-      }
-      return;
-    }
-    const ticks = niceTicks(matrix.steps[0], matrix.lastSteps[matrix.columns - 1], Math.max(2, Math.floor(width / 90)));
-    for (const step of ticks) {
-      const x = stepX(matrix.steps, matrix.lastSteps, step, grid);
-      if (x === null) continue;
+    const ticks = matrix.epochIndex
+      ? matrix.epochIndex.map((epoch, c) => ({ x: (grid.columnRange(c)[0] + grid.columnRange(c)[1]) / 2, text: String(epoch) }))
+      : niceTicks(matrix.steps[0], matrix.lastSteps[matrix.columns - 1], Math.max(2, Math.floor(width / 90)))
+        .map((step) => ({ x: stepX(matrix.steps, matrix.lastSteps, step, grid), text: formatStep(step) }))
+        .filter(({ x }) => x !== null);
+    const labels = ticks.map(({ x, text }) => ({ x, width: context.measureText(text).width }));
+    // Where each label went, kept for the browser tests, which check that none overlap.
+    this.drawnLabels = thinLabels(labels, width, AXIS_LABEL_GAP).map(({ index, left }) => {
+      const { x, text } = ticks[index];
       context.beginPath();
       context.moveTo(x, 0);
       context.lineTo(x, 4);
       context.stroke();
-      context.fillText(formatStep(step), Math.min(width - 20, Math.max(20, x)), 6);
-    }
+      context.fillText(text, left, 6);
+      return { text, left, right: left + labels[index].width };
+    });
   }
 
-  /** The loss curve over the step axis of a plot `width` CSS px wide (hidden on epoch columns). */
+  /**
+   * The loss curve over the step axis of a plot `width` CSS px wide (hidden on epoch columns):
+   * a log scale when the loss spans decades (`layout.valueScale`), its range and scale beside
+   * it, left of the plot, where they cover no part of the curve.
+   */
   drawLoss(matrix, width, ratio) {
     const points = this.lossPoints;
     const shown = Boolean(points && matrix && matrix.columns && !matrix.epochIndex);
     this.loss.hidden = !shown;
-    replaceChildren(this.lossLabel, shown ? this.lossTag : null);
+    replaceChildren(this.lossLabel);
     if (!shown) return;
     const context = sizeCanvas(this.loss, width, LOSS_HEIGHT, ratio);
     context.clearRect(0, 0, width, LOSS_HEIGHT);
@@ -103,21 +112,18 @@ export class HeatmapAxes {
     const visible = points
       .map(([, step, value]) => [stepX(matrix.steps, matrix.lastSteps, step, grid), Number(value)])
       .filter(([x, v]) => x !== null && Number.isFinite(v));
-    if (!visible.length) return;
-    const low = Math.min(...visible.map(([, v]) => v));
-    const high = Math.max(...visible.map(([, v]) => v));
-    const y = (v) => 4 + (1 - (v - low) / (high - low || 1)) * (LOSS_HEIGHT - 8);
+    const scale = visible.length ? valueScale(visible.map(([, v]) => v)) : null;
+    replaceChildren(this.lossLabel,
+      el("span", { class: "loss-name" }, this.lossTag, scale?.log ? " (log scale)" : null),
+      scale && el("span", { class: "loss-max", "data-testid": "loss-max" }, formatValue(scale.high)),
+      scale && el("span", { class: "loss-min", "data-testid": "loss-min" }, formatValue(scale.low)));
+    if (!scale) return;
+    const y = (v) => 4 + (1 - scale.position(v)) * (LOSS_HEIGHT - 8);
     const style = getComputedStyle(this.loss);
     context.strokeStyle = style.getPropertyValue("--accent") || ACCENT; // before the stylesheet loads
     context.lineWidth = 1.5;
     context.beginPath();
     visible.forEach(([x, v], i) => (i ? context.lineTo(x, y(v)) : context.moveTo(x, y(v))));
     context.stroke();
-    context.fillStyle = style.color;
-    context.font = `11px ${style.fontFamily}`;
-    context.textBaseline = "top";
-    context.fillText(formatValue(high), 4, 2);
-    context.textBaseline = "bottom";
-    context.fillText(formatValue(low), 4, LOSS_HEIGHT - 2);
   }
 }

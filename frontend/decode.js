@@ -61,6 +61,7 @@ export function decodeHeatmap(body, vocabulary) {
     stat: body.stat,
     rows,
     columns,
+    rowsBy: body.rows, // "variables", or "layers": then `variables` and `layers` are the layer names
     variables: body.variables,
     layers: body.layers,
     steps: body.steps,

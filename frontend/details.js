@@ -1,46 +1,67 @@
 // The details panel of one selected cell: that variable's stat over the steps (log y axis for
-// magnitudes, the norm thresholds drawn in their classes' colours), every stat at the selected
-// step, and its distribution there when histograms were logged.
+// magnitudes, the norm thresholds drawn in their classes' colours, the cell's steps shaded when
+// it merges several), every stat at the step the cell is drawn as, and its distribution there
+// when histograms were logged.
 
+import { cellValueText, rowContext } from "./cells.js";
 import { ACCENT } from "./colormap.js";
 import { toNumber } from "./decode.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { formatStep, formatValue } from "./format.js";
-import { chartRange, nearestIndex, niceTicks } from "./layout.js";
+import { formatStep, formatStepRange, formatValue } from "./format.js";
+import { chartRange, niceTicks } from "./layout.js";
 
-const CHART_WIDTH = 560;
-const CHART_HEIGHT = 180;
-const MARGIN = { left: 56, right: 10, top: 10, bottom: 24 };
+const MAX_CHART_WIDTH = 560;
+const MIN_CHART_WIDTH = 240;
+const CHART_HEIGHT = 190;
+const MARGIN = { left: 68, right: 10, top: 10, bottom: 36 };
+const CELL_BAND = "rgba(128,128,128,0.18)";
 
-/** Fills `panel` for the cell at `step` of `series` (the `series` answer of its variable). */
-export function renderDetails(panel, { series, stat, step, thresholds, histogram, vocabulary }) {
+/**
+ * Fills `panel` for the step at `index` of `series` (the `series` answer of the cell's variable,
+ * or of its layer when `rowsBy` is "layers"): the step the cell `{first, last, epoch}` (its step
+ * range, its epoch or null) is drawn as.
+ */
+export function renderDetails(panel, { series, rowsBy, index, cell, stat, thresholds, histogram, vocabulary }) {
+  const cls = vocabulary.classOf(series.classes[index]);
   const values = (series.stats[stat] || []).map(toNumber);
-  const index = nearestIndex(series.steps, step);
+  const step = series.steps[index];
+  const merged = cell.first !== cell.last
+    ? `${cell.epoch === null ? "" : `epoch ${cell.epoch} · `}${formatStepRange(cell.first, cell.last)}, worst at ` : "";
   const title = el("h3", { class: "details-title" }, series.variable);
-  const subtitle = el("div", { class: "details-subtitle" },
-    `layer ${series.layer} · shape ${series.shape ? `[${series.shape.join(", ")}]` : "unknown"} · ` +
-    `step ${formatStep(series.steps[index])} · ${series.classes[index]}`);
+  // A layer's `shape` is its variables' entries, counted as one flat tensor.
+  const size = !series.shape ? "shape unknown"
+    : rowsBy === "layers" ? `${formatStep(series.shape.reduce((a, b) => a * b, 1))} entries`
+      : `shape [${series.shape.join(", ")}]`;
+  const subtitle = el("div", { class: "details-subtitle", "data-testid": "details-cell" },
+    `${rowContext(rowsBy, series.layer)} · ${size} · ` +
+    `${merged}step ${formatStep(step)} · ${cls ? cls.label : series.classes[index]}`);
   const chart = el("canvas", { class: "series-chart", "data-testid": "series-chart" });
-  drawSeries(chart, { steps: series.steps, values, stat, selectedStep: series.steps[index], thresholds, vocabulary });
-  const rows = Object.entries(series.stats).map(([name, column]) =>
-    el("tr", {}, el("th", {}, name), el("td", {}, formatValue(toNumber(column[index])))));
+  const rows = Object.entries(series.stats).map(([name, column]) => el("tr", {}, el("th", {}, name),
+    el("td", {}, cellValueText(toNumber(column[index]), cls, vocabulary.statScale(name)))));
   const table = el("table", { class: "stats-table" }, el("tbody", {}, rows));
   const parts = [title, subtitle, el("div", { class: "details-body" }, chart, table)];
   if (histogram) parts.push(renderHistogram(histogram));
   replaceChildren(panel, parts);
-  panel.hidden = false;
+  panel.hidden = false; // before the chart is sized to the panel's width
+  const width = Math.max(MIN_CHART_WIDTH, Math.min(MAX_CHART_WIDTH, panel.clientWidth - 16));
+  drawSeries(chart, width, {
+    steps: series.steps, values, classes: series.classes, stat, selectedStep: step, cell, thresholds, vocabulary,
+  });
 }
 
-function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, vocabulary }) {
-  const context = sizeCanvas(canvas, CHART_WIDTH, CHART_HEIGHT, window.devicePixelRatio || 1);
+function drawSeries(canvas, width, { steps, values, classes, stat, selectedStep, cell, thresholds, vocabulary }) {
+  const context = sizeCanvas(canvas, width, CHART_HEIGHT, window.devicePixelRatio || 1);
   const style = getComputedStyle(canvas);
   context.font = `11px ${style.fontFamily}`;
   context.fillStyle = style.color;
   context.strokeStyle = style.color;
   const logScale = vocabulary.statScale(stat) === "log";
-  const y = (v) => (logScale ? (v > 0 ? Math.log10(v) : NaN) : v);
+  const nonfinite = vocabulary.nonfiniteClass;
+  // A NaN/Inf step's statistics of its finite entries (a norm of 0) are no point on the line.
+  const isNonfinite = (i) => !Number.isFinite(values[i]) || classes[i] === nonfinite?.name;
+  const shown = values.map((v, i) => (isNonfinite(i) || (logScale && !(v > 0)) ? NaN : logScale ? Math.log10(v) : v));
   const limits = logScale ? vocabulary.normLimits(stat, thresholds) : [];
-  const range = steps.length ? chartRange(values.map(y).filter(Number.isFinite),
+  const range = steps.length ? chartRange(shown.filter(Number.isFinite),
     limits.map(({ value }) => Math.log10(value))) : null;
   if (!range) {
     context.fillText("no finite values to plot", MARGIN.left, CHART_HEIGHT / 2);
@@ -48,12 +69,18 @@ function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, voc
   }
   const [low, high, shownLines] = range;
   const lines = limits.filter(({ value }) => shownLines.includes(Math.log10(value)));
-  const plotWidth = CHART_WIDTH - MARGIN.left - MARGIN.right;
+  const plotWidth = width - MARGIN.left - MARGIN.right;
   const plotHeight = CHART_HEIGHT - MARGIN.top - MARGIN.bottom;
   const first = steps[0];
   const last = steps[steps.length - 1] === first ? first + 1 : steps[steps.length - 1];
   const px = (s) => MARGIN.left + ((s - first) / (last - first)) * plotWidth;
   const py = (v) => MARGIN.top + (1 - (v - low) / (high - low)) * plotHeight;
+  if (cell.first !== cell.last) {
+    context.fillStyle = CELL_BAND;
+    const left = px(Math.max(first, cell.first));
+    context.fillRect(left, MARGIN.top, Math.max(2, px(Math.min(last, cell.last)) - left), plotHeight);
+    context.fillStyle = style.color;
+  }
   context.textAlign = "right";
   context.textBaseline = "middle";
   for (const tick of niceTicks(low, high, 4)) {
@@ -61,13 +88,23 @@ function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, voc
   }
   context.textAlign = "center";
   context.textBaseline = "top";
-  for (const tick of niceTicks(first, last, 5)) context.fillText(formatStep(tick), px(tick), CHART_HEIGHT - 18);
+  for (const tick of niceTicks(first, last, Math.max(2, Math.floor(plotWidth / 90)))) {
+    context.fillText(formatStep(tick), px(tick), MARGIN.top + plotHeight + 4);
+  }
+  // Axis titles: the step below, the stat (and its scale) up the left side.
+  context.fillText("step", MARGIN.left + plotWidth / 2, CHART_HEIGHT - 14);
+  context.save();
+  context.translate(10, MARGIN.top + plotHeight / 2);
+  context.rotate(-Math.PI / 2);
+  context.textBaseline = "middle";
+  context.fillText(`${vocabulary.statLabel(stat)}${logScale ? " (log)" : ""}`, 0, 0);
+  context.restore();
   for (const { value, color } of lines) {
     context.strokeStyle = color;
     context.setLineDash([4, 3]);
     context.beginPath();
     context.moveTo(MARGIN.left, py(Math.log10(value)));
-    context.lineTo(CHART_WIDTH - MARGIN.right, py(Math.log10(value)));
+    context.lineTo(width - MARGIN.right, py(Math.log10(value)));
     context.stroke();
   }
   context.setLineDash([]);
@@ -75,8 +112,7 @@ function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, voc
   context.lineWidth = 1.5;
   context.beginPath();
   let drawing = false;
-  values.forEach((value, i) => {
-    const v = y(value);
+  shown.forEach((v, i) => {
     if (!Number.isFinite(v)) {
       drawing = false;
       return;
@@ -88,11 +124,12 @@ function drawSeries(canvas, { steps, values, stat, selectedStep, thresholds, voc
   context.stroke();
   // Non-finite steps as ticks at the top, in the non-finite class's colour, so they are never
   // just a gap in the line.
-  context.fillStyle = vocabulary.nonfiniteClass?.accent ?? style.color;
-  values.forEach((value, i) => {
-    if (!Number.isFinite(value)) context.fillRect(px(steps[i]) - 1, MARGIN.top, 2, 6);
+  context.fillStyle = nonfinite?.accent ?? style.color;
+  steps.forEach((step, i) => {
+    if (isNonfinite(i)) context.fillRect(px(step) - 1, MARGIN.top, 2, 6);
   });
   context.strokeStyle = "rgba(128,128,128,0.8)";
+  context.lineWidth = 1;
   context.beginPath();
   context.moveTo(px(selectedStep), MARGIN.top);
   context.lineTo(px(selectedStep), MARGIN.top + plotHeight);

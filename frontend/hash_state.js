@@ -1,17 +1,22 @@
 // The view's state in the URL hash, so a link reproduces what the user saw, and what of it the
 // plugin's `runs` answer can show (pure, no DOM).
 //
-//   #run=train&tag=gradients&stat=l2_norm&axis=epoch&zoom=100-2000&t.exploding_norm=100
+//   #run=train&tag=gradients&stat=l2_norm&axis=epoch&rows=layers&zoom=100-2000&t.exploding_norm=100
 //
 // Threshold overrides carry a "t." prefix and are sent to the plugin as they are; anything
 // unknown or malformed in a hand-edited hash is dropped rather than breaking the view.
+
+import { naturalCompare } from "./runs.js";
 
 export const DEFAULT_STATE = Object.freeze({
   run: null,
   tag: null,
   stat: "l2_norm",
   axis: null, // "step" or "epoch"; null: the run decides (see `resolvedAxis`)
+  rows: "variables", // or "layers": one row per layer, its variables combined
   zoom: null, // [first step, last step] or null for the whole run
+  compare: null, // another run to compare with, or null
+  compareMode: "side", // "side" (both heatmaps side by side) or "ratio" (log10 of run / compare)
   thresholds: Object.freeze({}),
 });
 
@@ -42,7 +47,10 @@ export function parseHash(hash, thresholdNames) {
     tag: params.get("tag") || null,
     stat: params.get("stat") || DEFAULT_STATE.stat,
     axis: ["step", "epoch"].includes(params.get("axis")) ? params.get("axis") : null,
+    rows: params.get("rows") === "layers" ? "layers" : DEFAULT_STATE.rows,
     zoom: validZoom(params.get("zoom")),
+    compare: params.get("compare") || null,
+    compareMode: params.get("compare_mode") === "ratio" ? "ratio" : DEFAULT_STATE.compareMode,
     thresholds,
   };
 }
@@ -54,7 +62,12 @@ export function formatHash(state) {
   if (state.tag) params.set("tag", state.tag);
   if (state.stat && state.stat !== DEFAULT_STATE.stat) params.set("stat", state.stat);
   if (state.axis) params.set("axis", state.axis);
+  if (state.rows && state.rows !== DEFAULT_STATE.rows) params.set("rows", state.rows);
   if (state.zoom) params.set("zoom", `${state.zoom[0]}-${state.zoom[1]}`);
+  if (state.compare) params.set("compare", state.compare);
+  if (state.compare && state.compareMode && state.compareMode !== DEFAULT_STATE.compareMode) {
+    params.set("compare_mode", state.compareMode);
+  }
   for (const name of Object.keys(state.thresholds || {}).sort()) {
     params.set(THRESHOLD_PREFIX + name, String(state.thresholds[name]));
   }
@@ -72,14 +85,21 @@ export function hasData(info) {
   return !info.error && info.steps > 0;
 }
 
+/** [run, tag] of every tag of a `runs` answer with data, runs and tags in natural order. */
+export function usableTags(runs) {
+  return Object.entries(runs).flatMap(([run, tags]) =>
+    Object.entries(tags).filter(([, info]) => hasData(info)).map(([tag]) => [run, tag]))
+    .sort(([runA, tagA], [runB, tagB]) => naturalCompare(runA, runB) || naturalCompare(tagA, tagB));
+}
+
 /**
  * `state` with a run and tag that have data: the state's own when they do, else its run's first
- * tag with data, else the first with data of any run; its stat if that tag has it, else the
- * default one. Null while no tag has data (training may not have logged anything yet).
+ * tag with data, else the first with data of any run (natural order); its stat if that tag has
+ * it, else the default one. Null while no tag has data (training may not have logged anything
+ * yet).
  */
 export function withRunAndTag(state, runs) {
-  const usable = Object.entries(runs).flatMap(([run, tags]) =>
-    Object.entries(tags).filter(([, info]) => hasData(info)).map(([tag]) => [run, tag]));
+  const usable = usableTags(runs);
   if (!usable.length) return null;
   const [run, tag] = usable.find(([r, t]) => r === state.run && t === state.tag)
     || usable.find(([r]) => r === state.run) || usable[0];
@@ -87,17 +107,22 @@ export function withRunAndTag(state, runs) {
   return { ...state, run, tag, stat };
 }
 
-// Runs with at most this many logged steps per epoch open on the layer-by-epoch view.
+// Runs with at most this many logged steps per epoch, and at least this many epochs, open on
+// the layer-by-epoch view. Fewer columns hide when things went wrong: a run that diverged in its
+// second of two epochs is one red column of two there, while its steps show the onset.
 const EPOCH_VIEW_MAX_STEPS_PER_EPOCH = 500;
+const EPOCH_VIEW_MIN_EPOCHS = 8;
 
 /**
- * The axis to show: the user's choice, else epochs when the run has epoch marks (at least two)
- * and at most a few hundred logged steps per epoch (one column per epoch then reads at a
- * glance), else steps. `info` is the run's entry from the plugin's `runs` route.
+ * The axis to show: the user's choice, else epochs when the run has at least
+ * `EPOCH_VIEW_MIN_EPOCHS` epoch marks and at most a few hundred logged steps per epoch (one
+ * column per epoch then reads at a glance), else steps. `info` is the run's entry from the
+ * plugin's `runs` route.
  */
 export function resolvedAxis(state, info) {
   if (state.axis === "epoch" && info.epochs) return "epoch";
   if (state.axis) return "step";
   const perEpoch = info.epochs ? info.steps / info.epochs : Infinity;
-  return info.epochs >= 2 && perEpoch <= EPOCH_VIEW_MAX_STEPS_PER_EPOCH ? "epoch" : "step";
+  return info.epochs >= EPOCH_VIEW_MIN_EPOCHS && perEpoch <= EPOCH_VIEW_MAX_STEPS_PER_EPOCH
+    ? "epoch" : "step";
 }

@@ -1,12 +1,13 @@
 // The heatmap's cells on canvas (rasterised, see raster.js) with its axes (axes.js) and legend
 // (legend.js) around them, and what the pointer does over the cells: hover crosshair and tooltip,
-// click to select, drag across steps to zoom, a clicked alert's cells outlined. No DOM node per
-// cell: 1,000 x 10,000 stays responsive.
+// click to select, drag across steps to zoom, a clicked alert's or group's cells outlined. No DOM
+// node per cell: 1,000 x 10,000 stays responsive.
 
 import { HeatmapAxes } from "./axes.js";
+import { cellValueText, rowContext } from "./cells.js";
 import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { formatStepRange, formatValue } from "./format.js";
+import { formatStepRange } from "./format.js";
 import { columnOfStep, gridLayout } from "./layout.js";
 import { Legend } from "./legend.js";
 import { classPaints, rasterize } from "./raster.js";
@@ -27,13 +28,13 @@ export class HeatmapView {
     this.overlay = el("canvas", { class: "overlay" });
     this.tooltip = el("div", { class: "tooltip", role: "tooltip", hidden: true });
     this.plot = el("div", { class: "plot" }, this.cells, this.overlay, this.tooltip);
-    const { lossLabel, loss, labels, axis } = this.axes;
+    const { lossLabel, loss, labels, axis, axisTitle } = this.axes;
     this.root = el("div", { class: "heatmap" },
-      el("div", { class: "grid" }, lossLabel, loss, labels, this.plot, axis), this.legend.root);
+      el("div", { class: "grid" }, lossLabel, loss, labels, this.plot, axis, axisTitle), this.legend.root);
     this.matrix = null;
     this.hover = null;
     this.selected = null;
-    this.highlight = null; // {rows: Set, firstStep, lastStep} from a clicked alert
+    this.highlight = null; // [{rows, firstStep, lastStep}] from a clicked alert or group
     // Redraw whenever the plot's width changes (window resize, panels appearing beside it).
     let width = 0;
     new ResizeObserver(() => {
@@ -84,6 +85,9 @@ export class HeatmapView {
 
   /** New data: a decoded matrix, its colour scale, alert severity per row, epoch start steps. */
   setData(matrix, scale, rowSeverity, epochs) {
+    // Outlined rows of another run, tag or kind of row would outline the wrong cells.
+    const previous = this.matrix;
+    if (!previous || ["run", "tag", "rowsBy"].some((key) => previous[key] !== matrix[key])) this.highlight = null;
     Object.assign(this, { matrix, scale, rowSeverity, epochs: epochs || [] });
     this.hover = null;
     this.draw();
@@ -106,10 +110,11 @@ export class HeatmapView {
     this.#drawOverlay();
   }
 
-  highlightAlert(rows, firstStep, lastStep) {
-    this.highlight = { rows: new Set(rows), firstStep, lastStep };
+  /** Outlines `spans` ([{rows, firstStep, lastStep}]) and scrolls the first row into view. */
+  highlightAlerts(spans) {
+    this.highlight = spans;
     this.#drawOverlay();
-    const first = Math.min(...rows);
+    const first = Math.min(...spans.flatMap((span) => span.rows));
     if (Number.isFinite(first)) {
       this.root.scrollIntoView({ block: "nearest" });
       this.plot.parentElement.scrollTop = this.#grid().rowRange(first)[0];
@@ -174,9 +179,10 @@ export class HeatmapView {
     replaceChildren(
       this.tooltip,
       el("div", { class: "tip-variable" }, m.variables[row]),
-      el("div", {}, `layer ${m.layers[row]}`),
+      el("div", {}, rowContext(m.rowsBy, m.layers[row])),
       el("div", {}, m.epochIndex ? `epoch ${m.epochIndex[column]} · ${range}` : range),
-      el("div", {}, `${m.stat}: ${formatValue(m.value(row, column))}`),
+      el("div", { class: "tip-value" },
+        `${m.stat}: ${cellValueText(m.value(row, column), cls, this.vocabulary.statScale(m.stat))}`),
       el("div", { class: "tip-class", style: color && `color: ${color}` }, cls.description),
       this.tooltipExtra = el("div", { class: "tip-extra" }),
     );
@@ -220,20 +226,22 @@ export class HeatmapView {
     }
   }
 
-  // The clicked alert's rows over its steps, outlined.
+  // The clicked alerts' rows, each over its own steps, outlined.
   #drawHighlight(context, grid) {
     const m = this.matrix;
-    let first = columnOfStep(m.steps, m.lastSteps, this.highlight.firstStep);
-    let last = columnOfStep(m.steps, m.lastSteps, this.highlight.lastStep);
-    if (first < 0) first = 0;
-    if (last < 0) last = m.columns - 1;
     context.strokeStyle = this.vocabulary.urgentColor;
     context.lineWidth = 2;
-    for (const row of this.highlight.rows) {
-      const [top, bottom] = grid.rowRange(row);
+    for (const { rows, firstStep, lastStep } of this.highlight) {
+      let first = columnOfStep(m.steps, m.lastSteps, firstStep);
+      let last = columnOfStep(m.steps, m.lastSteps, lastStep);
+      if (first < 0) first = 0;
+      if (last < 0) last = m.columns - 1;
       const left = grid.columnRange(first)[0];
       const right = grid.columnRange(last)[1];
-      context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
+      for (const row of rows) {
+        const [top, bottom] = grid.rowRange(row);
+        context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
+      }
     }
   }
 

@@ -103,3 +103,25 @@ export function chartRange(values, lines, reach = 2) {
   if (high - low < 1e-9) [low, high] = [low - 0.5, high + 0.5];
   return [low, high, shown];
 }
+
+// A chart of positive values spanning more than this many decades gets a log axis: a diverging
+// loss (2.1 to 4.9e16) is otherwise a flat line with a jump at its end.
+const LOG_AXIS_DECADES = 2;
+
+/**
+ * The y scale of a chart of `values` (finite numbers, at least one): log10 when every value is
+ * positive and they span more than `LOG_AXIS_DECADES` decades, else linear. Returns
+ * {log, low, high, position(value)}: `position` runs from 0 at `low` (the smallest value) to 1
+ * at `high` (the largest), 0.5 for all of them when they are equal.
+ */
+export function valueScale(values) {
+  const low = values.reduce((a, b) => Math.min(a, b), Infinity);
+  const high = values.reduce((a, b) => Math.max(a, b), -Infinity);
+  const log = low > 0 && Math.log10(high / low) > LOG_AXIS_DECADES;
+  const transform = log ? Math.log10 : (value) => value;
+  const [bottom, top] = [transform(low), transform(high)];
+  return {
+    log, low, high,
+    position: (value) => (top > bottom ? (transform(value) - bottom) / (top - bottom) : 0.5),
+  };
+}

@@ -1,6 +1,7 @@
 // The heatmap's legend under the plot: the colour bar labelled in the stat's own units, then a
 // chip per class the vocabulary puts in the legend, painted as its cells are (a hatched class over
-// the end of the colour map its values sit at, a filled class in its fill, the empty cell empty).
+// the end of the colour map its values sit at, a filled class in its fill, the empty cell empty),
+// then the dots beside the row labels: one per severity, as a row with such an alert has it.
 
 import { viridis } from "./colormap.js";
 import { el, replaceChildren } from "./dom.js";
@@ -21,6 +22,10 @@ export class Legend {
       context.fillRect(x, 0, 1, BAR_HEIGHT);
     }
     this.chips = vocabulary.legendClasses().map((cls) => classChip(cls, vocabulary));
+    this.rowDots = el("span", { class: "legend-dots", "data-testid": "legend-dots" },
+      "dot beside a row: its most urgent alert,",
+      vocabulary.severities.map(({ name }) => el("span", { class: "legend-item" },
+        el("span", { class: "dot", style: `background: ${vocabulary.severityVar(name)}` }), name)));
   }
 
   /** The legend of a colour scale (colormap.makeScale) of `stat`. */
@@ -33,6 +38,7 @@ export class Legend {
       el("span", { class: "colorbar-label" }, formatValue(scale.domain[1])),
       el("span", { class: "colorbar-unit" }, `${stat}${unit}`),
       this.chips,
+      this.rowDots,
     );
   }
 }

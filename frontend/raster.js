@@ -31,17 +31,23 @@ export function classPaints(classes) {
   });
 }
 
-// Folds cells into one representative: the worst class (the larger code) and, among cells of
-// that class, its most extreme value.
-function makeFolder(paints) {
+/**
+ * `fold(state, cls, value, at)` folds cells into one representative, `state` ({cls, value, at}
+ * starting at {cls: -1}): the worst class (the larger code) and, among cells of that class, its
+ * most extreme value; `at` (optional) is where that cell is. The heatmap's pixels and the details
+ * of a merged cell pick the same cell by it.
+ */
+export function makeFolder(paints) {
   const extreme = Int8Array.from(paints, (paint) => paint.extreme);
-  return function fold(state, cls, value) {
+  return function fold(state, cls, value, at) {
     if (cls > state.cls) {
       state.cls = cls;
       state.value = value;
+      state.at = at;
     } else if (cls === state.cls) {
       if (extreme[cls] > 0 ? value > state.value : extreme[cls] < 0 && value < state.value) {
         state.value = value;
+        state.at = at;
       }
     }
   };

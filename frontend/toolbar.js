@@ -1,15 +1,17 @@
-// The toolbar above the heatmap: run, tag and stat pickers, steps or epochs, the zoom's reset, the
-// thresholds form (opened by its button), CSV and PNG downloads. It shows the controller's state
-// and reports what the user changes; whether the form is open is all it keeps.
+// The toolbar above the heatmap: run, tag and stat pickers, steps or epochs, variables or layers,
+// the zoom's reset, the thresholds form (opened by its button), CSV and PNG downloads. It shows
+// the controller's state and reports what the user changes; whether the form is open is all it
+// keeps.
 
 import { routeUrl } from "./api.js";
+import { compareControls } from "./compare_view.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatStep } from "./format.js";
-import { hasData } from "./hash_state.js";
+import { usableTags } from "./hash_state.js";
 
 export class Toolbar {
   /**
-   * `onChange(changes)`: a state change (run, tag, stat, axis, zoom, thresholds);
+   * `onChange(changes)`: a state change (run, tag, stat, axis, rows, zoom, thresholds);
    * `onThreshold(name, text)`: a threshold typed into the form; `onPng()`: the PNG button.
    */
   constructor({ onChange, onThreshold, onPng }) {
@@ -29,7 +31,7 @@ export class Toolbar {
     const select = (label, value, options, onchange, testid) => el("label", {}, label,
       el("select", { "data-testid": testid, onchange: (event) => onchange(event.target.value) },
         options.map(([v, text]) => el("option", { value: v, selected: v === value }, text))));
-    const runNames = Object.keys(runs).filter((run) => Object.values(runs[run]).some(hasData));
+    const runNames = [...new Set(usableTags(runs).map(([run]) => run))]; // in natural order
     const tags = Object.keys(runs[state.run]).filter((tag) => !runs[state.run][tag].error);
     const axisButtons = el("div", { class: "segmented", role: "group", "aria-label": "Columns" },
       ["step", "epoch"].map((value) => el("button", {
@@ -37,6 +39,12 @@ export class Toolbar {
         title: value === "epoch" && !info.epochs ? "this run has no epoch marks" : null,
         onclick: () => this.onChange({ axis: value, zoom: null }),
       }, value === "step" ? "Steps" : "Epochs")));
+    const rowButtons = el("div", { class: "segmented", role: "group", "aria-label": "Rows" },
+      [["variables", "Variables"], ["layers", "Layers"]].map(([value, text]) => el("button", {
+        type: "button", "aria-pressed": String(state.rows === value),
+        title: value === "layers" ? "one row per layer, its variables combined" : null,
+        onclick: () => this.onChange({ rows: value }),
+      }, text)));
     const csv = el("a", {
       class: "button", download: "", "data-testid": "download-csv",
       href: routeUrl("export", { run: state.run, tag: state.tag, format: "csv" }),
@@ -56,7 +64,7 @@ export class Toolbar {
       select("Run", state.run, runNames.map((r) => [r, r]), (run) => this.onChange({ run, tag: null, zoom: null }), "run-picker"),
       select("Tag", state.tag, tags.map((t) => [t, t]), (tag) => this.onChange({ tag, zoom: null }), "tag-picker"),
       select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker"),
-      axisButtons, zoom, thresholds, csv, png,
+      axisButtons, rowButtons, compareControls({ state, runNames, onChange: this.onChange }), zoom, thresholds, csv, png,
       el("span", { class: "hint" }, axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
     this.#renderForm();
   }

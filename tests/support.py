@@ -27,6 +27,10 @@ LAUNCH_ARGS = [
 NONFINITE_RGB = tuple(CLASS_STYLES["nonfinite"]["fill"])
 VANISHING_HATCH_RGB = tuple(CLASS_STYLES["vanishing"]["hatch"]["rgb"])
 EXPLODING_HATCH_RGB = tuple(CLASS_STYLES["exploding"]["hatch"]["rgb"])
+SPIKE_HATCH_RGB = tuple(CLASS_STYLES["spike"]["hatch"]["rgb"])
+# A row only one of two compared runs has (frontend/compare.js): its grey and its stripes.
+UNMATCHED_RGB = (196, 196, 196)
+UNMATCHED_HATCH_RGB = (120, 120, 120)
 
 
 def get_json(url, timeout=10):
@@ -290,3 +294,38 @@ def append_record(path, record, valid_checksum=True):
     with open(path, "ab") as f:
         f.write(header + struct.pack("<I", masked_crc32c(header)) + record
                 + struct.pack("<I", data_crc))
+
+
+def natural_key(name):
+    """A sort key for natural order, as the tab lists runs: "run2" before "run10"."""
+    import re
+
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower())
+            for part in re.split(r"(\d+)", name) if part]
+
+
+def boxes_overlap(a, b):
+    """Whether two Playwright bounding boxes share any area."""
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
+def ink_runs(pixels, max_gap):
+    """``[(first, last), ...]`` pixel columns of a canvas with any ink (alpha > 0), a blank gap of
+    at most ``max_gap`` columns joining two runs: on an axis, one run per label when the labels
+    are further apart than the gaps inside one."""
+    inked = np.flatnonzero(pixels[..., 3].max(axis=0) > 0)
+    runs = []
+    for x in inked.tolist():
+        if runs and x - runs[-1][1] - 1 <= max_gap:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return [tuple(run) for run in runs]
+
+
+def open_every_finding(tab):
+    """Opens every finding of a `Tab`'s alerts panel that holds several alerts, so that each of
+    its alerts is on the page (`[data-testid=alert]`, in the panel's order)."""
+    tab.page.locator("details.alert-group > summary").evaluate_all(
+        "(summaries) => summaries.forEach((summary) => summary.click())")

@@ -2,7 +2,10 @@
 
 Runs: the demo's (quick mode: its deep sigmoid net, whose input-side layers vanish, and its
 healthy ReLU net), a Keras model whose batch at optimizer step 3 holds a NaN (every gradient is
-NaN from there on), and a run with a variable named like an XSS payload. Screenshots go to
+NaN from there on), a run with a variable named like an XSS payload, a written run that diverges
+in the second of its two epochs (its loss from 2.1 to 2e16), a healthy one of 120 one-step
+epochs (the two named so that natural and code-point order differ) and one whose 1,000 variables
+all get a NaN gradient at one step (1,000 alerts, one finding). Screenshots go to
 $GRADIENTS_ARTIFACTS (default: the test's tmp dir). `test_demo_end_to_end.py` checks every demo
 scenario against the CLI.
 """
@@ -18,8 +21,8 @@ import pytest
 import tensorboard_gradients as tg
 from tensorboard_gradients.server.vocabulary import CLASS_STYLES, SEVERITY_COLORS
 from support import (
-    CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard, get_json,
-    has_color, row_band,
+    CHROMIUM, UNMATCHED_HATCH_RGB, UNMATCHED_RGB, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard,
+    boxes_overlap, get_json, has_color, ink_runs, natural_key, open_every_finding, row_band,
 )
 
 pytest.importorskip("playwright.sync_api")
@@ -30,6 +33,17 @@ XSS_NAME = "<img src=x onerror=window.__xss=1>/kernel"
 NAN_STEP = 3
 VANISHING = "vanishing%2Ftrain"
 HEALTHY = "healthy%2Ftrain"
+DIVERGED = "lr_9_diverged"
+MANY_EPOCHS = "lr_10_many_epochs"
+MANY_EPOCHS_COUNT = 120
+# A run whose 1,000 variables all get a NaN gradient at one step: 1,000 alerts, one finding.
+MANY_ALERTS = "many_alerts"
+MANY_ALERTS_VARIABLES = 1000
+MANY_ALERTS_NAN_STEP = 5
+# The diverged run: 2 epochs of 20 steps (1-20, 21-40); norms of 1, then 1e3 times larger at each
+# step from EXPLODING_STEP (exploding cells), NaN from NONFINITE_STEP on.
+EXPLODING_STEP = 25
+NONFINITE_STEP = 30
 
 
 def _train_nan_keras_model(run_dir):
@@ -48,6 +62,41 @@ def _train_nan_keras_model(run_dir):
               callbacks=[GradientMonitor(run_dir)])
 
 
+def _write_diverged_run(run_dir):
+    """Two layers over 2 epochs of 20 steps that diverge (see EXPLODING_STEP), with their loss."""
+    rng = np.random.default_rng(0)
+    with tg.GradientWriter(run_dir) as writer:
+        for step in range(1, 41):
+            if step in (1, 21):
+                writer.write_epoch(step, (step - 1) // 20)
+            climb = max(0, step - EXPLODING_STEP + 1)
+            gradients = {f"dense_{i}/{part}": 10.0 ** (3 * climb) * rng.normal(size=shape)
+                         for i in range(2) for part, shape in (("kernel", (4, 4)), ("bias", 4))}
+            if step >= NONFINITE_STEP:
+                gradients = {name: np.full(g.shape, np.nan) for name, g in gradients.items()}
+            else:  # the loss is NaN from there on: not logged
+                writer.write_scalars(step, {"loss": 2.1 * 10.0 ** (3.2 * climb)})
+            writer.write(step, gradients)
+
+
+def _write_many_alerts_run(run_dir):
+    rng = np.random.default_rng(2)
+    with tg.GradientWriter(run_dir) as writer:
+        for step in range(8):
+            nan = step == MANY_ALERTS_NAN_STEP
+            writer.write(step, {f"dense_{i:04d}/kernel": np.full(2, np.nan) if nan else rng.normal(size=2)
+                                for i in range(MANY_ALERTS_VARIABLES)})
+
+
+def _write_many_epochs_run(run_dir):
+    rng = np.random.default_rng(1)
+    with tg.GradientWriter(run_dir) as writer:
+        for step in range(MANY_EPOCHS_COUNT):
+            writer.write_epoch(step, step)
+            writer.write(step, {"dense/kernel": rng.normal(size=(4, 4)),
+                                "dense/bias": rng.normal(size=4)})
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, demo):
     root = tmp_path_factory.mktemp("browser_logs")
@@ -57,6 +106,9 @@ def logdir(tmp_path_factory, demo):
     with tg.GradientWriter(str(root / "xss")) as writer:
         for step in range(10):
             writer.write(step, {XSS_NAME: np.full(3, 0.5), "dense/bias": np.full(3, 0.1)})
+    _write_diverged_run(str(root / DIVERGED))
+    _write_many_epochs_run(str(root / MANY_EPOCHS))
+    _write_many_alerts_run(str(root / MANY_ALERTS))
     return root
 
 
@@ -103,9 +155,9 @@ def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, 
     rows = 26  # 13 dense layers x (kernel, bias)
     assert has_color(row_band(pixels, 0, 3, rows), VANISHING_HATCH_RGB)  # dense_00, dense_01
     assert not has_color(row_band(pixels, 22, 25, rows), VANISHING_HATCH_RGB)  # dense_11, logits
-    alerts = tab.page.locator("[data-testid=alert]")
-    assert alerts.count() > 0
-    assert "dense_00" in alerts.first.inner_text() and "vanishing" in alerts.first.inner_text().lower()
+    groups = tab.page.locator("[data-testid=alert-group]")
+    assert groups.count() > 0
+    assert "dense_00" in groups.first.inner_text() and "vanishing" in groups.first.inner_text().lower()
     box = tab.canvas_box()
     tab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 2)
     tooltip = tab.page.locator(".tooltip")
@@ -189,10 +241,16 @@ def test_the_tab_paints_with_the_served_vocabulary(browser, server):
     assert page.evaluate(variable, "--class-nonfinite-fill") == _css_rgb(nonfinite["fill"])
     for name, color in SEVERITY_COLORS.items():
         assert page.evaluate(variable, f"--severity-{name}") == color
-    # Each alert is edged in its severity's colour; the callout is in the NaN alerts' one.
-    edges = page.locator("[data-testid=alert]").evaluate_all(
-        "(buttons) => buttons.map((b) => getComputedStyle(b).borderLeftColor)")
-    assert edges == [_css_rgb(SEVERITY_COLORS[alert["severity"]]) for alert in alerts]
+    # Each group of alerts is edged in its severity's colour, and so is each alert once its group
+    # is open; the callout is in the NaN alerts' one.
+    groups = get_json(f"{server}/data/plugin/gradients/alerts?run=nan_keras/train&tag=gradients")["groups"]
+    edge = "(buttons) => buttons.map((b) => getComputedStyle(b).borderLeftColor)"
+    edges = page.locator("[data-testid=alert-group] .alert-button").evaluate_all(edge)
+    assert edges == [_css_rgb(SEVERITY_COLORS[group["severity"]]) for group in groups]
+    open_every_finding(tab)
+    edges = page.locator("[data-testid=alert]").evaluate_all(edge)
+    assert edges == [_css_rgb(SEVERITY_COLORS[alerts[i]["severity"]])
+                     for group in groups for i in group["alerts"]]
     callout = page.locator("[data-testid=first-nonfinite]")
     assert nonfinite["label"] in callout.inner_text()
     assert callout.evaluate("(p) => getComputedStyle(p).color") == _css_rgb(SEVERITY_COLORS["critical"])
@@ -283,8 +341,8 @@ def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
 
 
 def test_epoch_view_live_refresh_and_downloads(browser, server):
-    # 2 epochs of 8 steps: the run opens on the layer-by-epoch view.
-    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients")
+    # 2 epochs of 8 steps, asked for by epoch.
+    tab = Tab(browser, server, "#run=nan_keras%2Ftrain&tag=gradients&axis=epoch")
     tab.wait_drawn()
     assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
     tab.page.get_by_role("button", name="Steps", exact=True).click()
@@ -305,7 +363,8 @@ def test_epoch_view_live_refresh_and_downloads(browser, server):
     tab.page.evaluate("window.gradientsApp.runs[window.gradientsApp.state.run].gradients.steps = 1")
     tab.page.evaluate("window.gradientsApp.refreshIfGrown()")
     tab.wait_drawn()
-    assert tab.page.evaluate("window.gradientsApp.selected") == [0, 0]
+    selected = tab.page.evaluate("window.gradientsApp.selected")
+    assert [selected["row"], selected["column"]] == [0, 0]
     tab.close()
 
 
@@ -428,3 +487,455 @@ def test_a_long_run_still_being_read_is_asked_again_until_whole(browser, tmp_pat
         assert "still being read" not in tab.page.locator(".status").inner_text()
         assert tab.page.evaluate("window.gradientsApp.matrix.lastSteps.at(-1)") == 1299
         tab.close()
+
+
+def _cell_point(tab, row, column):
+    """The page point at the centre of heatmap cell (row, column)."""
+    rows, columns = tab.page.evaluate(
+        "[window.gradientsApp.matrix.rows, window.gradientsApp.matrix.columns]")
+    box = tab.canvas_box()
+    return (box["x"] + box["width"] * (column + 0.5) / columns,
+            box["y"] + box["height"] * (row + 0.5) / rows)
+
+
+def _class_label(name):
+    return CLASS_STYLES[name]["label"]
+
+
+def test_switching_runs_clears_the_previous_runs_details(browser, server):
+    """The details belong to a cell of one run: after a switch they are gone (the same row or
+    step of another run is another variable or another point of training), and a late answer
+    for the old cell does not bring them back."""
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    tab.page.mouse.click(*_cell_point(tab, 0, steps.index(NONFINITE_STEP - 1)))
+    details = tab.page.locator(".details-subtitle")
+    details.wait_for(state="visible")
+    assert f"step {NONFINITE_STEP - 1} · {_class_label('exploding')}" in details.inner_text()
+    tab.page.locator("[data-testid=run-picker]").select_option("healthy/train")
+    tab.page.wait_for_function("window.gradientsApp.matrix.run === 'healthy/train'")
+    tab.wait_drawn()
+    tab.page.wait_for_timeout(500)  # any answer still coming for the old cell
+    assert tab.page.locator(".details").is_hidden()
+    assert tab.page.evaluate("window.gradientsApp.selected") is None
+    tab.close()
+
+
+def test_an_epoch_cell_opens_the_details_of_its_worst_step(browser, server):
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=epoch")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
+    pixels = tab.pixels()
+    assert has_color(pixels[:, pixels.shape[1] // 2:], NONFINITE_RGB), "epoch 1 is drawn NaN/Inf"
+    tab.page.mouse.click(*_cell_point(tab, 0, 1))
+    details = tab.page.locator(".details-subtitle")
+    details.wait_for(state="visible")
+    text = details.inner_text()
+    assert "epoch 1 · steps 21–40" in text, text
+    assert f"step {NONFINITE_STEP} · {_class_label('nonfinite')}" in text, text
+    # The healthy epoch: its own range, its worst (ok) step.
+    tab.page.mouse.click(*_cell_point(tab, 0, 0))
+    tab.page.wait_for_function(
+        "document.querySelector('.details-subtitle').textContent.includes('epoch 0')")
+    assert "steps 1–20" in details.inner_text()
+    tab.close()
+
+
+def test_a_nan_cell_says_nan_in_its_tooltip_and_details(browser, server):
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    point = _cell_point(tab, 0, steps.index(NONFINITE_STEP + 2))
+    tab.page.mouse.move(*point)
+    tooltip = tab.page.locator(".tooltip")
+    tooltip.wait_for(state="visible")
+    nonfinite = _class_label("nonfinite")
+    assert f"l2_norm: {nonfinite}" in tooltip.inner_text()
+    assert "l2_norm: 0" not in tooltip.inner_text()
+    tab.page.wait_for_function(
+        "document.querySelector('.tip-extra').textContent.includes('zero fraction')")
+    assert f"norm {nonfinite}" in tooltip.inner_text() and "NaN 16" in tooltip.inner_text()
+    tab.page.mouse.click(*point)
+    table = tab.page.locator(".stats-table")
+    table.wait_for(state="visible")
+    row = ("(name) => [...document.querySelectorAll('.stats-table tr')]"
+           ".find((r) => r.firstChild.textContent === name).lastChild.textContent")
+    assert tab.page.evaluate(row, "l2_norm") == nonfinite
+    assert tab.page.evaluate(row, "nan_count") == "16"
+    tab.close()
+
+
+def test_the_default_axis_shows_when_the_run_went_wrong(browser, server):
+    """Two epochs would hide the onset (steps 25-29 exploding, NaN from 30) in one column: such a
+    run opens on its steps; a run of many short epochs opens on them; the toggle and a hash that
+    asks for an axis win."""
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") is None
+    assert tab.page.evaluate("window.gradientsApp.matrix.columns") == 40
+    tab.page.get_by_role("button", name="Epochs", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('axis=epoch')")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
+    tab.page.reload()
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == [0, 1]
+    tab.page.evaluate(f"location.hash = '#run={MANY_EPOCHS}&tag=gradients'")
+    tab.page.wait_for_function(f"window.gradientsApp.matrix.run === '{MANY_EPOCHS}'")
+    tab.wait_drawn()
+    epochs = tab.page.evaluate("window.gradientsApp.matrix.epochIndex")
+    assert epochs == list(range(MANY_EPOCHS_COUNT))
+    tab.close()
+
+
+def test_axis_labels_never_overlap_and_the_axes_have_titles(browser, server):
+    tab = Tab(browser, server, f"#run={MANY_EPOCHS}&tag=gradients&axis=epoch",
+              viewport=(1100, 800))
+    tab.wait_drawn()
+    # The widest label an epoch can have, whichever way it is written.
+    widest = tab.page.evaluate(
+        """() => { const axis = document.querySelector('canvas.axis');
+                   const c = axis.getContext('2d');
+                   c.font = `11px ${getComputedStyle(axis).fontFamily}`;
+                   const texts = window.gradientsApp.matrix.epochIndex
+                     .flatMap((e) => [String(e), `epoch ${e}`]);
+                   return Math.max(...texts.map((text) => c.measureText(text).width)); }""")
+    ratio = tab.page.evaluate("window.devicePixelRatio")
+    axis = tab.pixels("canvas.axis")
+    labels = ink_runs(axis[int(6 * ratio):], max_gap=int(4 * ratio))  # under the tick marks
+    for first, last in labels:
+        assert last - first + 1 <= (widest + 1) * ratio, f"labels run into each other: {labels}"
+    assert len(labels) >= 5, labels
+    drawn = tab.page.evaluate("window.gradientsApp.view.axes.drawnLabels")
+    assert all(b["left"] >= a["right"] for a, b in zip(drawn, drawn[1:]))
+    assert tab.page.locator("[data-testid=axis-title]").inner_text().startswith("epoch")
+    # The step axis too, at its narrowest.
+    tab.page.get_by_role("button", name="Steps", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('axis=step')")
+    tab.wait_drawn()
+    assert tab.page.locator("[data-testid=axis-title]").inner_text() == "step"
+    drawn = tab.page.evaluate("window.gradientsApp.view.axes.drawnLabels")
+    assert len(drawn) >= 3 and all(b["left"] >= a["right"] for a, b in zip(drawn, drawn[1:]))
+    tab.close()
+
+
+def test_a_diverging_loss_is_drawn_on_a_log_scale_beside_its_range(browser, server):
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    loss = tab.page.locator("[data-testid=loss-curve]")
+    loss.wait_for(state="visible")
+    # On a log scale the climb before the NaN shows: at step 27 the curve is half-way up (on a
+    # linear one every step but the last lies on the floor).
+    pixels = tab.pixels("[data-testid=loss-curve]")
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    x = int(pixels.shape[1] * (steps.index(27) + 0.5) / len(steps))
+    inked = np.flatnonzero(pixels[:, x, 3] > 0) / pixels.shape[0]
+    assert inked.size and 0.25 < inked.mean() < 0.75, inked
+    assert "(log scale)" in tab.page.locator(".loss-label").inner_text()
+    assert tab.page.locator("[data-testid=loss-min]").inner_text() == "2.1"
+    # Its range beside the curve, never over it.
+    curve = loss.bounding_box()
+    for name in ("loss-max", "loss-min"):
+        assert not boxes_overlap(tab.page.locator(f"[data-testid={name}]").bounding_box(), curve)
+    tab.close()
+
+
+def test_the_legend_explains_the_row_dots(browser, server):
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients")
+    tab.wait_drawn()
+    legend = tab.page.locator("[data-testid=legend-dots]")
+    assert "alert" in legend.inner_text()
+    dots = legend.locator(".legend-item").evaluate_all(
+        "(items) => items.map((i) => [i.textContent,"
+        " getComputedStyle(i.querySelector('.dot')).backgroundColor])")
+    assert dots == [[name, _css_rgb(color)] for name, color in SEVERITY_COLORS.items()]
+    tab.close()
+
+
+def test_the_tab_opens_on_the_most_severe_run_unless_the_user_picked_another(browser, server):
+    severities = list(SEVERITY_COLORS)  # most urgent first, as the plugin's vocabulary
+    runs = get_json(f"{server}/data/plugin/gradients/runs")
+
+    def severity(run):
+        url = f"{server}/data/plugin/gradients/alerts?run={run}&tag=gradients"
+        alerts = get_json(url)["alerts"]
+        return (min((severities.index(a["severity"]) for a in alerts), default=len(severities)),
+                -len(alerts), natural_key(run))
+
+    expected = min(runs, key=severity)
+    tab = Tab(browser, server)
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.state.run") == expected
+    options = tab.page.locator("[data-testid=run-picker] option").evaluate_all(
+        "(options) => options.map((option) => option.value)")
+    assert options == sorted(runs, key=natural_key)
+    assert options.index(DIVERGED) < options.index(MANY_EPOCHS)
+    # The user's pick outlasts the frame (TensorBoard reloads it without its hash)...
+    tab.page.locator("[data-testid=run-picker]").select_option("healthy/train")
+    tab.page.wait_for_function("location.hash.includes('run=healthy')")
+    tab.page.goto("about:blank")
+    tab.page.goto(f"{server}/data/plugin_entry.html?name=gradients")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.state.run") == "healthy/train"
+    # ...and a link's run wins over it.
+    tab.page.goto("about:blank")
+    tab.page.goto(f"{server}/data/plugin_entry.html?name=gradients#run=xss")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.state.run") == "xss"
+    tab.close()
+
+
+def test_the_details_open_beside_the_heatmap_without_scrolling_it_away(browser, server):
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step", viewport=(1100, 700))
+    tab.wait_drawn()
+    tab.page.mouse.click(*_cell_point(tab, 0, 30))
+    details = tab.page.locator(".details")
+    tab.page.locator("[data-testid=series-chart]").wait_for(state="visible")
+    tab.page.wait_for_timeout(300)  # any scrolling would be done
+    assert tab.page.evaluate("window.scrollY") == 0
+    cells = tab.canvas_box()
+    box = details.bounding_box()
+    assert box["x"] >= cells["x"] + cells["width"], "side by side"
+    assert 0 <= box["y"] < 700 / 2, "the details start in the upper half of the window"
+    assert cells["y"] >= 0 and cells["y"] + cells["height"] <= 700, "the heatmap stays in view"
+    tab.close()
+
+
+def _alerts_answer(server, run):
+    return get_json(f"{server}/data/plugin/gradients/alerts?run={run}&tag=gradients")
+
+
+def _outlined_rows(tab):
+    """The heatmap rows outlined on the overlay (a clicked alert's or group's cells): those with
+    ink across their middle (an outline's sides cross it; nothing else is drawn there while the
+    pointer is off the heatmap and no cell is selected)."""
+    overlay = tab.pixels("canvas.overlay")
+    rows = tab.page.evaluate("window.gradientsApp.matrix.rows")
+    height = overlay.shape[0]
+    return [row for row in range(rows) if overlay[int(height * (row + 0.5) / rows), :, 3].any()]
+
+
+def _rows_of_layers(tab, layers):
+    """The heatmap rows (of the matrix shown) of the variables, or layers, of ``layers``."""
+    shown = tab.page.evaluate("window.gradientsApp.matrix.layers")
+    return [row for row, layer in enumerate(shown) if layer in layers]
+
+
+def _step_range(first, last):
+    return f"step {first}" if first == last else f"steps {first}\u2013{last}"
+
+
+def test_alerts_read_as_findings_that_open_to_their_alerts_and_outline_their_cells(browser, server):
+    """The demo's vanishing run: a finding per rule and stretch of steps, most urgent first;
+    opening one lists its alerts (built only then), clicking it outlines every cell of its
+    alerts (a whole-layer alert: every variable of the layer), clicking an alert its own."""
+    answer = _alerts_answer(server, "vanishing/train")
+    groups, alerts = answer["groups"], answer["alerts"]
+    assert len(groups) < len(alerts), "the demo's vanishing run has findings of several alerts"
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    tab.wait_alerts()
+    shown = tab.page.locator("[data-testid=alert-group]")
+    assert shown.count() == len(groups)
+    for item, group in zip(shown.all(), groups):
+        text = item.inner_text().lower()
+        assert group["message"].lower() in text
+        steps = _step_range(group["first_step"], group["last_step"])
+        assert f"{group['severity']} · {group['kind']} · {steps}" in text
+    # A finding of one alert is that alert; the others' alerts are built when they are opened.
+    assert tab.page.locator("[data-testid=alert]").count() == sum(len(g["alerts"]) == 1 for g in groups)
+    assert f"in {len(groups)} findings" in tab.page.locator(".alerts h2").inner_text()
+    index, group = max(((i, g) for i, g in enumerate(groups) if g["unit"] == "layer"),
+                       key=lambda pair: pair[1]["subjects"])
+    members = [alerts[i] for i in group["alerts"]]
+    assert len(members) > 1
+    shown.nth(index).click()
+    opened = tab.page.locator("details.alert-group[open] [data-testid=alert]")
+    texts = opened.all_inner_texts()
+    assert len(texts) == len(members) and all(a["message"] in t for a, t in zip(members, texts))
+    layers = {a["layer"] for a in members}
+    assert _outlined_rows(tab) == _rows_of_layers(tab, layers)
+    assert len(_outlined_rows(tab)) == 2 * len(layers), "a whole layer: its kernel and its bias"
+    opened.first.click()
+    assert _outlined_rows(tab) == _rows_of_layers(tab, {members[0]["layer"]})
+    tab.close()
+
+
+def test_a_thousand_alerts_are_one_finding_opened_on_demand(browser, server):
+    """1,000 NaN alerts: one finding under the first-NaN call-out; its alerts are built when it
+    opens, and clicking it outlines all 1,000 rows at the NaN step."""
+    answer = _alerts_answer(server, MANY_ALERTS)
+    assert len(answer["alerts"]) >= MANY_ALERTS_VARIABLES
+    tab = Tab(browser, server, f"#run={MANY_ALERTS}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    tab.wait_alerts()
+    assert f"step {MANY_ALERTS_NAN_STEP}" in tab.page.locator("[data-testid=first-nonfinite]").inner_text()
+    shown = tab.page.locator("[data-testid=alert-group]")
+    assert shown.count() == len(answer["groups"])
+    assert tab.page.locator(".alerts button, .alerts summary").count() == len(answer["groups"])
+    nonfinite = [i for i, g in enumerate(answer["groups"]) if g["kind"] == "nonfinite"]
+    assert answer["groups"][nonfinite[0]]["subjects"] == MANY_ALERTS_VARIABLES
+    shown.nth(nonfinite[0]).click()
+    assert tab.page.locator("details.alert-group[open] [data-testid=alert]").count() == MANY_ALERTS_VARIABLES
+    spans = tab.page.evaluate("window.gradientsApp.view.highlight")
+    assert sorted(row for span in spans for row in span["rows"]) == list(range(MANY_ALERTS_VARIABLES))
+    assert {(span["firstStep"], span["lastStep"]) for span in spans} == {(MANY_ALERTS_NAN_STEP,) * 2}
+    tab.close()
+
+
+def test_rows_by_layer_combine_each_layers_variables_and_alerts_follow(browser, server):
+    """The Layers switch: one row per layer (the vanishing demo's input-side layers hatched), its
+    tooltip and details those of the whole layer, the row dots and a clicked finding on layer
+    rows; kept in the hash through a reload, and switched back."""
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    layers = list(dict.fromkeys(tab.page.evaluate("window.gradientsApp.matrix.layers")))
+    ratio = tab.page.evaluate("window.devicePixelRatio")
+
+    def label_count():
+        """Lines of text right of the row dots (an underscore under a name is no line)."""
+        labels = tab.pixels("canvas.labels")[:, int(14 * ratio):]
+        lines = ink_runs(labels.transpose(1, 0, 2), max_gap=0)
+        return sum(last - first + 1 >= 5 * ratio for first, last in lines)
+
+    assert label_count() == 2 * len(layers)  # a kernel and a bias each
+    requests = []
+    tab.page.on("request", lambda request: requests.append(request.url))
+    tab.page.get_by_role("button", name="Layers", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('rows=layers')")
+    tab.page.wait_for_function("window.gradientsApp.matrix.rowsBy === 'layers' && window.gradientsApp.drawn")
+    assert tab.page.evaluate("window.gradientsApp.matrix.variables") == layers
+    assert label_count() == len(layers)
+    pixels = tab.pixels()
+    assert has_color(row_band(pixels, 0, 0, len(layers)), VANISHING_HATCH_RGB)  # dense_00
+    assert not has_color(row_band(pixels, len(layers) - 2, len(layers) - 1, len(layers)), VANISHING_HATCH_RGB)
+    # The dots: one per layer with alerts, whether they name the layer or one of its variables.
+    answer = _alerts_answer(server, "vanishing/train")
+    dotted = sorted(row for row, _ in tab.page.evaluate("[...window.gradientsApp.view.rowSeverity]"))
+    assert dotted == sorted({layers.index(a["layer"]) for a in answer["alerts"] if a["layer"]})
+    # A finding about variables outlines their layers' rows (before a cell is selected: its
+    # crosshair crosses every row).
+    index, group = max(enumerate(answer["groups"]), key=lambda pair: pair[1]["subjects"])
+    tab.page.locator("[data-testid=alert-group]").nth(index).click()
+    members = [answer["alerts"][i] for i in group["alerts"]]
+    assert _outlined_rows(tab) == sorted({layers.index(a["layer"]) for a in members})
+    # The tooltip and the details: the layer's, from its combined series and histogram.
+    tab.page.mouse.move(*_cell_point(tab, 0, 3))
+    tooltip = tab.page.locator(".tooltip")
+    tooltip.wait_for(state="visible")
+    tab.page.wait_for_function("document.querySelector('.tip-extra').textContent.includes('zero fraction')")
+    assert tooltip.inner_text().startswith(f"{layers[0]}\nlayer · its variables as one tensor")
+    tab.page.mouse.click(*_cell_point(tab, 0, 3))
+    tab.page.locator("[data-testid=series-chart]").wait_for(state="visible")
+    assert tab.page.locator(".details-title").inner_text() == layers[0]
+    assert "its variables as one tensor" in tab.page.locator(".details-subtitle").inner_text()
+    asked = [url.split("/gradients/")[1] for url in requests if "/data/plugin/gradients/" in url]
+    assert any(url.startswith("series?") and "rows=layers" in url and "variable_index=0" in url
+               for url in asked)
+    if tab.page.evaluate("window.gradientsApp.info().histograms"):
+        tab.page.locator(".histogram").wait_for(state="visible")
+        assert any(url.startswith("histogram?") and "rows=layers" in url for url in asked)
+    # The hash keeps the view; Variables brings the variables back.
+    tab.page.reload()
+    tab.wait_drawn()
+    assert tab.page.evaluate("[window.gradientsApp.matrix.rowsBy, window.gradientsApp.matrix.rows]") == [
+        "layers", len(layers)]
+    assert tab.page.get_by_role("button", name="Layers", exact=True).get_attribute("aria-pressed") == "true"
+    tab.page.get_by_role("button", name="Variables", exact=True).click()
+    tab.page.wait_for_function("!location.hash.includes('rows=')")
+    tab.page.wait_for_function(
+        "window.gradientsApp.matrix.rowsBy === 'variables' && window.gradientsApp.drawn")
+    assert tab.page.evaluate("window.gradientsApp.matrix.rows") == 2 * len(layers)
+    tab.close()
+
+
+# Comparing runs: the demo's vanishing net (12 sigmoid layers + logits) against its healthy one
+# (10 ReLU layers + logits): the same names up to dense_09, then dense_10 and dense_11 only in
+# vanishing (rows 20-23 of the 26 by variable, 10-11 of the 13 by layer).
+COMPARE_ROWS = 26
+ONLY_IN_VANISHING = (20, 23)
+
+
+def _share(band, rgb_set):
+    flat = [tuple(p) for p in band[..., :3].reshape(-1, 3).tolist()]
+    return sum(p in rgb_set for p in flat) / max(1, len(flat))
+
+
+def test_comparing_two_runs_side_by_side_and_as_a_ratio_survives_a_reload(browser, server, artifacts):
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    assert tab.page.locator("[data-testid=compare-view]").is_hidden()
+    tab.page.select_option("[data-testid=compare-picker]", "healthy/train")
+    tab.page.wait_for_function("location.hash.includes('compare=healthy')")
+    tab.wait_drawn()
+    # Side by side: both runs on the union of their rows; vanishing's extra layers hatched grey
+    # in healthy's heatmap, never in vanishing's.
+    assert tab.page.locator("[data-testid=heatmap-canvas]").is_hidden()
+    unmatched = {UNMATCHED_RGB, UNMATCHED_HATCH_RGB}
+    a = tab.pixels("[data-testid=compare-a]")
+    b = tab.pixels("[data-testid=compare-b]")
+    assert _share(row_band(b, *ONLY_IN_VANISHING, COMPARE_ROWS), unmatched) > 0.95
+    assert _share(row_band(a, *ONLY_IN_VANISHING, COMPARE_ROWS), unmatched) == 0
+    assert _share(row_band(b, 0, 19, COMPARE_ROWS), unmatched) == 0
+    assert has_color(row_band(a, 0, 3, COMPARE_ROWS), VANISHING_HATCH_RGB)
+    assert "4 only in vanishing/train" in tab.page.locator("[data-testid=compare-unmatched]").inner_text()
+    # The ratio: the input side of the vanishing net is orders of magnitude below the healthy
+    # one's, so its rows are deep blue; the rows only one run has are hatched grey.
+    tab.page.locator("[data-testid=compare-mode-ratio]").click()
+    tab.page.wait_for_function("location.hash.includes('compare_mode=ratio')")
+    tab.wait_drawn()
+    ratio = tab.pixels("[data-testid=compare-ratio]")
+    input_side = row_band(ratio, 0, 3, COMPARE_ROWS)[..., :3].reshape(-1, 3).astype(int)
+    blue = (input_side[:, 2] - input_side[:, 0] > 60).mean()
+    assert blue > 0.9, f"only {blue:.0%} of the input-side pixels are blue"
+    assert (input_side[:, 0] - input_side[:, 2] > 60).mean() == 0, "and none red"
+    assert _share(row_band(ratio, *ONLY_IN_VANISHING, COMPARE_ROWS), unmatched) > 0.95
+    assert len(np.unique(ratio.reshape(-1, 4), axis=0)) > 10, "the ratio has real colour"
+    ticks = tab.page.locator("[data-testid=compare-ticks]").inner_text()
+    assert "1x" in ticks and "1/" in ticks
+    # The tooltip: both values and the ratio; an unmatched row says so.
+    box = tab.page.locator("[data-testid=compare-ratio]").bounding_box()
+    row_y = lambda row: box["y"] + box["height"] * (row + 0.5) / COMPARE_ROWS  # noqa: E731
+    tab.page.mouse.move(box["x"] + box["width"] / 2, row_y(0))
+    tooltip = tab.page.locator("[data-testid=compare-tooltip]")
+    tooltip.wait_for(state="visible")
+    text = tooltip.inner_text()
+    assert "dense_00/kernel" in text and "l2_norm in vanishing/train" in text and "l2_norm in healthy/train" in text
+    assert "ratio vanishing/train / healthy/train: 1/" in text
+    tab.page.mouse.move(box["x"] + box["width"] / 2, row_y(21))
+    tab.page.wait_for_function(
+        "document.querySelector('[data-testid=compare-tooltip]').textContent.includes('only in vanishing/train')")
+    tab.page.screenshot(path=str(artifacts / "compare_ratio.png"), full_page=True)
+    # A reload keeps the comparison (it is in the hash).
+    tab.page.reload()
+    tab.wait_drawn()
+    assert tab.page.locator("[data-testid=compare-picker]").input_value() == "healthy/train"
+    assert tab.page.locator("[data-testid=compare-mode-ratio]").get_attribute("aria-pressed") == "true"
+    ratio = tab.pixels("[data-testid=compare-ratio]")
+    input_side = row_band(ratio, 0, 3, COMPARE_ROWS)[..., :3].reshape(-1, 3).astype(int)
+    assert (input_side[:, 2] - input_side[:, 0] > 60).mean() > 0.9
+    # By layer and by epoch: rows match by layer name, columns by epoch index.
+    tab.page.get_by_role("button", name="Layers", exact=True).click()
+    tab.wait_drawn()
+    comparison = tab.page.evaluate(
+        "(({rows, columnCount, matchedColumns}) => ({statuses: rows.map((r) => r.status), columnCount, matchedColumns}))"
+        "(window.gradientsApp.comparison)")
+    assert comparison["statuses"] == ["both"] * 10 + ["a", "a", "both"]
+    tab.page.get_by_role("button", name="Epochs").click()
+    tab.wait_drawn()
+    comparison = tab.page.evaluate(
+        "(({columnCount, matchedColumns, epochIndex}) => ({columnCount, matchedColumns, epochIndex}))"
+        "(window.gradientsApp.comparison)")
+    assert comparison["epochIndex"] is not None and comparison["columnCount"] >= 2
+    assert comparison["matchedColumns"] == comparison["columnCount"]
+    ratio = tab.pixels("[data-testid=compare-ratio]")
+    input_side = row_band(ratio, 0, 1, 13)[..., :3].reshape(-1, 3).astype(int)
+    assert (input_side[:, 2] - input_side[:, 0] > 60).mean() > 0.9
+    # None again: the heatmap of the run alone.
+    tab.page.select_option("[data-testid=compare-picker]", "")
+    tab.page.wait_for_function("!location.hash.includes('compare=')")
+    tab.wait_drawn()
+    assert tab.page.locator("[data-testid=heatmap-canvas]").is_visible()
+    assert tab.page.locator("[data-testid=compare-view]").is_hidden()
+    tab.close()

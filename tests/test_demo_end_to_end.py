@@ -16,8 +16,8 @@ import pytest
 
 import tensorboard_gradients as tg
 from support import (
-    CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard, has_color,
-    row_band,
+    CHROMIUM, EXPLODING_HATCH_RGB, NONFINITE_RGB, SPIKE_HATCH_RGB, VANISHING_HATCH_RGB, Tab,
+    TensorBoard, has_color, open_every_finding, row_band,
 )
 
 pytest.importorskip("playwright.sync_api")
@@ -69,7 +69,7 @@ def test_the_vanishing_runs_first_layers_are_flagged(browser, server):
     assert has_color(row_band(pixels, 0, 1, rows), VANISHING_HATCH_RGB)  # dense_00
     assert not has_color(row_band(pixels, 22, 25, rows), VANISHING_HATCH_RGB)  # dense_11, logits
     assert not has_color(pixels, EXPLODING_HATCH_RGB) and not has_color(pixels, NONFINITE_RGB)
-    first = tab.page.locator("[data-testid=alert]").first.inner_text()
+    first = tab.page.locator("[data-testid=alert-group]").first.inner_text()
     assert "VANISHING" in first.upper() and "dense_00" in first
     tab.close()
 
@@ -87,7 +87,8 @@ def test_the_exploding_run_shows_exploding_cells_then_its_first_nan_step(browser
     assert has_color(pixels[:, nan_from:], NONFINITE_RGB)
     assert has_color(pixels[:, :nan_from], EXPLODING_HATCH_RGB), "exploding cells before the NaN"
     assert not has_color(pixels[:, :nan_from], NONFINITE_RGB)
-    assert tab.page.locator("[data-testid=alert]").first.inner_text().upper().startswith("CRITICAL")
+    assert tab.page.locator("[data-testid=alert-group]").first.inner_text().upper().startswith(
+        "CRITICAL")
     tab.close()
 
 
@@ -97,7 +98,7 @@ def test_the_healthy_and_fixed_runs_show_no_alerts(browser, server, run):
     assert alerts == []
     assert tab.page.locator(".alerts h2").inner_text() == "No alerts"
     pixels = tab.pixels()
-    for colour in (VANISHING_HATCH_RGB, EXPLODING_HATCH_RGB, NONFINITE_RGB):
+    for colour in (VANISHING_HATCH_RGB, SPIKE_HATCH_RGB, EXPLODING_HATCH_RGB, NONFINITE_RGB):
         assert not has_color(pixels, colour), (run, colour)
     tab.close()
 
@@ -108,5 +109,6 @@ def test_the_cli_says_what_the_tab_says(browser, server, runs, cli_alerts):
         tab, alerts = open_run(browser, server, run)
         shown = [tuple(a[f] for f in ALERT_FIELDS) for a in alerts]
         assert shown == cli_alerts.get(run, []), run
+        open_every_finding(tab)
         assert tab.page.locator("[data-testid=alert]").count() == len(shown)
         tab.close()

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { alertRowFinder, firstAlertOf, rowSeverities } from "../alerts.js";
+import { alertRowFinder, alertSpans, firstAlertOf, groupAlerts, rowSeverities } from "../alerts.js";
 
 const MATRIX = { variables: ["a/kernel", "a/bias", "b/kernel"], layers: ["a", "a", "b"] };
 const alert = (fields) => ({ variable: null, layer: null, ...fields });
@@ -12,6 +12,45 @@ test("an alert's rows: its variable's, else its layer's", () => {
   assert.deepEqual(rowsOf(alert({ layer: "a" })), [0, 1]);
   assert.deepEqual(rowsOf(alert({ variable: "gone/kernel", layer: "a" })), [0, 1]);
   assert.deepEqual(rowsOf(alert({})), []);
+});
+
+// By layer the heatmap's `variables` and `layers` are both the layer names.
+const BY_LAYER = { rowsBy: "layers", variables: ["a", "b"], layers: ["a", "b"] };
+
+test("by layer, an alert's row is its layer's, whether it names a variable or the layer", () => {
+  const rowsOf = alertRowFinder(BY_LAYER);
+  assert.deepEqual(rowsOf(alert({ variable: "b/kernel", layer: "b" })), [1]);
+  assert.deepEqual(rowsOf(alert({ layer: "a" })), [0]);
+  // A variable named like another layer still belongs to its own layer.
+  assert.deepEqual(rowsOf(alert({ variable: "a", layer: "b" })), [1]);
+  assert.deepEqual(rowsOf(alert({})), []);
+});
+
+test("the dots by layer: a layer row gets the most urgent of its variables' alerts", () => {
+  const rank = (severity) => ["critical", "warning", "info"].indexOf(severity);
+  const alerts = [
+    alert({ variable: "a/kernel", layer: "a", severity: "info" }),
+    alert({ variable: "a/bias", layer: "a", severity: "critical" }),
+    alert({ layer: "b", severity: "warning" }),
+  ];
+  assert.deepEqual([...rowSeverities(alerts, alertRowFinder(BY_LAYER), rank)].sort(),
+    [[0, "critical"], [1, "warning"]]);
+});
+
+test("a group's alerts from its indices, and each one's rows over its own steps", () => {
+  const alerts = [
+    alert({ variable: "a/kernel", layer: "a", first_step: 3, last_step: 9 }),
+    alert({ variable: "b/kernel", layer: "b", first_step: 1, last_step: 1 }),
+    alert({ layer: "a", first_step: 5, last_step: 7 }),
+  ];
+  const group = { alerts: [2, 0] };
+  assert.deepEqual(groupAlerts(group, alerts), [alerts[2], alerts[0]]);
+  assert.deepEqual(alertSpans(groupAlerts(group, alerts), alertRowFinder(MATRIX)), [
+    { rows: [0, 1], firstStep: 5, lastStep: 7 }, { rows: [0], firstStep: 3, lastStep: 9 },
+  ]);
+  assert.deepEqual(alertSpans(groupAlerts(group, alerts), alertRowFinder(BY_LAYER)), [
+    { rows: [0], firstStep: 5, lastStep: 7 }, { rows: [0], firstStep: 3, lastStep: 9 },
+  ]);
 });
 
 test("each row gets its most urgent severity", () => {

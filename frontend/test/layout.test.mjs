@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { chartRange, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX } from "../layout.js";
+import {
+  chartRange, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX, valueScale,
+} from "../layout.js";
 
 test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
   const grid = gridLayout(1000, 500, 1000, 600);
@@ -60,4 +62,21 @@ test("a series chart shows the thresholds near its data, not ones that would fla
   assert.deepEqual(chartRange([-4, -3], [-7, 3]), [-4, -3, []]);
   assert.deepEqual(chartRange([2, 2], []), [1.5, 2.5, []]);
   assert.equal(chartRange([], [3]), null);
+});
+
+test("a positive series over more than two decades gets a log scale, others a linear one", () => {
+  const diverging = valueScale([2.1, 2.0, 40, 4.9e16]);
+  assert.equal(diverging.log, true);
+  assert.deepEqual([diverging.low, diverging.high], [2.0, 4.9e16]);
+  assert.equal(diverging.position(2.0), 0);
+  assert.ok(Math.abs(diverging.position(4.9e16) - 1) < 1e-12);
+  assert.ok(diverging.position(40) > 0.05, "the rise before the blow-up is visible");
+  const falling = valueScale([2.3, 1.1, 0.4]);
+  assert.equal(falling.log, false);
+  assert.ok(Math.abs(falling.position(1.35) - 0.5) < 1e-12);
+  assert.equal(valueScale([-1, 1000]).log, false);
+  assert.equal(valueScale([0, 1000]).log, false);
+  assert.equal(valueScale([1, 100]).log, false);
+  assert.equal(valueScale([1, 101]).log, true);
+  assert.equal(valueScale([5, 5]).position(5), 0.5);
 });

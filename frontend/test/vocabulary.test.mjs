@@ -27,7 +27,8 @@ test("the class order from the vocabulary decides which cell a merged pixel show
     run: "r", tag: "t", stat: "l2_norm", variables: ["a"], layers: ["a"], steps: [0, 1], wall_times: [0, 0],
     encoding: "base64", shape: [1, 2], class_names: CLASS_NAMES,
     values: Buffer.from(new Float32Array([1e-9, 1e9]).buffer).toString("base64"),
-    classes: Buffer.from(Uint8Array.from([2, 3])).toString("base64"), // vanishing, exploding
+    classes: Buffer.from(Uint8Array.from(["vanishing", "exploding"], (name) => CLASS_NAMES.indexOf(name)))
+      .toString("base64"),
   };
   const shown = (vocabulary) => {
     const matrix = decodeHeatmap(body, vocabulary);
@@ -36,8 +37,11 @@ test("the class order from the vocabulary decides which cell a merged pixel show
   };
   const hatch = (name) => SERVED.classes.find((cls) => cls.name === name).hatch.rgb;
   assert.deepEqual(shown(VOCABULARY), hatch("exploding")); // pixel (0, 0) lies on both stripes
-  const [missing, ok, vanishing, exploding, nonfinite] = SERVED.classes;
-  const vanishingWorse = new Vocabulary({ ...SERVED, classes: [missing, ok, exploding, vanishing, nonfinite] });
+  const swapped = { vanishing: "exploding", exploding: "vanishing" };
+  const vanishingWorse = new Vocabulary({
+    ...SERVED,
+    classes: SERVED.classes.map((cls) => SERVED.classes.find((other) => other.name === (swapped[cls.name] || cls.name))),
+  });
   assert.deepEqual(shown(vanishingWorse), hatch("vanishing"));
 });
 
@@ -47,6 +51,10 @@ test("CSS variables carry every class and severity colour", () => {
     "--class-vanishing-hatch-angle": "-45deg",
     "--class-vanishing-accent": "#12b5cb",
     "--class-vanishing-tooltip": "#9be7ff",
+    "--class-spike-hatch": "rgb(235, 0, 235)",
+    "--class-spike-hatch-angle": "0deg",
+    "--class-spike-accent": "#c51fc5",
+    "--class-spike-tooltip": "#f48fff",
     "--class-exploding-hatch": "rgb(150, 0, 20)",
     "--class-exploding-hatch-angle": "45deg",
     "--class-exploding-accent": "#f29900",
@@ -75,7 +83,7 @@ test("severities: most urgent first, unknown ones last", () => {
 });
 
 test("the legend lists the painted classes first, then the empty cell", () => {
-  assert.deepEqual(VOCABULARY.legendClasses().map((cls) => cls.label), ["vanishing", "exploding", "NaN/Inf", "no gradient"]);
+  assert.deepEqual(VOCABULARY.legendClasses().map((cls) => cls.label), ["vanishing", "spike", "exploding", "NaN/Inf", "no gradient"]);
 });
 
 test("norm thresholds: lines on an L2 norm chart in their classes' accents, the colour scale's cap", () => {

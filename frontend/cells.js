@@ -1,0 +1,49 @@
+// What one heatmap cell says (pure, no DOM): its value in words, and which logged step of its
+// variable stands for it when the cell merges several steps (an epoch column, or more steps than
+// pixels), so that the tooltip and the details describe the cell as it is drawn.
+
+import { toNumber } from "./decode.js";
+import { formatValue } from "./format.js";
+import { nearestIndex } from "./layout.js";
+import { classPaints, makeFolder } from "./raster.js";
+
+// Scales of statistics that count entries or give their share: still true of a gradient with
+// NaN/Inf entries (its NaN count is the point).
+const ENTRY_COUNT_SCALES = new Set(["count", "fraction"]);
+
+/**
+ * A cell's value as the tooltip and the details say it, `cls` its class (the vocabulary's) and
+ * `scaleKind` its statistic's scale. Most statistics are taken over the gradient's finite
+ * entries, so a gradient that is all NaN has a norm of 0: for a cell of the non-finite class the
+ * class's word replaces such a value. Counts and fractions of entries stay numbers.
+ */
+export function cellValueText(value, cls, scaleKind) {
+  if (cls?.nonfinite && !ENTRY_COUNT_SCALES.has(scaleKind)) return cls.label;
+  return formatValue(value);
+}
+
+/**
+ * The index in `series` (a `series` answer) of the step that a cell covering logged steps
+ * [firstStep, lastStep] is drawn as: the worst class there and, among its steps, the most
+ * extreme `stat` value (the rule columns are merged by). The step nearest `firstStep` when the
+ * series has none in the range.
+ */
+export function representativeIndex(series, stat, firstStep, lastStep, vocabulary) {
+  const fold = makeFolder(classPaints(vocabulary.classes));
+  const values = series.stats[stat] || [];
+  const state = { cls: -1, value: NaN, at: -1 };
+  series.steps.forEach((step, i) => {
+    if (step >= firstStep && step <= lastStep) {
+      fold(state, vocabulary.classCode(series.classes[i]), toNumber(values[i]), i);
+    }
+  });
+  return state.at >= 0 ? state.at : nearestIndex(series.steps, firstStep);
+}
+
+/**
+ * What a heatmap row is, under its name, in the tooltip and the details: by variable, the
+ * variable's layer; by layer (`rowsBy` "layers"), that the row combines the layer's variables.
+ */
+export function rowContext(rowsBy, layer) {
+  return rowsBy === "layers" ? "layer · its variables as one tensor" : `layer ${layer}`;
+}
