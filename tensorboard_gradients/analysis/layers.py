@@ -2,9 +2,9 @@
 
 The tab's Layers view draws one row per layer (the layer-by-step heatmap without kernel/bias
 striping), and the vanishing rule judges layers. A layer's statistic at a step combines its
-variables' values by the rule `columns.STATS` gives it (``Stat.layer``): L2 norms as the root
-of summed squares, counts summed, maxima the largest, means weighted by entries, standard
-deviations pooled. Variables without a gradient at that step are left out; a layer none of
+variables' values by its rule in `RULES`: L2 norms as the root of summed squares, counts
+summed, maxima the largest, means weighted by entries, standard deviations pooled; a derived
+ratio is the ratio of its combined inputs. Variables without a gradient at that step are left out; a layer none of
 whose variables has one is missing there. Its cell class is the worst of its variables'.
 Pure numpy.
 """
@@ -14,7 +14,21 @@ from typing import List, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import columns
+
+# How a layer combines its variables' values of each logged statistic at one step, exactly as
+# if the layer's gradients were one tensor. Every logged statistic needs one (a test checks it
+# against the format's table of statistics).
+ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST = "root_sum_squares", "sum", "largest", "smallest"
+FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD = "finite_weighted", "size_weighted", "pooled_std"
+RULES = {
+    "l2_norm": ROOT_SUM_SQUARES, "weight_l2_norm": ROOT_SUM_SQUARES,
+    "update_l2_norm": ROOT_SUM_SQUARES,
+    "nan_count": SUM, "inf_count": SUM, "size": SUM,
+    "max": LARGEST, "abs_max": LARGEST, "min": SMALLEST,
+    "mean": FINITE_WEIGHTED, "mean_abs": FINITE_WEIGHTED,  # over the finite entries
+    "zero_fraction": SIZE_WEIGHTED,  # over every entry
+    "std": POOLED_STD,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,20 +76,21 @@ class Layers:
         return self.reduce(np.maximum, classes)
 
 
-def needed_stats(stat: str, available) -> Tuple[str, ...]:
-    """The statistics, of ``available`` and in its order, that `combined` needs to give a
+def needed_stats(stat: str, like) -> Tuple[str, ...]:
+    """The logged statistics of series ``like``, in its order, that `combined` needs to give a
     layer's ``stat``: the stat (a ratio: its inputs), the entry counts that weigh means, and
     the mean that pools standard deviations."""
-    inputs = columns.BY_NAME[stat].inputs or (stat,)
+    inputs = like.inputs_of(stat)
     needed = {*inputs, "size", "nan_count", "inf_count"}
-    if any(columns.BY_NAME[name].layer == columns.POOLED_STD for name in inputs):
+    if any(RULES.get(name) == POOLED_STD for name in inputs):
         needed.add("mean")
-    return tuple(name for name in available if name in needed)
+    return tuple(name for name in like.stat_names if name in needed)
 
 
 def combined(series):
     """``series`` with one row per layer (variables and layers both the layer names, shapes
-    ``(entries,)``, no histograms), each statistic combined by its ``Stat.layer`` rule."""
+    ``(entries,)``, no histograms), each logged statistic combined by its rule in `RULES`
+    (derived ratios follow from the combined inputs)."""
     layers = Layers.of(series.layers)
     values = np.asarray(series.values, dtype=np.float64)
     stat = {name: values[:, :, i] for i, name in enumerate(series.stat_names)}
@@ -91,28 +106,28 @@ def combined(series):
                     / layers.reduce(np.add, weights))
 
     for position, name in enumerate(series.stat_names):
-        rule, x = columns.BY_NAME[name].layer, np.where(present, stat[name], np.nan)
-        if rule == columns.ROOT_SUM_SQUARES:
+        rule, x = RULES.get(name), np.where(present, stat[name], np.nan)
+        if rule == ROOT_SUM_SQUARES:
             result = layers.root_sum_squares(x)
-        elif rule == columns.SUM:
+        elif rule == SUM:
             result = layers.reduce(np.add, np.where(present, x, 0.0))
-        elif rule == columns.LARGEST:
+        elif rule == LARGEST:
             result = layers.reduce(np.fmax, x)
-        elif rule == columns.SMALLEST:
+        elif rule == SMALLEST:
             result = layers.reduce(np.fmin, x)
-        elif rule == columns.FINITE_WEIGHTED:
+        elif rule == FINITE_WEIGHTED:
             result = weighted_mean(x, finite_entries)
-        elif rule == columns.SIZE_WEIGHTED:
+        elif rule == SIZE_WEIGHTED:
             result = weighted_mean(x, sizes)
-        elif rule == columns.POOLED_STD:
+        elif rule == POOLED_STD:
             # Within-variable variance plus each variable's mean's distance from the layer's:
             # a sum of non-negative terms, so nothing cancels when |mean| >> std.
             mean = np.where(present, stat["mean"], np.nan)
             layer_mean = weighted_mean(mean, finite_entries)
             spread = x**2 + (mean - layer_mean[:, layers.rows]) ** 2
             result = np.sqrt(weighted_mean(spread, finite_entries))
-        else:
-            raise ValueError(f"statistic {name!r} has no layer rule {rule!r}")
+        else:  # a newer writer's statistic this version cannot combine: no value by layer
+            result = np.full(combined_values.shape[:2], np.nan)
         combined_values[:, :, position] = result
     layer_present = layers.reduce(np.logical_or, present)
     combined_values[~layer_present] = np.nan

@@ -27,14 +27,6 @@ DERIVED = "derived"  # computed on read from two logged columns
 # linearly (the tab's `makeScale` implements each).
 LOG, LINEAR, FRACTION, COUNT = "log", "linear", "fraction", "count"
 
-# How a layer's row combines its variables' values of a statistic at one step, exactly as if
-# the layer's gradients were one tensor (`analysis.layers`): the root of summed squares (L2
-# norms), the sum (counts), the largest or smallest, a mean weighted by each variable's finite
-# entries or by its entries, the pooled standard deviation, or the ratio of its combined inputs.
-ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST = "root_sum_squares", "sum", "largest", "smallest"
-FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD, RATIO = (
-    "finite_weighted", "size_weighted", "pooled_std", "ratio")
-
 
 @dataclasses.dataclass(frozen=True)
 class Stat:
@@ -47,7 +39,6 @@ class Stat:
     description: str
     inputs: Tuple[str, ...] = ()  # DERIVED: (numerator, denominator)
     heatmap: bool = True  # offered as a heatmap in the tab (``size`` is constant: shown in details)
-    layer: str = RATIO  # how a layer combines its variables' values (see ROOT_SUM_SQUARES)
     # The format version that added it (`metadata.FORMAT_VERSION`). Readers require only the
     # format-1.0 gradient stats (`REQUIRED_STATS`): files written before a stat existed lack it.
     since: Tuple[int, int] = (1, 0)
@@ -56,29 +47,24 @@ class Stat:
 # Finite statistics are over the finite entries only; the counts say how many entries were NaN /
 # +-Inf; `size` counts every entry of the dense gradient.
 STATS = (
-    Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries",
-         layer=ROOT_SUM_SQUARES),
-    Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries", layer=FINITE_WEIGHTED),
-    Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries",
-         layer=POOLED_STD),
-    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry", layer=SMALLEST),
-    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry", layer=LARGEST),
-    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|", layer=LARGEST),
-    Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|",
-         layer=FINITE_WEIGHTED),
+    Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries"),
+    Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries"),
+    Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries"),
+    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry"),
+    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry"),
+    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|"),
+    Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|"),
     Stat("zero_fraction", "zero fraction", FRACTION, GRADIENT,
-         "fraction of the entries that are exactly zero", layer=SIZE_WEIGHTED),
-    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN", layer=SUM),
-    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf", layer=SUM),
+         "fraction of the entries that are exactly zero"),
+    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN"),
+    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf"),
     Stat("size", "entries", COUNT, GRADIENT,
-         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False,
-         layer=SUM),
+         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False),
     Stat("weight_l2_norm", "weight L2 norm", LOG, WEIGHT,
-         "L2 norm of the variable's values (before the update), over all entries",
-         layer=ROOT_SUM_SQUARES),
+         "L2 norm of the variable's values (before the update), over all entries"),
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
     Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
-         "L2 norm of the optimizer's update of the step", since=(1, 1), layer=ROOT_SUM_SQUARES),
+         "L2 norm of the optimizer's update of the step", since=(1, 1)),
     # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
     # real relative size (healthy around 1e-3, see `analysis.Thresholds`).
     Stat("grad_weight_ratio", "gradient / weight", LOG, DERIVED,

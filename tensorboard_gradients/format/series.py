@@ -68,6 +68,10 @@ class GradientSeries:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(denominator > 0, numerator / denominator, np.nan)
 
+    def inputs_of(self, name: str) -> Tuple[str, ...]:
+        """The logged stats `stat` computes ``name`` from: a derived ratio's two, else itself."""
+        return tuple(columns.DERIVED_STATS.get(name, (name,)))
+
     @property
     def available_stats(self) -> Tuple[str, ...]:
         """The logged stats, then the derived ratios whose inputs were logged."""

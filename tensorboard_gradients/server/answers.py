@@ -212,7 +212,7 @@ def _long_heatmap(long_run, query: HeatmapQuery):
                 zoom, classes = _by_layer(zoom, classes)
             matrix = heatmap.build(zoom, query.stat, classes, query.max_steps)
         elif query.by_layer:
-            needed = layers.needed_stats(query.stat, long_run.like.available_stats)
+            needed = layers.needed_stats(query.stat, long_run.like)
             combined, first, classes = _layer_columns(long_run.like, digest, needed,
                                                       query.max_steps, rows, query.by_epoch)
             matrix = dataclasses.replace(first, values=combined.stat(query.stat).T,

@@ -37,7 +37,9 @@ A step whose log-norm is this many robust standard deviations (1.4826 MAD) above
 median is a spike - the robust z-score rule llm.c (z > 3 on the grad norm) and OLMo /
 Levanter (rolling sigma factors) use to catch loss spikes, "a large increase in the norm
 of the gradients" in Pascanu et al.'s words; 5 rather than 3 because it is applied to
-every variable separately, so a 3-sigma rule would fire on noise.
+every variable separately, so a 3-sigma rule would fire on noise. A spike is short-lived: a
+norm that stays at half this z-score or more for ``sustain_steps`` logged steps has changed
+level (a healthy LSTM's gradients grow 100x over 20 steps as it learns), and is not one.
 """)
 
 SPIKE_MIN_SIGMA = Parameter(

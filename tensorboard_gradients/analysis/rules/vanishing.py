@@ -57,7 +57,9 @@ healthy layer below it look vanishing.
 SUSTAIN_STEPS = Parameter(
     "sustain_steps", 5, int, "sustained for (logged steps)", in_form=True, doc="""
 Vanishing and dead gradients must hold for this many consecutive logged steps: one noisy
-step is not an alert (and not a highlighted cell).
+step is not an alert (and not a highlighted cell). A jump that stays up this long is a change
+of level, not a spike; a variable without a gradient for fewer logged steps is not yet
+never updated.
 """)
 
 
