@@ -150,10 +150,10 @@ def heatmap_answer(data: GradientData, loaded: Loaded, query: HeatmapQuery) -> d
         classes = data.analysis(loaded, query.thresholds).classes
         rows = series
         if query.by_layer:
-            rows, classes = _by_layer(series, classes)
+            rows, classes = _loaded_by_layer(data, loaded, classes)
         matrix = heatmap.build(rows, query.stat, classes, query.max_steps, query.by_epoch,
                                query.step_range)
-    names = layers.Layers.of(series.layers).names if query.by_layer else series.variables
+    names = row_names(series.variables, series.layers, query.by_layer)
     payload = {
         "run": series.run,
         "tag": series.tag,
@@ -220,6 +220,17 @@ def _long_heatmap(long_run, query: HeatmapQuery):
         else:
             matrix, _ = digest.overview(query.stat, query.max_steps, rows, query.by_epoch)
         return matrix, progress
+
+
+def row_names(variables, layer_of_rows, by_layer: bool) -> list:
+    """The names of a tag's rows: its variables, or (``by_layer``) its layers in model order."""
+    return layers.Layers.of(layer_of_rows).names if by_layer else list(variables)
+
+
+def _loaded_by_layer(data: GradientData, loaded: Loaded, classes):
+    """`_by_layer` of a loaded short run, its combined series made once while it is current."""
+    combined = data.memo(loaded, ("by_layer",), lambda: layers.combined(loaded.series))
+    return combined, layers.Layers.of(loaded.series.layers).worst_classes(classes)
 
 
 def _by_layer(series, classes):
@@ -319,7 +330,7 @@ def series_answer(data: GradientData, loaded: Loaded, row: int,
         classes = data.analysis(loaded, thresholds).classes
         shown = series
         if by_layer:
-            shown, classes = _by_layer(series, classes)
+            shown, classes = _loaded_by_layer(data, loaded, classes)
         steps, wall_times = series.steps, series.wall_times
         stats = {name: shown.stat(name)[:, row] for name in shown.available_stats}
         classes = classes[:, row]

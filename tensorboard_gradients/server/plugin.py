@@ -52,7 +52,6 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import security
 
-from tensorboard_gradients.analysis.layers import Layers
 from tensorboard_gradients.format import metadata
 from tensorboard_gradients.server import (
     answers, data_access, export, integrity, long_runs, responses,
@@ -163,7 +162,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         by_layer = _by_layer(query)
         loaded = self._load(ctx, experiment, query)
         series = loaded.series
-        row = query.row(_row_names(series.variables, series.layers, by_layer), series.run,
+        row = query.row(answers.row_names(series.variables, series.layers, by_layer), series.run,
                         series.tag)
         return responses.json_response(
             request, answers.series_answer(self._data, loaded, row, thresholds, by_layer)
@@ -177,7 +176,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         run, tag = query.text("run"), query.text("tag")
         tags = self._data.tags(ctx, experiment)
         layout = self._data.stats_tag(tags, run, tag).parsed.layout
-        row = query.row(_row_names(layout.variables, layout.layers, by_layer), run, tag)
+        row = query.row(answers.row_names(layout.variables, layout.layers, by_layer), run, tag)
         return responses.json_response(
             request, answers.histogram_answer(self._data, ctx, experiment, run, tag, row, step,
                                               tags, by_layer),
@@ -212,11 +211,6 @@ class GradientsPlugin(base_plugin.TBPlugin):
 def _by_layer(query: Query) -> bool:
     """``rows=layers``: one row per layer (default ``variables``)."""
     return query.choice("rows", ("variables", "layers")) == "layers"
-
-
-def _row_names(variables, layer_of_rows, by_layer: bool):
-    """The names of a tag's rows: its variables, or (``by_layer``) its layers in model order."""
-    return Layers.of(layer_of_rows).names if by_layer else list(variables)
 
 
 def _kept_as(loaded, key: tuple, thresholds) -> tuple:
