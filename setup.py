@@ -30,6 +30,9 @@ setup(
         "tensorflow": ["tensorflow>=2.16"],
         "tensorflow-cpu": ["tensorflow-cpu>=2.16"],
         "torch": ["torch>=2.1"],
+        "lightning": ["lightning>=2.1"],
+        "transformers": ["transformers>=4.41", "accelerate>=0.26"],
+        "jax": ["jax>=0.4.20", "optax>=0.1.7"],
         # The demo's data: scikit-learn's bundled digits (nothing downloaded at run time).
         "demo": ["tensorflow-cpu>=2.16", "scikit-learn>=1.3"],
         # Playwright drives the system's Chromium (Debian `chromium`); it downloads no browser.
@@ -38,9 +41,13 @@ setup(
         # an unpinned torch would pull the multi-GB CUDA build from PyPI.
         # deepspeed pinned: the ZeRO tests read its partitions (public and `_hp_mapping`).
         # transformers pinned: the validation set's GPT-2 (benchmarks/validation.py) is built from
-        # its GPT2Config (no weights downloaded); it pulls no torch of its own.
+        # its GPT2Config (no weights downloaded); it pulls no torch of its own. The framework
+        # integrations are tested against pinned versions (lightning, accelerate for the
+        # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist.
         "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
-                 "torch==2.13.0", "jax>=0.4.20", "deepspeed==0.19.8", "transformers==5.18.0"],
+                 "torch==2.13.0", "jax==0.10.2", "deepspeed==0.19.8", "transformers==5.18.0",
+                 "accelerate==1.15.0", "lightning==2.6.6", "flax==0.12.8", "optax==0.2.8",
+                 "tensorboardX==2.6.5", "build>=1.2", "twine>=5"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],

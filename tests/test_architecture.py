@@ -16,7 +16,8 @@ ALLOWED = {
     "server": {"format", "analysis"},
     "cli": {"format", "analysis"},
 }
-FRAMEWORKS = {"tensorflow", "keras", "torch", "jax"}
+FRAMEWORKS = {"tensorflow", "keras", "torch", "jax", "lightning", "pytorch_lightning", "transformers",
+              "accelerate", "optax", "flax", "tensorboardX"}
 
 
 def _module_name(path: pathlib.Path) -> str:
