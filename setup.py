@@ -15,8 +15,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=find_packages(include=["tensorboard_gradients", "tensorboard_gradients.*"]),
-    # The Gradients tab's ES modules ship inside the package (TensorBoard's CSP forbids CDNs).
+    # static/ (the tab's ES modules, shipped inside the package: TensorBoard's CSP forbids CDNs)
+    # is a data-only package with no __init__.py, so find_packages does not list it.
+    packages=find_packages(include=["tensorboard_gradients", "tensorboard_gradients.*"])
+    + ["tensorboard_gradients.static"],
     package_data={"tensorboard_gradients": ["static/*.js", "static/*.css"]},
     include_package_data=True,
     install_requires=[
@@ -43,11 +45,12 @@ setup(
         # transformers pinned: the validation set's GPT-2 (benchmarks/validation.py) is built from
         # its GPT2Config (no weights downloaded); it pulls no torch of its own. The framework
         # integrations are tested against pinned versions (lightning, accelerate for the
-        # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist.
+        # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist;
+        # IPython gives the notebook extension's (%tensorboard) output for the proxy test.
         "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
                  "torch==2.13.0", "jax==0.10.2", "deepspeed==0.19.8", "transformers==5.18.0",
                  "accelerate==1.15.0", "lightning==2.6.6", "flax==0.12.8", "optax==0.2.8",
-                 "tensorboardX==2.6.5", "build>=1.2", "twine>=5"],
+                 "tensorboardX==2.6.5", "build>=1.2", "twine>=5", "ipython>=8"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],

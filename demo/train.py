@@ -175,7 +175,7 @@ def train_with_custom_loop(run_dir, model, scenario, x, y, epochs):
                                        verbose=_progress_verbosity())
         print(f"Epoch {epoch + 1}/{epochs}")
         for features, labels in dataset:
-            step += 1  # 1-based optimizer steps, as GradientMonitor numbers them
+            step += 1  # 1-based optimizer steps, as the Keras runs beside this one count them
             loss = train_step(features, labels, tf.constant(step, tf.int64))
             progress.add(1, [("loss", float(loss))])
     writer.close()

@@ -81,18 +81,18 @@ for step in range(STEPS):
             named = list(engine.module.named_parameters())
             full = {name: deepspeed.utils.safe_get_full_grad(p).float().numpy() for name, p in named}
             if full_gradients:
-                full_gradients.write(step + 1, full, weights={
+                full_gradients.write(step, full, weights={
                     name: p.detach().float().numpy() for name, p in named})
         engine.step()
     if full_gradients:
-        print(json.dumps({"step": step + 1, "engine_norm": float(engine.get_global_grad_norm()),
+        print(json.dumps({"step": step, "engine_norm": float(engine.get_global_grad_norm()),
                           "logged": logged}), flush=True)
     elif rank == 0:
         torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
         reference_monitor.step()
         reference_optimizer.step()
         reference_optimizer.zero_grad()
-        print(json.dumps({"step": step + 1, "engine_norm": float(engine.get_global_grad_norm()),
+        print(json.dumps({"step": step, "engine_norm": float(engine.get_global_grad_norm()),
                           "logged": logged}), flush=True)
 monitor.close()
 for writer in (reference_monitor, full_gradients):

@@ -52,7 +52,7 @@ if FRAMEWORK == "torch":
         disk(step)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(torch.tensor(x)), torch.tensor(y)).backward()
-        monitor.step()
+        monitor.step(step)
         optimizer.step()
     monitor.close()
     trained = STEPS

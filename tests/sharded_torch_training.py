@@ -13,7 +13,7 @@ ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | 
 | fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal
 (``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
 ``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
-``monitor.step()`` at step 2; ``fsdp2_misnumbered``: rank 1 passes another step number there.
+``monitor.step()`` at step 1; ``fsdp2_misnumbered``: rank 1 passes another step number there.
 GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
 """
 
@@ -122,7 +122,7 @@ for step in range(STEPS):
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        print(json.dumps({"step": step + 1, "clip_norm": None if norm is None else float(value),
+        print(json.dumps({"step": step, "clip_norm": None if norm is None else float(value),
                           "reference_norm": float(reference_norm)}), flush=True)
 monitor.close()
 if reference_monitor:

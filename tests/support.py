@@ -40,17 +40,19 @@ def get_json(url, timeout=10):
 
 class TensorBoard:
     """``with TensorBoard(logdir, load_fast="false") as tb:`` a real process; ``tb.base`` is its
-    URL once the Gradients plugin answers."""
+    URL (with its ``path_prefix``) once the Gradients plugin answers. ``python``: the interpreter
+    whose TensorBoard and plugin to run (default: this one)."""
 
-    def __init__(self, logdir, load_fast="false", reload_interval=1):
+    def __init__(self, logdir, load_fast="false", reload_interval=1, path_prefix="",
+                 python=sys.executable):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.base = f"http://127.0.0.1:{port}"
+            self.port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}{path_prefix}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
-             "127.0.0.1", "--port", str(port), f"--load_fast={load_fast}",
-             "--reload_interval", str(reload_interval)],
+            [str(python), "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
+             "127.0.0.1", "--port", str(self.port), f"--load_fast={load_fast}",
+             "--reload_interval", str(reload_interval), f"--path_prefix={path_prefix}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         )

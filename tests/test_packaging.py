@@ -1,4 +1,6 @@
-"""A built wheel (non-editable install) carries the package and registers the plugin."""
+"""A built wheel (non-editable install) carries the package and registers the plugin; the sdist
+and the wheel build without warnings, pass ``twine check`` and install in a fresh virtualenv,
+whose own `tensorboard` then shows the tab."""
 
 import glob
 import json
@@ -23,12 +25,17 @@ print(json.dumps({"file": tensorboard_gradients.__file__, "points": [[e.name, e.
 """
 
 
-def test_wheel_installs_and_registers_the_entry_point(tmp_path):
-    # Built from a copy: setuptools reuses an in-tree build/ folder, whose files of modules moved
-    # or deleted since would ship in the wheel.
+def _source_copy(tmp_path):
+    """The checkout without its build outputs: setuptools reuses an in-tree build/ folder, whose
+    files of modules moved or deleted since would ship in the wheel."""
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
+    return source
+
+
+def test_wheel_installs_and_registers_the_entry_point(tmp_path):
+    source = _source_copy(tmp_path)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(tmp_path / "dist"), str(source)],
@@ -67,3 +74,57 @@ def test_wheel_installs_and_registers_the_entry_point(tmp_path):
     optional = [r for r in result["requires"] if "extra ==" in r]
     assert any(r.startswith("tensorflow") and '"tensorflow"' in r for r in optional)
     assert any(r.startswith("torch") and '"torch"' in r for r in optional)
+
+
+WRITE_A_RUN = """
+import sys, numpy as np
+from tensorboard_gradients import GradientWriter
+with GradientWriter(sys.argv[1]) as writer:
+    for step in range(4):
+        writer.write(step, {"dense/kernel": np.ones((3, 2)), "out/kernel": np.full(2, np.nan)
+                            if step == 2 else np.ones(2)})
+"""
+
+
+def test_sdist_and_wheel_build_cleanly_and_the_wheel_serves_the_tab_from_a_fresh_venv(
+        tmp_path, browser):
+    from support import Tab, TensorBoard
+
+    source = _source_copy(tmp_path)
+    # The build's own messages, byte-compilation included (this machine's environment turns it off).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+         str(source)], capture_output=True, text=True, env=env, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    warnings = [line for line in (built.stdout + built.stderr).splitlines()
+                if "warning" in line.lower()]
+    assert not warnings, warnings
+    (sdist,) = (tmp_path / "dist").glob("tensorboard_gradients-*.tar.gz")
+    (wheel,) = (tmp_path / "dist").glob("tensorboard_gradients-*.whl")
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist),
+                              str(wheel)], capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0 and checked.stdout.count("PASSED") == 2, checked.stdout
+    # A fresh virtualenv gets the wheel and its declared dependencies from the package index
+    # (this one's pip drives it: no ensurepip needed), so a missing dependency fails here.
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
+                   timeout=300)
+    python = fresh / "bin" / "python"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)],
+        capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    logdir = tmp_path / "logs"
+    subprocess.run([str(python), "-c", WRITE_A_RUN, str(logdir / "run1")], check=True,
+                   cwd=tmp_path, timeout=300)
+    cli = subprocess.run([str(fresh / "bin" / "tensorboard-gradients"), "diagnose", str(logdir)],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and "out/kernel" in cli.stdout, cli.stdout + cli.stderr
+    with TensorBoard(logdir, python=python) as tensorboard:
+        tensorboard.wait_for_steps({"run1": 4})
+        tab = Tab(browser, tensorboard.base)
+        tab.wait_drawn()
+        assert tab.page.evaluate("window.gradientsApp.state.run") == "run1"
+        assert not tab.errors, tab.errors
+        tab.close()

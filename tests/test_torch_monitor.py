@@ -52,11 +52,11 @@ def test_statistics_match_an_independent_reference_at_every_logged_step(tmp_path
     assert series.variables == tuple(n for n, _ in model.named_parameters())
     assert series.layers[:2] == ("0", "0") and series.layers[-1] == "6"
     assert series.shapes[0] == (32, 16)
-    assert series.steps.tolist() == [1, 2, 3, 4]
+    assert series.steps.tolist() == [0, 1, 2, 3], "by default: earlier step() calls, 0-based"
     for index, step in enumerate(seen):
         for name, (gradient, weight) in step.items():
             assert_row_matches(series, index, name, reference_stats(gradient, weight))
-    assert series.histograms.steps.tolist() == [1, 3]
+    assert series.histograms.steps.tolist() == [0, 2]
     counts = series.histograms.counts[1, series.variables.index("2.weight")]
     np.testing.assert_array_equal(counts, reference_histogram(seen[2]["2.weight"][0]))
 
@@ -123,8 +123,8 @@ def test_frozen_skipped_missing_warned_once_include_exclude_and_schedules(tmp_pa
                 optimizer.step()
     series = series_of(tmp_path, "all")
     assert "net.0.weight" not in series.variables and "unused.weight" in series.variables
-    assert series.steps.tolist() == [1, 4, 7]
-    assert series.histograms.steps.tolist() == [1, 3, 5, 7]
+    assert series.steps.tolist() == [0, 3, 6]
+    assert series.histograms.steps.tolist() == [0, 2, 4, 6]
     assert series.missing[:, series.variables.index("unused.weight")].all()
     assert np.isnan(series.stat("size")[:, series.variables.index("unused.bias")]).all()
     # Each monitor warns once (not every step); only the first one watches unused.bias.
@@ -185,7 +185,8 @@ def test_summary_writer_run_clipping_amp_accumulation_and_compile(tmp_path):
     writer.close()
     series = series_of(tmp_path, "run")
     assert series.variables[0] == "0.weight", "no _orig_mod. prefix from torch.compile"
-    assert series.steps.tolist() == [1, 2, 3], "one row per optimizer step, not per backward"
+    # One row per optimizer step, not per backward, at the steps of the loss logged beside it.
+    assert series.steps.tolist() == [0, 1, 2]
     logged_norm = np.sqrt(np.nansum(series.stat("l2_norm")[-1] ** 2))
     # float32 per-parameter norms vs a float64 sum: within norm_rtol(parameters) of each other.
     assert logged_norm == pytest.approx(clipped_norm, rel=norm_rtol(sum(p.numel() for p in model.parameters())))
@@ -196,7 +197,8 @@ def test_summary_writer_run_clipping_amp_accumulation_and_compile(tmp_path):
     assert {"loss", "gradients/global_norm", "gradients/global_norm_before_clipping",
             "gradients/loss_scale"} <= set(tags)
     before = [e for e in scalars.Tensors("gradients/global_norm_before_clipping")]
-    assert before[-1].step == 3
+    assert before[-1].step == 2
+    assert [e.step for e in scalars.Scalars("loss")] == series.steps.tolist()
     from tensorboard.util import tensor_util
 
     assert float(tensor_util.make_ndarray(before[-1].tensor_proto)) > 1e-3 * 10  # it was clipped
@@ -249,7 +251,7 @@ def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
     assert list(runs) == ["rank0"] and not (tmp_path / "rank1").exists()
     series = runs["rank0"]["gradients"]
     assert series.variables == ("0.weight", "0.bias", "2.weight", "2.bias"), "no module. prefix"
-    assert series.steps.tolist() == [1, 2, 3, 4, 5]
+    assert series.steps.tolist() == [0, 1, 2, 3, 4]
     rank0, rank1 = torch.load(tmp_path / "grads0.pt"), torch.load(tmp_path / "grads1.pt")
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "all-reduced: one gradient"
     last = {name: g.numpy() for name, g in zip(series.variables, rank0)}
@@ -283,7 +285,7 @@ def test_the_torch_monitor_never_imports_tensorflow(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
-    assert series_of(tmp_path).steps.tolist() == [1]
+    assert series_of(tmp_path).steps.tolist() == [0]
 
 
 def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so(tmp_path):
@@ -363,3 +365,33 @@ def test_each_distinct_piece_is_counted_once_by_its_first_rank():
                     seen.add(key)
                     expected[rank, parameter] = True
         np.testing.assert_array_equal(_counted_pieces(keys), expected)
+
+
+def test_a_tensorboardx_writer_is_a_run_to_join_and_the_steps_match_its_loss(tmp_path):
+    tensorboardX = pytest.importorskip("tensorboardX")
+    from tensorboard.backend.event_processing import event_accumulator
+
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = tensorboardX.SummaryWriter(str(tmp_path / "run"))
+    with GradientMonitor(model, writer, every_n_steps=2) as monitor:
+        for step, (x, y) in enumerate(batches(5)):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            writer.add_scalar("loss", loss.item(), step)
+            monitor.step(step)
+            optimizer.step()
+    writer.close()
+    assert sorted(tg.read_logdir(str(tmp_path))) == ["run"], "one run: the writer's"
+    loss_steps = [e.step for e in event_accumulator.EventAccumulator(
+        str(tmp_path / "run")).Reload().Scalars("loss")]
+    assert series_of(tmp_path, "run").steps.tolist() == loss_steps[::2] == [0, 2, 4]
+
+
+def test_a_log_dir_that_is_neither_a_path_nor_a_writer_is_refused():
+    with pytest.raises(ValueError, match="log_dir must be a directory path or a SummaryWriter"):
+        GradientMonitor(sigmoid_mlp(depth=1), 42)
+    with pytest.raises(ValueError, match="got dict"):
+        tg.GradientWriter({"logdir": "x"})

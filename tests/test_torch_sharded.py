@@ -50,7 +50,7 @@ def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
     sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
     assert sharded.variables == reference.variables == (
         "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias")
-    assert list(sharded.steps) == list(reference.steps) == [1, 2, 3]
+    assert list(sharded.steps) == list(reference.steps) == [0, 1, 2]
     assert sharded.stat_names == reference.stat_names
     # The gradients themselves differ by the order of the ranks' float32 reductions (a mean of
     # per-rank means, reduce-scatter sums): a few units of float32 rounding per entry, so the
@@ -68,26 +68,26 @@ def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
 
 
 def test_a_rank_that_skips_a_step_fails_the_job_at_the_group_timeout_instead_of_hanging(tmp_path):
-    # Rank 1 leaves out monitor.step() at step 2: rank 0 waits in the monitor's gather, rank 1 in
+    # Rank 1 leaves out monitor.step() at step 1: rank 0 waits in the monitor's gather, rank 1 in
     # FSDP's next collective; the process group's timeout (10 s here) turns that into an error.
     results = _run("fsdp2_skip", 2, tmp_path, group_timeout_s=10)
     # Every rank fails (none hangs, none carries on); the first to reach the timeout says so,
     # and the other may instead fail on its peer's exit (gloo: connection closed, or an abort).
     assert all(returncode != 0 for returncode, _, _ in results), results
     assert any("Timed out" in stderr for _, _, stderr in results), [e[-3000:] for *_, e in results]
-    # What was logged before is intact: step 1, equal to the reference.
+    # What was logged before is intact: step 0, equal to the reference.
     runs = tg.read_logdir(str(tmp_path))
     sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
-    assert list(sharded.steps) == [1]
+    assert list(sharded.steps) == [0]
     np.testing.assert_allclose(sharded.values, reference.values[:1], rtol=1e-5, atol=1e-7)
 
 
 def test_ranks_logging_different_steps_are_refused_not_mixed(tmp_path):
     results = _run("fsdp2_misnumbered", 2, tmp_path)
     assert_succeeded(results, ["rank 0", "rank 1"])
-    assert "step 2 not logged: the ranks sent the gradients of steps [2, 101]" in results[0][2]
+    assert "step 1 not logged: the ranks sent the gradients of steps [1, 101]" in results[0][2]
     sharded = tg.read_logdir(str(tmp_path))["sharded"]["gradients"]
-    assert list(sharded.steps) == [1, 3]
+    assert list(sharded.steps) == [0, 2]
 
 
 def test_fsdp1_without_original_parameters_is_refused_with_the_fix(tmp_path):

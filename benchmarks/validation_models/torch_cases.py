@@ -46,7 +46,7 @@ def _train(model, optimizer, batches, log_dir, loss_fn, schedule=None, clip=None
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model, x, y)
             loss.backward()
-            monitor.step()
+            monitor.step(step)
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()

@@ -4,13 +4,20 @@
 
     from tensorboard_gradients.torch import GradientMonitor
 
-    with GradientMonitor(model, "logs/run1") as monitor:
-        for x, y in loader:
+    writer = SummaryWriter("logs/run1")              # torch.utils.tensorboard, or a path
+    with GradientMonitor(model, writer) as monitor:
+        for step, (x, y) in enumerate(loader):
             optimizer.zero_grad()
-            loss_fn(model(x), y).backward()
-            monitor.step()        # after backward, before optimizer.step()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            writer.add_scalar("loss", loss.item(), step)
+            monitor.step(step)    # after backward, before optimizer.step()
             optimizer.step()
     # tensorboard --logdir logs   ->  Gradients tab, run "run1"
+
+Steps: pass the number you log the same update's loss at, so the loss and the heatmap line up.
+Without one, a step is the number of earlier `step` calls: 0, 1, 2, ..., the numbers of
+``enumerate(loader)`` (the rule of every integration: README "Steps").
 
 Rows are ``model.named_parameters()`` in registration order (input side first for the usual
 ``nn.Sequential`` / ``__init__`` order); a row's layer is the owning module's path
@@ -70,7 +77,6 @@ Order of calls in the usual recipes:
 
 import functools
 import logging
-import os
 import re
 from typing import Optional
 
@@ -80,7 +86,7 @@ import torch
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
-from tensorboard_gradients.format.writer import GradientWriter
+from tensorboard_gradients.format.writer import GradientWriter, run_directory
 
 logger = logging.getLogger(__name__)
 
@@ -187,13 +193,6 @@ class TorchOps(statistics.ArrayOps):
 def ops_for(device: torch.device):
     """The `TorchOps` whose constants live on `device`."""
     return type(f"TorchOps[{device}]", (TorchOps,), {"device": device})
-
-
-def _log_dir(log_dir):
-    """A path, or a `torch.utils.tensorboard.SummaryWriter` (its run directory)."""
-    if hasattr(log_dir, "get_logdir"):
-        return log_dir.get_logdir()
-    return os.fspath(log_dir)
 
 
 def _unwrapped(model):
@@ -426,7 +425,8 @@ class GradientMonitor:
         DeepSpeed engine, works too: see the module).
       log_dir: the run directory, or a `torch.utils.tensorboard.SummaryWriter` whose run the
         gradients should join (next to your scalars). Files are created on the first logged step.
-      every_n_steps: log the 1st, (N+1)th, (2N+1)th, ... call of `step` (1 = every step).
+      every_n_steps: log the 1st, (N+1)th, (2N+1)th, ... call of `step` (1 = every step): by
+        default steps 0, N, 2N, ...
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
@@ -469,7 +469,7 @@ class GradientMonitor:
                   for _, p in self._parameters]
         self._sizes = np.array([np.prod(shape) for shape in shapes], dtype=np.float64)
         self._layout = Layout.create([n for n, _ in self._parameters], shapes, with_weights=True)
-        self.log_dir = _log_dir(log_dir)
+        self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
         self._calls = 0
@@ -483,7 +483,8 @@ class GradientMonitor:
         ``optimizer.step()``; once per optimizer step.
 
         Args:
-          step: the step to log at; default: the number of `step` calls so far (1-based).
+          step: the step to log at: the number your loss scalar of this update is logged at.
+            Default: the number of earlier `step` calls (0-based, as ``enumerate(loader)``).
           total_norm: what ``torch.nn.utils.clip_grad_norm_`` returned (the global norm before
             clipping), logged as ``<name>/global_norm_before_clipping``.
           scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
@@ -509,7 +510,7 @@ class GradientMonitor:
             self._checked = True
         if not (sharded or _writes_here()):
             return False
-        step = index + 1 if step is None else int(step)
+        step = index if step is None else int(step)
         dropped = self.dropped_steps
         log = self._log_sharded if sharded else self._log
         with torch.no_grad():

@@ -34,6 +34,33 @@ from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradi
 logger = logging.getLogger(__name__)
 
 
+def run_directory(log_dir) -> str:
+    """The run directory named by ``log_dir``: a path, or a writer that already logs a run there.
+
+    Accepted writers, found by their interface so no framework is imported:
+    `torch.utils.tensorboard.SummaryWriter` (``get_logdir()``), tensorboardX's ``SummaryWriter``
+    (``logdir``) and Lightning's ``TensorBoardLogger`` (``log_dir``). The gradients then go to the
+    same run as that writer's scalars, so TensorBoard shows the loss and the Gradients tab of
+    one run side by side (in an event file of their own: TensorBoard reads every file of a run).
+
+    Raises:
+      ValueError: anything else (with what was given).
+    """
+    if callable(getattr(log_dir, "get_logdir", None)):
+        log_dir = log_dir.get_logdir()
+    elif not isinstance(log_dir, (str, bytes, os.PathLike)):
+        for attribute in ("logdir", "log_dir"):
+            if isinstance(getattr(log_dir, attribute, None), (str, os.PathLike)):
+                log_dir = getattr(log_dir, attribute)
+                break
+    try:
+        return os.fsdecode(os.fspath(log_dir))
+    except TypeError:
+        raise ValueError(
+            "log_dir must be a directory path or a SummaryWriter (torch.utils.tensorboard or "
+            f"tensorboardX), got {type(log_dir).__name__}") from None
+
+
 class GradientWriter:
     """Logs per-variable gradient statistics for one model to ``logdir``.
 
@@ -45,8 +72,10 @@ class GradientWriter:
                 writer.write(step, grads, weights=params, histograms=step % 100 == 0)
 
     Args:
-      logdir: the run directory (TensorBoard shows its path relative to ``--logdir``). The event
-        file is created on the first `write`, so constructing a writer touches no disk.
+      logdir: the run directory (TensorBoard shows its path relative to ``--logdir``), or a
+        `torch.utils.tensorboard` / tensorboardX ``SummaryWriter`` whose run to join (see
+        `run_directory`). The event file is created on the first `write`, so constructing a
+        writer touches no disk.
       name: the summary name = the tag (see `metadata` for the ``_varset<k>`` rule when the
         variable set changes).
       strict: raise the `OSError` when events cannot be written. By default (False) the step is
@@ -56,9 +85,9 @@ class GradientWriter:
         on disk (benchmarks/NOTES.md).
     """
 
-    def __init__(self, logdir: str, name: str = metadata.DEFAULT_NAME, strict: bool = False,
+    def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
                  digest: bool = True):
-        self._events = event_files.EventFileWriter(logdir)
+        self._events = event_files.EventFileWriter(run_directory(logdir))
         self._name = name
         self._strict = bool(strict)
         self._digest = bool(digest)
