@@ -42,20 +42,32 @@ export function routeUrl(route, params = {}) {
   return query ? `${route}?${query}` : route;
 }
 
+// Scalars logged once per epoch (Keras' `epoch_loss`, Lightning's `train_loss_epoch`) and
+// held-out losses (`val_loss`, the Trainer's `eval/loss`).
+const EPOCH_LEVEL = /(^|\/)epoch_|_epoch$/;
+const HELD_OUT = /(^|[/_])(val|valid|validation|eval|test)([/_]|$)/;
+// Most specific first: a custom loop's `loss` and the Trainer's `train/loss`, Lightning's
+// `train_loss` / `train_loss_step`, Keras' `batch_loss`, then any loss.
+const PREFERRED = [/(^|\/)loss$/, /(^|[/_])train(ing)?[/_]loss(_step)?$/, /(^|\/)batch_loss$/, /loss/];
+
 /**
  * The run's training-loss scalar tag to draw above the step axis, or null.
  *
  * Only tags logged per optimizer step line up with the heatmap: Keras' `TensorBoard` callback
  * writes `epoch_loss` at the epoch index (0, 1, 2...), which would squeeze the whole curve into
- * the first columns, so it is never picked; `batch_loss` (written with `update_freq="batch"`)
- * and a custom loop's `loss` are.
+ * the first columns, so an epoch-level tag is never picked; `batch_loss` (written with
+ * `update_freq="batch"`), a custom loop's `loss`, Lightning's `train_loss(_step)` and the
+ * Trainer's `train/loss` are. A training loss wins over a held-out one (`val_loss`,
+ * `eval/loss`), which is drawn only when it is the run's only per-step loss.
  */
 export function lossTag(tags) {
-  const perStep = tags.filter((tag) => !/(^|\/)epoch_/.test(tag));
-  const preferred = [/(^|\/)loss$/, /(^|\/)batch_loss$/, /loss/];
-  for (const pattern of preferred) {
-    const found = perStep.find((tag) => pattern.test(tag));
-    if (found) return found;
+  const perStep = tags.filter((tag) => !EPOCH_LEVEL.test(tag));
+  const training = perStep.filter((tag) => !HELD_OUT.test(tag));
+  for (const candidates of [training, perStep]) {
+    for (const pattern of PREFERRED) {
+      const found = candidates.find((tag) => pattern.test(tag));
+      if (found) return found;
+    }
   }
   return null;
 }

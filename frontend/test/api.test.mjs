@@ -38,4 +38,9 @@ test("picks a per-step loss tag, never Keras' per-epoch one", () => {
   assert.equal(lossTag(["val_loss_total"]), "val_loss_total");
   assert.equal(lossTag(["epoch_loss", "epoch_accuracy"]), null);
   assert.equal(lossTag([]), null);
+  // Hugging Face's Trainer and Lightning: the training loss, not the evaluation or epoch one.
+  assert.equal(lossTag(["eval/loss", "train/loss", "train/grad_norm"]), "train/loss");
+  assert.equal(lossTag(["train_loss_epoch", "val_loss", "train_loss_step"]), "train_loss_step");
+  assert.equal(lossTag(["val_loss", "train_loss"]), "train_loss");
+  assert.equal(lossTag(["my_loss", "test_loss"]), "my_loss");
 });
