@@ -2,7 +2,9 @@
 in `tensorboard_gradients.capture.jax` (this module's docstring is that one's)."""
 
 from tensorboard_gradients.capture import jax as _implementation
-from tensorboard_gradients.capture.jax import log_gradients, named_leaves
+from tensorboard_gradients.capture.jax import (
+    GradientMonitorState, StatsNames, gradient_monitor, log_gradients, named_leaves)
 
 __doc__ = _implementation.__doc__
-__all__ = ["log_gradients", "named_leaves"]
+__all__ = ["GradientMonitorState", "StatsNames", "gradient_monitor", "log_gradients",
+           "named_leaves"]

@@ -1,6 +1,16 @@
 """JAX: gradient statistics of a pytree (Flax / optax style), computed on the device.
 
-::
+Two ways in. `gradient_monitor` is an optax transformation: put it first in the chain and the
+statistics are computed inside the jitted update, wherever the optimizer runs (Flax
+``nnx.Optimizer``, a ``flax.training.train_state.TrainState``, a plain optax loop)::
+
+    import optax
+    from tensorboard_gradients.jax import gradient_monitor
+
+    tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)     # or TrainState.create(..., tx=tx)
+
+`log_gradients` is a call on a gradient pytree, for loops that hold the gradients::
 
     import optax
     from tensorboard_gradients import GradientWriter
@@ -14,8 +24,33 @@
         params = optax.apply_updates(params, updates)
     writer.close()
 
+Steps: the gradients of an update are logged at the step at which that update's training loss
+is logged, so the loss and the heatmap line up. JAX has no training loop of its own that
+numbers steps, so `gradient_monitor`'s step is the 0-based count of the updates before this one:
+the ``step`` of ``for step in range(n)`` / ``enumerate(batches)``, and the value of Flax's
+``nnx.Optimizer.step`` and ``TrainState.step`` before the update (both start at 0 and count
+updates). Log the loss of the same batch at that number. Where your numbering differs (a resumed
+run that restarted its optimizer state, 1-based steps), pass the step explicitly through optax's
+extra arguments: ``tx.update(grads, state, params, step=step)``, ``optimizer.update(model,
+grads, step=step)`` for ``nnx.Optimizer``; `optax.chain` hands extra arguments to every member
+that takes them and drops them for the others. The schedule (``every_n_steps``) then follows
+that step. (``TrainState.apply_gradients`` does not forward extra arguments: there the count,
+which equals ``state.step``, is the step. ``optax.conditionally_transform(...,
+forward_extra_args=True)`` calls its condition with a ``step`` of its own: do not pass ``step=``
+through it.) `log_gradients` logs at the ``step`` you pass it.
+
+`gradient_monitor` passes the updates through unchanged. Its state (`GradientMonitorState`)
+holds the update count and the statistics matrix of the last logged step, readable inside
+``jit`` (``optax.tree.get(opt_state, "stats")``, or ``state.stat("l2_norm")``); with a
+``log_dir`` an ordered ``io_callback`` also hands that matrix (and the histograms when due) to
+the host writer. Steps the schedule skips compute nothing: the statistics sit in a
+``lax.switch`` branch that only logged steps take. Where it stands in the chain decides what it
+sees: first, the gradients; after ``optax.clip_by_global_norm``, the clipped ones. Inside
+``optax.MultiSteps`` (gradient accumulation) it counts and logs the accumulated updates.
+
 Leaves are named by their tree path joined with ``/`` (``Dense_0/kernel``; list positions are
-numbers). Rows should run from the input side to the output side (the depth rule compares layers
+numbers; a Flax ``nnx.Variable`` is named by its path, without the ``value`` inside it).
+Rows should run from the input side to the output side (the depth rule compares layers
 with the output side), but JAX rebuilds every dictionary with sorted keys, so the order the model
 created its layers in is gone by the time gradients arrive; dictionary keys are therefore sorted
 with numbers compared as numbers: Flax's ``Dense_2`` comes before ``Dense_10`` (plain sorting,
@@ -41,26 +76,35 @@ arrays: every process takes part in the (collective) computation and waits for i
 processes never touch their ``writer`` (it may be None there; a `GradientWriter` creates
 neither file nor directory until it writes) and get None back. Gradients that are not global
 arrays (each process's own numpy or local arrays) are computed by each process alone, and
-process 0 logs its own.
+process 0 logs its own. `gradient_monitor`'s callbacks, too, write on process 0 only; it is
+tested on one process.
 """
 
+import atexit
+import dataclasses
 import functools
 import re
+import sys
 from collections.abc import Mapping
+from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback, multihost_utils
 
-from tensorboard_gradients.format import statistics
+from tensorboard_gradients.capture import options
+from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout
+from tensorboard_gradients.format.writer import GradientWriter
 
-__all__ = ["log_gradients", "named_leaves"]
+__all__ = [
+    "GradientMonitorState", "StatsNames", "gradient_monitor", "log_gradients", "named_leaves"]
 
 
 class JaxOps(statistics.ArrayOps):
-    """`statistics` adapter for `jax.numpy` (traceable: the whole matrix is one jitted function)."""
+    """`statistics` adapter for `jax.numpy` (traceable: the whole matrix is one jitted
+    function)."""
 
     @staticmethod
     def computation_dtype(dtypes):
@@ -85,7 +129,8 @@ class JaxOps(statistics.ArrayOps):
     minimum = staticmethod(jnp.minimum)
     clip = staticmethod(jnp.clip)
     all = staticmethod(jnp.all)
-    cond = staticmethod(lambda predicate, true_fn, false_fn: jax.lax.cond(predicate, true_fn, false_fn))
+    cond = staticmethod(
+        lambda predicate, true_fn, false_fn: jax.lax.cond(predicate, true_fn, false_fn))
 
     @staticmethod
     def bincount(indices, length, like):
@@ -119,33 +164,60 @@ def _natural_key(key):
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(key))]
 
 
+def _is_nnx_variable(tree):
+    """Whether ``tree`` is a Flax ``nnx.Variable`` (a box around one array, e.g. the leaves of
+    ``nnx.state(model)`` and of ``nnx.grad``'s result). Flax is never imported for this: a
+    Variable exists only once the program has imported it."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(tree, nnx.Variable)
+
+
 def named_leaves(tree, prefix=()):
     """``[(path name, leaf)]``, dictionary keys in natural order, sequences in their order."""
     if isinstance(tree, Mapping):
         children = sorted(tree.items(), key=lambda item: _natural_key(item[0]))
     elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         children = enumerate(tree)
+    elif _is_nnx_variable(tree):
+        return named_leaves(tree.get_value(), prefix)
     else:
         # Any other pytree node (a NamedTuple, a flax.struct, optax state): JAX's own order.
         flat, _ = jax.tree_util.tree_flatten_with_path(tree)
         if len(flat) == 1 and flat[0][0] == ():
             return [("/".join(prefix), tree)]
-        return [("/".join(prefix + tuple(_key_name(k) for k in path)), leaf) for path, leaf in flat]
+        return [("/".join(prefix + tuple(_key_name(k) for k in path)), leaf)
+                for path, leaf in flat]
     named = []
     for key, child in children:
         named += named_leaves(child, prefix + (str(key),))
     return named
 
 
-@functools.partial(jax.jit, static_argnames=("histograms",))
-def _matrices(gradients, weights, histograms):
+def _rows(tree):
+    """`named_leaves` as arrays, a bare leaf named ``gradient``."""
+    return [(name or "gradient", jnp.asarray(leaf)) for name, leaf in named_leaves(tree)]
+
+
+def _weights_for(names, params):
+    """The leaves of ``params`` named ``names`` (the gradients' rows), in that order."""
+    weight_leaves = dict(_rows(params))
+    absent = [n for n in names if n not in weight_leaves]
+    if absent:
+        raise ValueError(f"params has no leaves {absent[:5]} that grads has; pass the tree "
+                         "the gradients were taken of")
+    return [weight_leaves[n] for n in names]
+
+
+@functools.partial(jax.jit, static_argnames=("histograms", "stats"))
+def _matrices(gradients, weights, histograms, stats=True):
+    """(the statistics matrix if ``stats``, the histogram counts if ``histograms``; else None)."""
     dtype = JaxOps.computation_dtype([g.dtype for g in gradients])
     # No reshape: a flattened sharded array would be gathered along its mesh axes first.
     entries = [(g.astype(dtype), g.size) for g in gradients]
     cast_weights = None if weights is None else [w.astype(dtype) for w in weights]
-    stats = statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype)
+    matrix = statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype) if stats else None
     counts = statistics.histogram_matrix(JaxOps, entries, dtype) if histograms else None
-    return stats, counts
+    return matrix, counts
 
 
 def _host_matrix(matrix, writes):
@@ -172,11 +244,16 @@ def _traced(*values):
     return any(isinstance(value, jax.core.Tracer) for value in values)
 
 
-def _write_from_callback(writer, layout, step, stats, counts=None, with_histograms=False):
-    """The host side of `log_gradients` inside ``jit``: receives the small matrices."""
-    if jax.process_index() == 0:
-        writer.write_statistics(int(step), layout, np.asarray(stats),
-                                np.asarray(counts) if bool(with_histograms) else None)
+def _write_from_callback(writer, layout, step, stats, counts, with_histograms=True):
+    """The host side of a step logged inside ``jit``: receives the small matrices (``stats``
+    None: the histograms alone)."""
+    if jax.process_index() != 0:
+        return
+    counts = np.asarray(counts) if counts is not None and bool(with_histograms) else None
+    if stats is None:
+        writer.write_histograms(int(step), layout, counts)
+    else:
+        writer.write_statistics(int(step), layout, np.asarray(stats), counts)
 
 
 def log_gradients(writer, grads, step, params=None, histograms=False):
@@ -212,27 +289,21 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
       ValueError: an empty tree, or ``params`` whose leaves do not match ``grads`` (on every
         process alike, before any computation starts).
     """
-    named = named_leaves(grads)
-    if not named:
+    rows = _rows(grads)
+    if not rows:
         raise ValueError("log_gradients needs a pytree with at least one gradient leaf")
-    names = [name or "gradient" for name, _ in named]
-    gradients = [jnp.asarray(leaf) for _, leaf in named]
-    weights = None
-    if params is not None:
-        weight_leaves = dict(named_leaves(params))
-        absent = [n for n, _ in named if n not in weight_leaves]
-        if absent:
-            raise ValueError(f"params has no leaves {absent[:5]} that grads has; pass the tree "
-                             "the gradients were taken of")
-        weights = [jnp.asarray(weight_leaves[n]) for n, _ in named]
+    names = [name for name, _ in rows]
+    gradients = [leaf for _, leaf in rows]
+    weights = None if params is None else _weights_for(names, params)
     # Before the computation: a layout error is raised by every process, none left waiting in
     # a collective.
     layout = Layout.create(names, [g.shape for g in gradients], with_weights=weights is not None)
     if _traced(*gradients, step):
         histograms_known = not _traced(histograms)
-        stats, counts = _matrices(gradients, weights, bool(histograms) if histograms_known else True)
+        stats, counts = _matrices(gradients, weights,
+                                  bool(histograms) if histograms_known else True)
         write = functools.partial(_write_from_callback, writer, layout)
-        operands = (step, stats) if counts is None else (step, stats, counts, histograms)
+        operands = (step, stats, counts) if counts is None else (step, stats, counts, histograms)
         io_callback(write, None, *operands, ordered=True)
         return None
     writes = jax.process_index() == 0
@@ -241,3 +312,187 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
     if not writes:
         return None
     return writer.write_statistics(int(step), layout, stats, counts)
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class StatsNames:
+    """What the rows and columns of `GradientMonitorState.stats` are: a pytree without leaves
+    (static under ``jit``, carried through every tree map over the optimizer state)."""
+
+    variables: Tuple[str, ...]
+    columns: Tuple[str, ...]
+
+
+class GradientMonitorState(NamedTuple):
+    """The state of `gradient_monitor`; its leaves are ``count``, ``step`` and ``stats``.
+
+    Inside or outside ``jit``: ``opt_state[0].stats`` when the monitor is the chain's first
+    member, or ``optax.tree.get(opt_state, "stats")`` wherever it is.
+
+    Attributes:
+      count: int32 scalar, the updates seen so far (the default step of the next one).
+      step: int32 scalar, the step whose statistics ``stats`` holds (-1: none logged yet).
+      stats: ``[len(variables), len(columns)]``, the statistics of the last logged step (NaN
+        before the first; the weight columns are NaN when ``update`` was given no ``params``).
+      names: the row and column names (`StatsNames`; also `variables` and `columns`).
+    """
+
+    count: jax.Array
+    step: jax.Array
+    stats: jax.Array
+    names: StatsNames
+
+    @property
+    def variables(self):
+        """The row names: the leaves' paths, e.g. ``linear1/kernel``."""
+        return self.names.variables
+
+    @property
+    def columns(self):
+        """The column names (`tensorboard_gradients.format.columns`), e.g. ``l2_norm``."""
+        return self.names.columns
+
+    def stat(self, name):
+        """The ``[len(variables)]`` column of statistic ``name`` (e.g. ``"l2_norm"``)."""
+        return self.stats[:, columns.position(self.columns, name)]
+
+
+def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
+                     name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+    """An optax transformation that logs the statistics of the updates it sees, from inside
+    ``jit``, and passes them through unchanged.
+
+    Put it first in the chain to log the gradients::
+
+        tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
+
+    Steps are the 0-based count of earlier updates, or ``step=`` passed to ``update`` (see the
+    module, "Steps"). A step is logged when it is a multiple of ``every_n_steps`` (``step %
+    every_n_steps == 0``: 0, N, 2N, ... by default). ``update``'s ``params`` give the weight
+    norms (the ``weight_l2_norm`` column and the gradient/weight ratio); without them those
+    columns are left out of the logs.
+
+    Args:
+      log_dir: where to write: a run directory, or anything else `GradientWriter` takes (a
+        tensorboardX ``SummaryWriter`` whose run to join), for which a `GradientWriter` is made
+        (it touches no disk before the first logged step and is closed when Python exits); a
+        `GradientWriter` (yours to close, after ``jax.effects_barrier()``: the writes happen in
+        callbacks); or None to keep the statistics in the state only.
+      every_n_steps: log the steps that are multiples of it.
+      histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
+        never). Needs a ``log_dir``: the state keeps only the statistics.
+      name: the summary name = the tag in the Gradients tab (a `GradientWriter` has its own).
+      include / exclude: regular expressions (or lists of them) searched in the leaves' paths
+        (``linear1/kernel``), to watch part of a model (``exclude=r"/bias$"``).
+      strict: raise when the event files cannot be written (a full disk, no permission); by
+        default the step is dropped and counted, and training goes on (see
+        `tensorboard_gradients.format.writer`). Only for a ``log_dir`` path.
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
+
+    Raises:
+      ValueError: a bad argument (here); from ``init``, no leaf left to watch; from ``update``,
+        updates that do not have the leaves ``init`` saw, ``params`` without them, or a
+        ``step`` that is not an integer.
+    """
+    import optax  # here, not at the top: `log_gradients` works without optax
+
+    every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+    histograms_every_n_steps = options.optional_positive_int(
+        "histograms_every_n_steps", histograms_every_n_steps)
+    name = options.non_empty_name(name)
+    include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
+    writer = _writer(log_dir, name, strict)
+    if writer is None and histograms_every_n_steps is not None:
+        raise ValueError("histograms_every_n_steps needs a log_dir: the state keeps only the "
+                         "statistics, the histograms are written")
+
+    def watched(tree):
+        return [(n, leaf) for n, leaf in _rows(tree) if options.selected((n,), include, exclude)]
+
+    def init(params):
+        rows = watched(params)
+        if not rows:
+            raise ValueError("gradient_monitor has no leaf to watch: the parameters are empty "
+                             "or include/exclude leave none")
+        layout = Layout.create([n for n, _ in rows], [leaf.shape for _, leaf in rows],
+                               with_weights=True)
+        dtype = JaxOps.computation_dtype([leaf.dtype for _, leaf in rows])
+        return GradientMonitorState(
+            count=jnp.zeros([], jnp.int32), step=jnp.full([], -1, jnp.int32),
+            stats=jnp.full((len(rows), len(layout.stats)), jnp.nan, dtype),
+            names=StatsNames(layout.variables, layout.stats))
+
+    def update(updates, state, params=None, *, step=None, **extra_args):
+        del extra_args  # the other members' of a chain
+        rows = watched(updates)
+        names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
+        weights = None if params is None else _weights_for(names, params)
+        layout = Layout.create(names, [g.shape for g in gradients],
+                               with_weights=weights is not None)
+        if layout.variables != state.variables:
+            raise ValueError(
+                f"gradient_monitor was initialised with leaves {list(state.variables)[:5]}, the "
+                f"updates have {list(layout.variables)[:5]}: pass updates shaped like the params")
+        step = state.count if step is None else _integer_step(step)
+        due = (step % every_n_steps == 0).astype(jnp.int32)
+        if histograms_every_n_steps is not None:
+            due += 2 * (step % histograms_every_n_steps == 0).astype(jnp.int32)
+
+        def branch(stats_due, histograms_due):
+            def run(gradients, weights, step, last):
+                if not (stats_due or histograms_due):
+                    return last
+                stats, counts = _matrices(gradients, weights, histograms_due, stats_due)
+                if writer is not None:
+                    write = functools.partial(_write_from_callback, writer, layout)
+                    io_callback(write, None, step, stats, counts, ordered=True)
+                if stats is None:
+                    return last
+                return _in_columns(stats, layout.stats, state.columns).astype(last.dtype)
+            return run
+
+        branches = [branch(bool(k & 1), bool(k & 2))
+                    for k in range(2 if histograms_every_n_steps is None else 4)]
+        stats = jax.lax.switch(due, branches, gradients, weights, step, state.stats)
+        logged = due % 2 == 1
+        return updates, state._replace(
+            count=state.count + 1, step=jnp.where(logged, step, state.step), stats=stats)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _writer(log_dir, name, strict):
+    """The `GradientWriter` for ``log_dir`` (see `gradient_monitor`), or None."""
+    if log_dir is None:
+        return None
+    if isinstance(log_dir, GradientWriter):
+        if name != metadata.DEFAULT_NAME or strict:
+            raise ValueError("name and strict are the GradientWriter's own: pass them to "
+                             "GradientWriter, not to gradient_monitor")
+        return log_dir
+    writer = GradientWriter(log_dir, name, strict=strict)  # it checks the path
+    atexit.register(_close_at_exit, writer)
+    return writer
+
+
+def _close_at_exit(writer):
+    jax.effects_barrier()  # the callbacks of steps still running write first
+    writer.close()
+
+
+def _integer_step(step):
+    step = jnp.asarray(step)
+    if step.shape != () or not jnp.issubdtype(step.dtype, jnp.integer):
+        raise ValueError(f"step must be an integer scalar, got {step.dtype}{list(step.shape)}")
+    return step.astype(jnp.int32)
+
+
+def _in_columns(stats, given, wanted):
+    """``stats`` (columns ``given``) with the columns ``wanted``, NaN for those it lacks."""
+    if given == wanted:
+        return stats
+    nan = jnp.full(stats.shape[:1], jnp.nan, stats.dtype)
+    return jnp.stack([stats[:, given.index(c)] if c in given else nan for c in wanted], axis=1)

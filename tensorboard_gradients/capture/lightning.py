@@ -1,0 +1,290 @@
+"""`GradientMonitor` for PyTorch Lightning: a callback that logs the gradients of every optimizer
+step into the run of the trainer's `TensorBoardLogger`.
+
+::
+
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard_gradients.lightning import GradientMonitor
+
+    trainer = L.Trainer(logger=TensorBoardLogger("logs"), callbacks=[GradientMonitor()])
+    trainer.fit(model, train_dataloaders)
+    # tensorboard --logdir logs   ->  Gradients tab, run "lightning_logs/version_0",
+    #                                 the same run as the loss you log with self.log(...)
+
+The callback drives the PyTorch monitor (`tensorboard_gradients.torch.GradientMonitor`, whose
+docstring says what is computed and how) from Lightning's ``on_before_optimizer_step`` hook,
+which runs once per optimizer step, after the last ``backward`` of a gradient accumulation and
+after AMP's unscaling, before gradient clipping and ``optimizer.step()``. So it logs the
+gradients the model produced: with ``accumulate_grad_batches=k`` once per k batches (the
+accumulated gradients), under ``precision="16-mixed"`` the unscaled ones.
+
+Where: the run directory of the trainer's `TensorBoardLogger` (``trainer.logger.log_dir``, the
+first TensorBoardLogger of ``trainer.loggers``), the directory of the logger's own
+SummaryWriter, so TensorBoard shows the Gradients tab and the scalars you log of one run (in an
+event file of their own). Lightning's default logger is a TensorBoardLogger under
+``default_root_dir``; without one (``logger=False``, only a CSV or W&B logger) ``fit`` stops at
+its start with a ValueError that says to add one: the gradients are not written anywhere else.
+
+Steps: the step at which Lightning logs what ``training_step`` logs for the same optimizer step
+(``self.log("train_loss", loss)``): 0 for the first optimizer step, counted across epochs, one
+per optimizer step under gradient accumulation, continued after resuming from a checkpoint. The
+loss and the gradients of an optimizer step share its step number in TensorBoard.
+``every_n_steps=N`` logs the first optimizer step of each ``fit`` and every N-th after it
+(steps 0, N, 2N, ... in a fit from scratch); Lightning's ``log_every_n_steps`` (default 50)
+thins only your scalars: set it to 1 (or N) to see the loss at each logged gradient step. The
+start of each epoch is marked (``<name>_epochs``) for the UI.
+
+Besides the ``<name>`` statistics (and ``<name>_histograms``), the run gets the scalars
+``<name>/global_norm`` (the watched parameters, before clipping), ``<name>/loss_scale`` under
+``16-mixed`` (the GradScaler of Lightning's precision plugin), and, when the trainer clips
+(``gradient_clip_val``, by norm or value, or a ``configure_gradient_clipping`` of your own),
+``<name>/global_norm_clipped``: the norm of the same parameters' gradients measured after the
+clipping, when ``optimizer.step()`` has used them (a step the GradScaler skips has none).
+
+Strategies: single device, DDP (the model's gradients are all-reduced, rank 0 writes) and FSDP
+(``FSDPStrategy``, which Lightning creates with ``use_orig_params=True``): the monitor is made at
+the first optimizer step, on the model the strategy wrapped, so it sees the sharded parameters;
+every rank reduces its shards and rank 0 combines and writes (see the PyTorch monitor). Every
+rank runs the callback, as Lightning runs every callback on every rank: nothing to do. The
+FSDP strategy clips by value only (Lightning refuses ``gradient_clip_algorithm="norm"`` there);
+the clipped norm is then measured on the shards and combined the same way. Under DeepSpeed
+(CUDA only in Lightning) the engine is monitored at its accumulation boundaries, and the clipped
+norm is not logged (DeepSpeed clips inside ``engine.step()``).
+
+Manual optimization: ``on_before_optimizer_step`` runs inside each ``optimizer.step()``, so the
+gradients are logged there, after any ``self.clip_gradients`` you call before it. Lightning logs
+one step per batch: with several optimizers, only the first optimizer step of each batch is
+logged (watch the parameters that optimizer updates with ``include``/``exclude``).
+
+Mixed precision: with an optimizer that unscales the gradients itself (``fused=True``), they are
+still multiplied by the loss scale at the hook; the callback warns once.
+
+The callback is a ``lightning.pytorch.Callback`` (the ``lightning`` package, 2.x); the
+standalone ``pytorch_lightning`` package is not supported (its Trainer refuses callbacks of the
+other package).
+"""
+
+import logging
+from typing import Optional
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from tensorboard_gradients.capture import options
+from tensorboard_gradients.capture import torch as torch_capture
+from tensorboard_gradients.format import metadata
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradientMonitor"]
+
+SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"  # the Keras monitor's name for it
+
+
+def tensorboard_log_dir(trainer) -> str:
+    """The run directory of the trainer's (first) TensorBoardLogger.
+
+    Raises:
+      ValueError: the trainer has no TensorBoardLogger.
+    """
+    for candidate in trainer.loggers:
+        if isinstance(candidate, TensorBoardLogger):
+            return candidate.log_dir
+    found = ", ".join(type(c).__name__ for c in trainer.loggers) or "no logger (logger=False)"
+    raise ValueError(
+        "tensorboard_gradients' GradientMonitor writes into the run of the trainer's "
+        "TensorBoardLogger, so the Gradients tab shows the same run as your loss, but the "
+        f"trainer has {found}: add one, e.g. Trainer(logger=TensorBoardLogger('logs')) or "
+        "Trainer(logger=[your_logger, TensorBoardLogger('logs')])")
+
+
+def logger_step(trainer) -> int:
+    """The step at which Lightning logs what the current batch logs (``self.log`` in
+    ``training_step``): its count of batches that stepped an optimizer, which Lightning's own
+    LearningRateMonitor logs at too (``trainer.global_step`` counts each optimizer of a manual
+    optimization, and is the same number in automatic optimization)."""
+    loop = getattr(trainer.fit_loop, "epoch_loop", None)
+    step = getattr(loop, "_batches_that_stepped", None)
+    return int(trainer.global_step if step is None else step)
+
+
+def _squared_norm(gradient):
+    """``||g||²`` in float64 (of a sparse gradient's coalesced values)."""
+    if gradient.is_sparse:
+        gradient = gradient.coalesce().values()
+    return torch.linalg.vector_norm(gradient.detach().to(torch.float64)).square()
+
+
+class GradientMonitor(pl.Callback):
+    """Logs per-parameter gradient statistics of a LightningModule at every optimizer step, into
+    the run of the trainer's TensorBoardLogger (see the module).
+
+    Args:
+      every_n_steps: log the first optimizer step and every N-th after it (1 = every step).
+      histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
+        never; they cost a pass per parameter).
+      name: the summary name = the tag in the Gradients tab.
+      include / exclude: regular expressions (or lists of them) searched in parameter names
+        (the LightningModule's, ``net.0.weight``), to watch part of a model.
+      strict: raise when the event files cannot be written (a full disk, no permission). By
+        default training goes on: the step is dropped, counted and reported.
+
+    Raises:
+      ValueError: a bad argument; at the start of ``fit``, a trainer without TensorBoardLogger;
+        at the first optimizer step, no parameter left to watch.
+    """
+
+    def __init__(self, every_n_steps=1, histograms_every_n_steps=None,
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+        super().__init__()
+        self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+        self.histograms_every_n_steps = options.optional_positive_int(
+            "histograms_every_n_steps", histograms_every_n_steps)
+        self.name = options.non_empty_name(name)
+        options.patterns("include", include)  # checked now; the PyTorch monitor compiles them
+        options.patterns("exclude", exclude)
+        self.include, self.exclude = include, exclude
+        self.strict = bool(strict)
+        self.log_dir = None  # the logger's run, known at the start of fit
+        self._reset()
+
+    def _reset(self):
+        self.monitor = None  # the PyTorch monitor, made at the first optimizer step of a fit
+        self._calls = 0  # optimizer steps seen in this fit (the PyTorch monitor's count)
+        self._last_step = None
+        self._clipping = False
+        self._clipped_step = None  # a logged step whose clipped norm is still to be measured
+        self._hooked = {}  # id(optimizer) -> its step post-hook's handle
+        self._epoch_mark = None  # (step, epoch) to write
+        self._warned_fused = False
+
+    # Lightning hooks ----------------------------------------------------------------------
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self._close()
+            self._reset()
+            self.log_dir = tensorboard_log_dir(trainer)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._epoch_mark = (logger_step(trainer), trainer.current_epoch)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        engine = torch_capture._deepspeed_engine(trainer.model)
+        if engine is not None and not engine.is_gradient_accumulation_boundary():
+            return  # a DeepSpeed micro-batch: the engine steps at the boundary
+        step = logger_step(trainer)
+        if step == self._last_step:
+            return  # another optimizer (or closure call) of the same batch: logged once
+        self._last_step = step
+        if self.monitor is None:
+            self._start(trainer, pl_module)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            self._warn_if_fused(optimizer)
+        self._hook(optimizer)
+        stats_due = self._calls % self.every_n_steps == 0  # the PyTorch monitor's schedule
+        self._calls += 1
+        self.monitor.step(step=step, scaler=scaler)
+        self._clipped_step = step if (stats_due and self._clipping) else None
+        writer = self.monitor._writer  # rank 0's, once it has written
+        if writer is not None and self._epoch_mark is not None:
+            writer.write_epoch(*self._epoch_mark)
+            self._epoch_mark = None
+
+    def teardown(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self._close()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._close()
+
+    # ---------------------------------------------------------------------------------------
+
+    def _start(self, trainer, pl_module):
+        """Makes the PyTorch monitor on the model the strategy wrapped (DDP, FSDP, DeepSpeed)."""
+        if self.log_dir is None:  # fit started without `setup` (a hand-driven loop)
+            self.log_dir = tensorboard_log_dir(trainer)
+        self.monitor = torch_capture.GradientMonitor(
+            trainer.model, self.log_dir, every_n_steps=self.every_n_steps,
+            histograms_every_n_steps=self.histograms_every_n_steps, name=self.name,
+            include=self.include, exclude=self.exclude, strict=self.strict)
+        clips = (trainer.gradient_clip_val or 0) > 0 or is_overridden(
+            "configure_gradient_clipping", pl_module)
+        self._clipping = bool(clips and pl_module.automatic_optimization
+                              and self.monitor._deepspeed is None)
+
+    def _hook(self, optimizer):
+        """Measures the clipped norm when ``optimizer.step()`` has used the gradients."""
+        if not self._clipping or id(optimizer) in self._hooked:
+            return
+        register = getattr(optimizer, "register_step_post_hook", None)
+        if register is None:
+            logger.warning("%s has no step post-hook: %s/%s is not logged",
+                           type(optimizer).__name__, self.name, SCALAR_GLOBAL_NORM_CLIPPED)
+            self._hooked[id(optimizer)] = None
+            return
+        self._hooked[id(optimizer)] = register(self._after_optimizer_step)
+
+    def _after_optimizer_step(self, optimizer, args, kwargs):
+        step, self._clipped_step = self._clipped_step, None
+        if step is None or self.monitor is None:
+            return
+        with torch.no_grad():
+            norm = self._clipped_norm()
+        writer = self.monitor._writer
+        if norm is not None and writer is not None:
+            writer.write_scalars(step, {SCALAR_GLOBAL_NORM_CLIPPED: norm})
+
+    def _clipped_norm(self) -> Optional[float]:
+        """The global norm of the watched parameters' gradients now, on the writing rank (None
+        elsewhere). Sharded: every rank sends the squared norms of its pieces with their keys
+        in ONE gather, and rank 0 counts each distinct piece once, as the PyTorch monitor does."""
+        monitor = self.monitor
+        parameters = [p for _, p in monitor._parameters]
+        sharded = bool(monitor._fsdp1) or any(torch_capture._is_dtensor(p) for p in parameters)
+        if not sharded:
+            if not torch_capture._writes_here():
+                return None
+            squares = [_squared_norm(p.grad).cpu() for p in parameters if p.grad is not None]
+            return float(torch.stack(squares).sum().sqrt()) if squares else None
+        distributed = torch.distributed
+        rows = []
+        for parameter in parameters:
+            gradient, _ = monitor._pieces(parameter)
+            if gradient is None or gradient[1] is None:
+                rows.append([0.0] + [float("nan")] * torch_capture._PIECE_KEY_WIDTH)
+            else:
+                piece, key = gradient
+                rows.append([float(_squared_norm(piece))] + list(map(float, key)))
+        device = torch_capture.collective_device(torch_capture._group_device_types(),
+                                                 parameters[0].device)
+        sent = torch.tensor(rows, dtype=torch.float64).to(device)
+        rank, world = distributed.get_rank(), distributed.get_world_size()
+        received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
+        distributed.gather(sent, received, dst=0)
+        if rank != 0:
+            return None
+        parts = torch.stack(received).cpu().numpy()
+        counted = torch_capture._counted_pieces(parts[:, :, 1:])
+        return float(np.sqrt(np.where(counted, parts[:, :, 0], 0.0).sum()))
+
+    def _warn_if_fused(self, optimizer):
+        if not self._warned_fused and getattr(optimizer, "_step_supports_amp_scaling", False):
+            self._warned_fused = True
+            logger.warning(
+                "%s unscales the gradients in its own step (fused): at on_before_optimizer_step "
+                "they are still multiplied by the loss scale, and are logged so",
+                type(optimizer).__name__)
+
+    def _close(self):
+        for handle in self._hooked.values():
+            if handle is not None:
+                handle.remove()
+        self._hooked = {}
+        if self.monitor is not None:
+            self.monitor.close()
