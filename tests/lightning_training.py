@@ -140,19 +140,20 @@ def _cpu_fsdp_strategy(pl, timeout):
     return CpuFSDPStrategy(process_group_backend="gloo", timeout=timeout)
 
 
-def make_trainer(logdir, logger, callback, **options):
-    """A quiet CPU Trainer logging every step (Lightning's default is every 50th)."""
+def make_trainer(logdir, logger, callback, log_every_n_steps=1, **options):
+    """A quiet CPU Trainer logging every step by default (Lightning's default is every 50th)."""
     import lightning.pytorch as pl
 
     return pl.Trainer(
-        accelerator="cpu", logger=logger, callbacks=[callback], log_every_n_steps=1,
+        accelerator="cpu", logger=logger, callbacks=[callback],
+        log_every_n_steps=log_every_n_steps,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         use_distributed_sampler=False, default_root_dir=logdir, **options)
 
 
 def train(logdir, strategy="auto", precision="32-true", accumulate=1, clip=None,
           clip_algorithm="norm", epochs=2, world=1, monitor=None, logger="tensorboard",
-          version="run", **module):
+          version="run", log_every_n_steps=1, **module):
     """Trains 2 epochs of 3 global batches; returns (records, trainer, callback). `monitor`:
     the GradientMonitor's keyword arguments; `logger`: tensorboard, csv, csv+tensorboard or none;
     `module`: `make_module`'s options."""
@@ -179,7 +180,8 @@ def train(logdir, strategy="auto", precision="32-true", accumulate=1, clip=None,
     trainer = make_trainer(
         logdir, loggers, callback, devices=world, strategy=strategy, precision=precision,
         plugins=plugins, max_epochs=epochs, accumulate_grad_batches=accumulate,
-        gradient_clip_val=clip, gradient_clip_algorithm=clip_algorithm if clip else None)
+        gradient_clip_val=clip, gradient_clip_algorithm=clip_algorithm if clip else None,
+        log_every_n_steps=log_every_n_steps)
     rank = int(os.environ.get("LOCAL_RANK", 0))
     trainer.fit(make_module(records, measure, **module), dataloader(world, rank))
     return records.rows, trainer, callback

@@ -30,10 +30,10 @@ Steps: the step at which Lightning logs what ``training_step`` logs for the same
 (``self.log("train_loss", loss)``): 0 for the first optimizer step, counted across epochs, one
 per optimizer step under gradient accumulation, continued after resuming from a checkpoint. The
 loss and the gradients of an optimizer step share its step number in TensorBoard.
-``every_n_steps=N`` logs the first optimizer step of each ``fit`` and every N-th after it
-(steps 0, N, 2N, ... in a fit from scratch); Lightning's ``log_every_n_steps`` (default 50)
-thins only your scalars: set it to 1 (or N) to see the loss at each logged gradient step. The
-start of each epoch is marked (``<name>_epochs``) for the UI.
+``every_n_steps=N`` logs every N-th optimizer step, the steps s with (s + 1) % N == 0 (N - 1,
+2N - 1, ...): where Lightning logs your scalars with ``log_every_n_steps=N``, so with the two
+equal every gradient column has its loss point (Lightning's default ``log_every_n_steps`` is
+50: set it to N). The start of each epoch is marked (``<name>_epochs``) for the UI.
 
 Besides the ``<name>`` statistics (and ``<name>_histograms``), the run gets the scalars
 ``<name>/global_norm`` (the watched parameters, before clipping), ``<name>/loss_scale`` under
@@ -66,11 +66,8 @@ other package).
 """
 
 import logging
-from typing import Optional
 
 import lightning.pytorch as pl
-import numpy as np
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -112,19 +109,13 @@ def logger_step(trainer) -> int:
     return int(trainer.global_step if step is None else step)
 
 
-def _squared_norm(gradient):
-    """``||g||²`` in float64 (of a sparse gradient's coalesced values)."""
-    if gradient.is_sparse:
-        gradient = gradient.coalesce().values()
-    return torch.linalg.vector_norm(gradient.detach().to(torch.float64)).square()
-
-
 class GradientMonitor(pl.Callback):
     """Logs per-parameter gradient statistics of a LightningModule at every optimizer step, into
     the run of the trainer's TensorBoardLogger (see the module).
 
     Args:
-      every_n_steps: log the first optimizer step and every N-th after it (1 = every step).
+      every_n_steps: log every N-th optimizer step: the steps s with (s + 1) % N == 0, where
+        Lightning logs your scalars with ``log_every_n_steps=N`` (1 = every step).
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
@@ -154,7 +145,6 @@ class GradientMonitor(pl.Callback):
 
     def _reset(self):
         self.monitor = None  # the PyTorch monitor, made at the first optimizer step of a fit
-        self._calls = 0  # optimizer steps seen in this fit (the PyTorch monitor's count)
         self._last_step = None
         self._clipping = False
         self._clipped_step = None  # a logged step whose clipped norm is still to be measured
@@ -187,13 +177,16 @@ class GradientMonitor(pl.Callback):
         if scaler is not None and scaler.is_enabled():
             self._warn_if_fused(optimizer)
         self._hook(optimizer)
-        stats_due = self._calls % self.every_n_steps == 0  # the PyTorch monitor's schedule
-        self._calls += 1
-        self.monitor.step(step=step, scaler=scaler)
+        # Lightning logs scalars at the steps s with (s + 1) % log_every_n_steps == 0: the
+        # same rule puts each logged gradient step on a loss point when the two are equal.
+        stats_due = (step + 1) % self.every_n_steps == 0
+        histograms_due = bool(self.histograms_every_n_steps
+                              and (step + 1) % self.histograms_every_n_steps == 0)
+        logged = self.monitor.log(step, statistics=stats_due, histograms=histograms_due,
+                                  scaler=scaler)
         self._clipped_step = step if (stats_due and self._clipping) else None
-        writer = self.monitor._writer  # rank 0's, once it has written
-        if writer is not None and self._epoch_mark is not None:
-            writer.write_epoch(*self._epoch_mark)
+        if logged and self._epoch_mark is not None:
+            self.monitor.write_epoch(*self._epoch_mark)
             self._epoch_mark = None
 
     def teardown(self, trainer, pl_module, stage):
@@ -234,44 +227,9 @@ class GradientMonitor(pl.Callback):
         step, self._clipped_step = self._clipped_step, None
         if step is None or self.monitor is None:
             return
-        with torch.no_grad():
-            norm = self._clipped_norm()
-        writer = self.monitor._writer
-        if norm is not None and writer is not None:
-            writer.write_scalars(step, {SCALAR_GLOBAL_NORM_CLIPPED: norm})
-
-    def _clipped_norm(self) -> Optional[float]:
-        """The global norm of the watched parameters' gradients now, on the writing rank (None
-        elsewhere). Sharded: every rank sends the squared norms of its pieces with their keys
-        in ONE gather, and rank 0 counts each distinct piece once, as the PyTorch monitor does."""
-        monitor = self.monitor
-        parameters = [p for _, p in monitor._parameters]
-        sharded = bool(monitor._fsdp1) or any(torch_capture._is_dtensor(p) for p in parameters)
-        if not sharded:
-            if not torch_capture._writes_here():
-                return None
-            squares = [_squared_norm(p.grad).cpu() for p in parameters if p.grad is not None]
-            return float(torch.stack(squares).sum().sqrt()) if squares else None
-        distributed = torch.distributed
-        rows = []
-        for parameter in parameters:
-            gradient, _ = monitor._pieces(parameter)
-            if gradient is None or gradient[1] is None:
-                rows.append([0.0] + [float("nan")] * torch_capture._PIECE_KEY_WIDTH)
-            else:
-                piece, key = gradient
-                rows.append([float(_squared_norm(piece))] + list(map(float, key)))
-        device = torch_capture.collective_device(torch_capture._group_device_types(),
-                                                 parameters[0].device)
-        sent = torch.tensor(rows, dtype=torch.float64).to(device)
-        rank, world = distributed.get_rank(), distributed.get_world_size()
-        received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
-        distributed.gather(sent, received, dst=0)
-        if rank != 0:
-            return None
-        parts = torch.stack(received).cpu().numpy()
-        counted = torch_capture._counted_pieces(parts[:, :, 1:])
-        return float(np.sqrt(np.where(counted, parts[:, :, 0], 0.0).sum()))
+        norm = self.monitor.global_norm()  # every rank: one gather under sharding
+        if norm is not None:
+            self.monitor.write_scalars(step, {SCALAR_GLOBAL_NORM_CLIPPED: norm})
 
     def _warn_if_fused(self, optimizer):
         if not self._warned_fused and getattr(optimizer, "_step_supports_amp_scaling", False):

@@ -393,6 +393,24 @@ def _exact_counts(reductions, entries):
     return reductions
 
 
+def _gather_to_rank_zero(matrix, device):
+    """Every rank's ``matrix`` stacked ``[ranks, ...]`` as numpy on rank 0 (None on the others):
+    one collective, on the group's CPU backend when it has one, else on ``device``."""
+    distributed = torch.distributed
+    sent = matrix.to(collective_device(_group_device_types(), device))
+    rank, world = distributed.get_rank(), distributed.get_world_size()
+    received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
+    distributed.gather(sent, received, dst=0)
+    return torch.stack(received).cpu().numpy() if rank == 0 else None
+
+
+def _squared_norm(gradient):
+    """``||g||²`` in float64 (of a sparse gradient's coalesced values)."""
+    if gradient.is_sparse:
+        gradient = gradient.coalesce().values()
+    return torch.linalg.vector_norm(gradient.detach().to(torch.float64)).square()
+
+
 def _counted_pieces(keys):
     """``bool[ranks, parameters]`` from the gathered piece keys ``[ranks, parameters, width]``
     (NaN: off the mesh): the first rank holding each distinct piece of a parameter counts.
@@ -425,8 +443,8 @@ class GradientMonitor:
         DeepSpeed engine, works too: see the module).
       log_dir: the run directory, or a `torch.utils.tensorboard.SummaryWriter` whose run the
         gradients should join (next to your scalars). Files are created on the first logged step.
-      every_n_steps: log the 1st, (N+1)th, (2N+1)th, ... call of `step` (1 = every step): by
-        default steps 0, N, 2N, ...
+      every_n_steps: log the steps whose number is a multiple of N (1 = every step): by default
+        the calls of `step` numbered 0, N, 2N, ... (see `step`).
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
@@ -485,6 +503,8 @@ class GradientMonitor:
         Args:
           step: the step to log at: the number your loss scalar of this update is logged at.
             Default: the number of earlier `step` calls (0-based, as ``enumerate(loader)``).
+            The schedules log the steps whose number is a multiple of ``every_n_steps`` (and
+            of ``histograms_every_n_steps``): ``if step % N == 0``, as loops log their loss.
           total_norm: what ``torch.nn.utils.clip_grad_norm_`` returned (the global norm before
             clipping), logged as ``<name>/global_norm_before_clipping``.
           scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
@@ -496,26 +516,81 @@ class GradientMonitor:
         """
         if self._deepspeed is not None and not self._deepspeed.is_gradient_accumulation_boundary():
             return False  # a micro-batch of an accumulation: its gradients are not complete yet
-        index = self._calls
+        step = self._calls if step is None else int(step)
         self._calls += 1
-        stats_due = index % self.every_n_steps == 0
-        histograms_due = (self.histograms_every_n_steps is not None
-                          and index % self.histograms_every_n_steps == 0)
-        if not (stats_due or histograms_due):
+        every_histograms = self.histograms_every_n_steps
+        return self.log(step, statistics=step % self.every_n_steps == 0,
+                        histograms=every_histograms is not None and step % every_histograms == 0,
+                        total_norm=total_norm, scaler=scaler)
+
+    def log(self, step: int, *, statistics=True, histograms=False, total_norm=None,
+            scaler=None) -> bool:
+        """Logs the gradients now at ``step``, whatever the schedule: the statistics and/or the
+        histograms. For integrations with a schedule of their own (and for a step you want
+        whatever happens, e.g. the one where the loss jumped); under DDP and sharding every rank
+        calls it alike, as `step`. Arguments and result as `step`'s."""
+        if not (statistics or histograms):
             return False
-        sharded = (bool(self._fsdp1) or self._zero_stage > 0
-                   or any(_is_dtensor(p) for _, p in self._parameters))
+        sharded = self._sharded()
         if not self._checked:  # on every rank, so a misuse fails them all, none left waiting
             self._check_sharding(sharded)
             self._checked = True
         if not (sharded or _writes_here()):
             return False
-        step = index if step is None else int(step)
         dropped = self.dropped_steps
         log = self._log_sharded if sharded else self._log
         with torch.no_grad():
-            logged = log(step, stats_due, histograms_due, total_norm, scaler)
+            logged = log(int(step), bool(statistics), bool(histograms), total_norm, scaler)
         return logged and self.dropped_steps == dropped
+
+    def write_scalars(self, step: int, scalars) -> None:
+        """Writes more ``<name>/<key>`` scalars at ``step`` into the monitor's run, on the
+        process that writes (rank 0; nothing elsewhere)."""
+        if _writes_here():
+            self._run_writer().write_scalars(step, scalars)
+
+    def write_epoch(self, step: int, epoch: int) -> None:
+        """Marks the start of ``epoch`` at ``step`` for the tab (on the writing process)."""
+        if _writes_here():
+            self._run_writer().write_epoch(step, epoch)
+
+    def global_norm(self) -> Optional[float]:
+        """The global L2 norm of the watched parameters' gradients as they are now (after
+        clipping, say), on the writing process; None on the others and without gradients.
+
+        Under sharding every rank must call it, as `step`: each sends the squared norms of its
+        pieces with their keys in ONE gather, and rank 0 counts each distinct piece once."""
+        with torch.no_grad():
+            if not self._sharded():
+                if not _writes_here():
+                    return None
+                squares = [_squared_norm(p.grad).cpu() for _, p in self._parameters
+                           if p.grad is not None]
+                return float(torch.stack(squares).sum().sqrt()) if squares else None
+            rows = []
+            for _, parameter in self._parameters:
+                gradient, _ = self._pieces(parameter)
+                if gradient is None or gradient[1] is None:
+                    rows.append([0.0] + [float("nan")] * _PIECE_KEY_WIDTH)
+                else:
+                    piece, key = gradient
+                    rows.append([float(_squared_norm(piece))] + list(map(float, key)))
+            parts = _gather_to_rank_zero(torch.tensor(rows, dtype=torch.float64),
+                                         self._parameters[0][1].device)
+            if parts is None:
+                return None
+            counted = _counted_pieces(parts[:, :, 1:])
+            return float(np.sqrt(np.where(counted, parts[:, :, 0], 0.0).sum()))
+
+    def _sharded(self):
+        return (bool(self._fsdp1) or self._zero_stage > 0
+                or any(_is_dtensor(p) for _, p in self._parameters))
+
+    def _run_writer(self):
+        """The run's writer, made on the first write (on the writing rank only)."""
+        if self._writer is None:
+            self._writer = GradientWriter(self.log_dir, self.name, strict=self._strict)
+        return self._writer
 
     def _check_sharding(self, sharded):
         """Raises ValueError for a setup the monitor would log wrongly or hang on: a parameter
@@ -592,7 +667,6 @@ class GradientMonitor:
     def _log_sharded(self, step, stats_due, histograms_due, total_norm, scaler):
         """`_log` for sharded parameters (DTensor, FSDP1): every rank reduces its pieces, rank 0
         combines them."""
-        distributed = torch.distributed
         pieces = [self._pieces(p) for _, p in self._parameters]
         present = [g[0] for g, _ in pieces if g is not None]
         dtype = TorchOps.computation_dtype([g.dtype for g in present] or [torch.float32])
@@ -618,13 +692,9 @@ class GradientMonitor:
             columns_sent.append(
                 statistics.histogram_matrix(ops, entries, dtype).to(torch.float64).cpu())
         # One collective per logged step, on the small matrix; only rank 0 receives it.
-        sent = torch.cat(columns_sent, dim=1).to(collective_device(_group_device_types(), device))
-        rank, world = distributed.get_rank(), distributed.get_world_size()
-        received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
-        distributed.gather(sent, received, dst=0)
-        if rank != 0:
+        parts = _gather_to_rank_zero(torch.cat(columns_sent, dim=1), device)
+        if parts is None:
             return False
-        parts = torch.stack(received).cpu().numpy()
         steps = parts[:, 0, 0]
         if (steps != step).any():
             logger.error(
@@ -671,8 +741,7 @@ class GradientMonitor:
 
     def _write(self, step, stats, counts, total_norm, scaler):
         """Writes one logged step: statistics (with their scalars) and/or histograms."""
-        writer = self._writer or GradientWriter(self.log_dir, self.name, strict=self._strict)
-        self._writer = writer
+        writer = self._run_writer()
         if stats is None:
             writer.write_histograms(step, self._layout, counts)
         else:

@@ -1,0 +1,229 @@
+"""`GradientMonitorCallback`: the Hugging Face `transformers.Trainer` logs its gradients.
+
+::
+
+    from transformers import Trainer, TrainingArguments
+    from tensorboard_gradients.transformers import GradientMonitorCallback
+
+    args = TrainingArguments(output_dir="out", report_to=["tensorboard"], logging_steps=10)
+    trainer = Trainer(model=model, args=args, train_dataset=train,
+                      callbacks=[GradientMonitorCallback(every_n_steps=10)])
+    trainer.train()
+    # tensorboard --logdir out/runs   ->  Gradients tab, the same run as train/loss
+
+The callback drives the PyTorch monitor (`tensorboard_gradients.torch.GradientMonitor`, which it
+creates at the first logged step from the model the Trainer hands its callbacks) from
+``on_pre_optimizer_step``: once per optimizer step, after the last ``backward`` of a gradient
+accumulation, after the Trainer's gradient clipping and before ``optimizer.step()``.
+
+Where it writes: into the run of the Trainer's own `TensorBoardCallback` (``report_to`` with
+``"tensorboard"``), the directory it writes ``train/loss`` to: in transformers 5 that is
+``$TENSORBOARD_LOGGING_DIR`` or ``<output_dir>/runs/<date>_<host>`` (``TrainingArguments`` has
+no ``logging_dir`` any more), so TensorBoard shows the loss and the Gradients tab of one run.
+The Trainer gives callbacks no reference to each other, so the callback finds that
+`TensorBoardCallback` in the `CallbackHandler` that calls it. Without one it writes where one
+would (the same rule) and says so in a warning.
+
+Steps: a row's step is the Trainer's ``state.global_step`` after that update, the step the Trainer
+logs its loss at (``train/loss``, ``train/grad_norm``), so gradients and loss line up step for
+step; a resumed run continues the numbering. ``every_n_steps`` counts like ``logging_steps``:
+steps N, 2N, 3N, ... (every step with 1), so with ``every_n_steps == logging_steps`` every gradient
+column has its loss point. (The other monitors log steps 1, N+1, 2N+1, ...)
+
+What is logged, and how it relates to clipping (``max_grad_norm``, 1.0 by default):
+
+* The statistics are of the gradients ``optimizer.step()`` applies: AFTER the Trainer's clipping
+  (no callback runs between ``backward`` and the clip). Clipping multiplies every gradient of a
+  step by one factor, so the picture across layers is the Trainer's, but magnitudes are capped:
+  a step whose gradients exploded shows rows scaled down to a global norm of ``max_grad_norm``.
+* ``<name>/global_norm``: the global norm before clipping. With clipping on, it is the Trainer's
+  own ``grad_norm`` (all parameters), which the Trainer hands out only when it logs
+  (``on_log``): it is written at the logged steps the Trainer also logs at (every step with
+  ``every_n_steps`` a multiple of ``logging_steps``). With ``max_grad_norm=0`` (no clipping) it
+  is the norm of the logged (then unclipped) gradients, at every logged step.
+* ``<name>/global_norm_clipped``: with clipping on, the norm of the logged gradients (the watched
+  parameters) after clipping.
+* ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where the update was skipped) when the
+  Trainer's optimizer has an enabled ``GradScaler`` (fp16 on a GPU); the gradients are already
+  unscaled by the Trainer's norm computation when the callback reads them.
+
+Mixed precision: ``bf16=True`` keeps float32 parameters and gradients (autocast): nothing changes.
+``fp16=True`` on the CPU is accepted by the Trainer (transformers 5.18) without a word, but
+accelerate 1.15 enables fp16 only off the CPU: no autocast, no ``GradScaler``, training in float32.
+
+Distributed: every process runs the callback, which calls the monitor at the same steps on all
+of them (the schedule is the Trainer's step). Under DDP (``torchrun``: ``MULTI_GPU``,
+``MULTI_CPU``) the gradients are all-reduced and process 0 alone computes and writes. Under FSDP
+the Trainer hands callbacks the wrapped model, the one the monitor must be created on (see
+`tensorboard_gradients.capture.torch`: every rank reduces its shards, rank 0 combines them and
+writes, no parameter is gathered whole). accelerate 1.15 makes FSDP only on accelerators: asked
+for on CPU processes, the Trainer trains with DDP and says nothing. DeepSpeed is refused:
+accelerate runs ``engine.step()`` (clipping, optimizer step, zeroing the gradients) inside
+``backward``, before any callback.
+"""
+
+import logging
+import os
+import sys
+
+import transformers
+from transformers.trainer_callback import CallbackHandler
+
+from tensorboard_gradients.capture import options
+from tensorboard_gradients.capture.torch import GradientMonitor
+from tensorboard_gradients.format import metadata
+from tensorboard_gradients.format.writer import run_directory
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradientMonitorCallback"]
+
+
+class GradientMonitorCallback(transformers.TrainerCallback):
+    """Logs the gradients of the Trainer's optimizer steps (see the module).
+
+    Args:
+      every_n_steps: log the statistics at the optimizer steps N, 2N, 3N, ... (1: every step).
+      histograms_every_n_steps: also log the log10|g| histograms at the steps H, 2H, ... (None:
+        never; they cost a pass per parameter).
+      name: the summary name = the tag in the Gradients tab and the prefix of the scalars.
+      include / exclude: regular expressions (or lists of them) searched in parameter names
+        (``transformer.h.0.attn.c_attn.weight``), to watch part of the model.
+      strict: raise when the event files cannot be written; by default the step is dropped,
+        counted and reported, and training goes on (see `tensorboard_gradients.format.writer`).
+
+    Raises:
+      ValueError: a bad argument; at ``on_train_begin``, a DeepSpeed run.
+    """
+
+    def __init__(self, every_n_steps=1, histograms_every_n_steps=None, name=metadata.DEFAULT_NAME,
+                 include=None, exclude=None, strict=False):
+        if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
+            raise RuntimeError(
+                f"transformers {transformers.__version__} has no on_pre_optimizer_step callback "
+                "event, which GradientMonitorCallback logs from: upgrade transformers")
+        self._options = dict(
+            every_n_steps=options.positive_int("every_n_steps", every_n_steps),
+            histograms_every_n_steps=options.optional_positive_int(
+                "histograms_every_n_steps", histograms_every_n_steps),
+            name=options.non_empty_name(name),
+            include=include, exclude=exclude, strict=bool(strict))
+        options.patterns("include", include)  # checked now; the monitor compiles them again
+        options.patterns("exclude", exclude)
+        self._monitor = None  # made at the first logged step of each train()
+        self._clipping = False
+        self._stats_step = None  # the last step whose statistics were logged
+        self._dropped_steps = 0  # of the last train()'s monitor, once closed
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
+            raise ValueError(
+                "GradientMonitorCallback cannot log DeepSpeed runs: accelerate runs DeepSpeed's "
+                "engine.step() (clipping, optimizer step, zero_grad) inside backward, before any "
+                "callback sees the gradients. Use tensorboard_gradients.torch.GradientMonitor("
+                "engine, ...) in your own loop instead")
+        self._close()
+        self._dropped_steps = 0
+        self._clipping = bool(args.max_grad_norm) and args.max_grad_norm > 0
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        # The Trainer counts this update (global_step += 1) after optimizer.step(), then logs its
+        # loss at the new global_step: that is the step of these gradients.
+        step = state.global_step + 1
+        every, histograms_every = (self._options["every_n_steps"],
+                                   self._options["histograms_every_n_steps"])
+        if step % every and not (histograms_every and step % histograms_every == 0):
+            return
+        if self._monitor is None:
+            self._monitor = _TrainerMonitor(model, _tensorboard_run(args, state),
+                                            clipping=self._clipping, **self._options)
+        self._monitor.step(step, scaler=_enabled_scaler(optimizer))  # due at multiples of N
+        if step % every == 0:
+            self._stats_step = step
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        step = state.global_step + 1
+        if self._stats_step == step and _enabled_scaler(optimizer) is not None:
+            skipped = bool(getattr(optimizer, "step_was_skipped", False))
+            self._monitor.write_scalars(step, {"skipped_step": float(skipped)})
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        grad_norm = (logs or {}).get("grad_norm")
+        if self._clipping and grad_norm is not None and self._stats_step == state.global_step:
+            self._monitor.write_scalars(state.global_step, {"global_norm": float(grad_norm)})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close()
+
+    def _close(self):
+        if self._monitor is not None:
+            self._monitor.close()
+            self._dropped_steps = self._monitor.dropped_steps
+        self._monitor, self._stats_step = None, None
+
+    @property
+    def dropped_steps(self):
+        """Logged steps of the current (or last) ``train()`` that could not be written (see
+        ``strict``)."""
+        return self._monitor.dropped_steps if self._monitor is not None else self._dropped_steps
+
+
+class _TrainerMonitor(GradientMonitor):
+    """The PyTorch monitor on the Trainer's step numbers, with the scalars named for clipping."""
+
+    def __init__(self, model, log_dir, clipping, **settings):
+        super().__init__(model, log_dir, **settings)
+        self._clipping = clipping
+
+    def _scalars(self, layout, stats, total_norm, scaler):
+        scalars = GradientMonitor._scalars(layout, stats, total_norm, scaler)
+        if self._clipping:  # the norm of clipped gradients; the one before comes from on_log
+            scalars["global_norm_clipped"] = scalars.pop("global_norm")
+        return scalars
+
+
+def _enabled_scaler(optimizer):
+    """The enabled ``GradScaler`` of accelerate's optimizer wrapper, or None."""
+    scaler = getattr(optimizer, "scaler", None)
+    return scaler if scaler is not None and scaler.is_enabled() else None
+
+
+def _tensorboard_run(args, state):
+    """The run directory of the Trainer's `TensorBoardCallback` (its ``train/loss``).
+
+    Only process 0 writes: the others get the output directory, where nothing is written.
+    """
+    if not state.is_world_process_zero:
+        return args.output_dir
+    from transformers.integrations.integration_utils import TensorBoardCallback, default_logdir
+
+    found = [c for c in _trainer_callbacks() if isinstance(c, TensorBoardCallback)]
+    for callback in found[:1]:
+        if callback.tb_writer is not None:
+            try:
+                return run_directory(callback.tb_writer)
+            except ValueError:  # a writer of another kind: its callback's directory then
+                pass
+        if callback.logging_dir is not None:
+            return callback.logging_dir
+    # Where a TensorBoardCallback writes (its rule in transformers 5).
+    directory = os.getenv("TENSORBOARD_LOGGING_DIR")
+    directory = (os.path.expanduser(directory) if directory is not None
+                 else os.path.join(args.output_dir, default_logdir()))
+    if not found:
+        logger.warning(
+            "GradientMonitorCallback: this Trainer has no TensorBoardCallback (report_to does not "
+            "include \"tensorboard\"); the gradients go to %s", directory)
+    return directory
+
+
+def _trainer_callbacks():
+    """The callbacks of the `CallbackHandler` that is calling the current callback event (the
+    Trainer hands a callback neither the Trainer nor the other callbacks), or []."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        handler = frame.f_locals.get("self")
+        if isinstance(handler, CallbackHandler):
+            return list(handler.callbacks)
+        frame = frame.f_back
+    return []
