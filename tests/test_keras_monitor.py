@@ -372,9 +372,13 @@ def test_bad_arguments_and_backends_fail_fast_with_clear_messages(logdir, monkey
         model.fit(x, y, verbose=0, callbacks=[GradientMonitor(logdir, include="nothing")])
     with pytest.raises(ValueError, match="Keras 3 model"):
         GradientMonitor(logdir).set_model(object())
-    # Only the TensorFlow backend is installed here; the check reads keras.backend.backend().
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    with pytest.raises(ValueError, match="TensorFlow backend; this Keras runs 'jax'"):
+    # The backend is fixed per process (TensorFlow here); the check reads keras.backend.backend().
+    # JAX and PyTorch are supported (tests/test_keras_backends.py trains on each); others are not.
+    monkeypatch.setattr(keras.backend, "backend", lambda: "numpy")
+    with pytest.raises(ValueError, match="TensorFlow, JAX or PyTorch backend; this Keras runs 'numpy'"):
+        GradientMonitor(logdir).set_model(model)
+    for supported in ("jax", "torch"):
+        monkeypatch.setattr(keras.backend, "backend", lambda: supported)
         GradientMonitor(logdir).set_model(model)
 
 

@@ -7,15 +7,33 @@
     model.fit(x, y, epochs=5, callbacks=[GradientMonitor("logs")])
     # tensorboard --logdir logs   ->  Gradients tab, run "train"
 
+Keras 3 on any of its TensorFlow, JAX and PyTorch backends (``KERAS_BACKEND``; one recorder
+per backend hooks the optimizer INSTANCE for the duration of ``fit``):
+
+* TensorFlow (`keras_recorder`): wraps ``optimizer.apply``; a ring buffer of device variables
+  inside the traced (XLA) step, read every few recorded steps; ``tf.distribute`` strategies;
+* JAX (`keras_jax`): wraps ``optimizer.stateless_apply``; inside the jitted step a ``lax.cond``
+  computes the statistics at logged steps only and an ``io_callback`` hands the host the small
+  matrix; ``keras.distribution`` (global arrays reduced where they lie);
+* PyTorch (`keras_torch`): wraps ``optimizer.apply``; the matrices stay on the gradients'
+  device until read; ``jit_compile=True`` (``torch.compile``) runs the recorder outside the
+  compiled graph.
+
 No second forward/backward pass: the statistics of the gradients handed to the optimizer are
-computed on the device inside the train step (see `tensorboard_gradients.capture.keras_recorder`), and only
-the small ``[variables, stats]`` matrix crosses to the host, every ``every_n_steps`` steps (read in
-batches of ``steps_per_execution``). Works with ``jit_compile=True``, ``steps_per_execution > 1``,
-``tf.distribute`` strategies, mixed precision and optimizer clipping.
+computed on the device inside the train step, and only the small ``[variables, stats]`` matrix
+crosses to the host, every ``every_n_steps`` steps. Works with ``jit_compile=True``,
+``steps_per_execution > 1`` (TensorFlow and JAX; Keras' torch backend allows only 1), mixed
+precision and optimizer clipping. Backend differences: a variable the loss does not use has a
+missing gradient on TensorFlow and PyTorch but zeros on JAX (``jax.grad``'s, which Keras
+applies); ``update_l2_norm`` is recorded on every backend except TensorFlow with several
+replicas.
 
 Steps are 1-based optimizer steps counted across epochs and ``fit`` calls (step k = the k-th
 update; a step that ``LossScaleOptimizer`` skipped still counts, so it stays visible). The first
-``fit`` starts from ``optimizer.iterations``, so a restored model continues its numbering.
+``fit`` starts from ``optimizer.iterations``, so a restored model continues its numbering. In a
+model's first ``fit`` with ``steps_per_execution=1`` they are the steps
+``keras.callbacks.TensorBoard(update_freq="batch")`` logs ``batch_loss`` at (it counts each
+``fit`` from 1, one step per execution), on every backend.
 
 Besides the ``<name>`` statistics (and ``<name>_histograms``), the monitor writes to
 ``log_dir/train``:
@@ -37,6 +55,7 @@ import keras
 import numpy as np
 
 from tensorboard_gradients.capture import options
+from tensorboard_gradients.capture.keras_hooks import RECORDED_STEPS_PER_READ
 from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
 from tensorboard_gradients.format.writer import GradientWriter
@@ -46,6 +65,29 @@ logger = logging.getLogger(__name__)
 __all__ = ["GradientMonitor"]
 
 PROBE_SUFFIX = "_probe"
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def _backend_module():
+    """The recorder of this process' Keras backend (imported on first use: each imports its
+    framework)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        from tensorboard_gradients.capture import keras_jax as module
+    elif backend == "torch":
+        from tensorboard_gradients.capture import keras_torch as module
+    else:
+        from tensorboard_gradients.capture import keras_recorder as module
+    return module
+
+
+def _probe_module():
+    """What measures ``probe_data`` on this backend: ``probe_function`` and ``run_probe``."""
+    if keras.backend.backend() == "tensorflow":
+        from tensorboard_gradients.capture import keras_probe
+
+        return keras_probe
+    return _backend_module()
 
 
 def _probe_batch(probe_data):
@@ -84,7 +126,8 @@ def variable_paths(model):
 
 
 class GradientMonitor(keras.callbacks.Callback):
-    """Logs per-variable statistics of the gradients ``model.fit`` applies (Keras 3, TF backend).
+    """Logs per-variable statistics of the gradients ``model.fit`` applies (Keras 3: TensorFlow,
+    JAX or PyTorch backend).
 
     Args:
       log_dir: the same directory you give ``keras.callbacks.TensorBoard(log_dir=...)``; the
@@ -100,14 +143,15 @@ class GradientMonitor(keras.callbacks.Callback):
       probe_data: optional ``(x, y)`` or ``(x, y, sample_weight)`` batch: once per epoch, ALSO
         log the gradients of the compiled loss on it (``training=True``, ``model.compute_loss``)
         under ``<name>_probe``, at the epoch's last step. Layer states (BatchNorm statistics,
-        dropout seeds) are restored afterwards, so the probe does not change training.
+        dropout seeds; on PyTorch also torch's global random state) are restored afterwards, or
+        never changed (JAX's stateless loss), so the probe does not change training.
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (``dropped_steps``) and
         reported, and later steps try again (see `tensorboard_gradients.format.writer`).
 
     Raises:
-      ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow or a
-        model that is not a Keras 3 model (e.g. legacy tf-keras).
+      ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow, JAX
+        or PyTorch, or a model that is not a Keras 3 model (e.g. legacy tf-keras).
     """
 
     def __init__(
@@ -151,10 +195,10 @@ class GradientMonitor(keras.callbacks.Callback):
 
     def set_model(self, model):
         backend = keras.backend.backend()
-        if backend != "tensorflow":
+        if backend not in BACKENDS:
             raise ValueError(
-                f"GradientMonitor needs the Keras TensorFlow backend; this Keras runs {backend!r}. "
-                "Set KERAS_BACKEND=tensorflow, or log from your own training loop with "
+                f"GradientMonitor needs the Keras TensorFlow, JAX or PyTorch backend; this Keras "
+                f"runs {backend!r}. Log from your own training loop with "
                 "tensorboard_gradients.GradientWriter."
             )
         if not isinstance(model, keras.Model):
@@ -168,8 +212,7 @@ class GradientMonitor(keras.callbacks.Callback):
     # --- fit lifecycle ------------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        from tensorboard_gradients.capture import keras_recorder  # imports TensorFlow
-
+        recorders = _backend_module()
         model = self.model
         if model.optimizer is None:
             raise ValueError("GradientMonitor: compile the model (with an optimizer) before fit")
@@ -181,7 +224,7 @@ class GradientMonitor(keras.callbacks.Callback):
                 if self._recorder is not None
                 else int(np.asarray(model.optimizer.iterations))
             )
-            self._recorder = keras_recorder.StepRecorder(
+            self._recorder = recorders.StepRecorder(
                 model,
                 watched,
                 self.every_n_steps,
@@ -206,7 +249,6 @@ class GradientMonitor(keras.callbacks.Callback):
         self._recorder.install(model.trainable_variables)
         model.make_train_function(force=True)
         self._host_completed = self._host_read_at = self._recorder.completed_steps()
-        self._recorded_steps_per_read = keras_recorder.RECORDED_STEPS_PER_READ
 
     def on_epoch_begin(self, epoch, logs=None):
         self._writer.write_epoch(self._host_completed + 1, epoch)
@@ -218,7 +260,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self._host_completed += batch - self._batch_begin + 1
         if any(
             every and _recorded_between(self._host_read_at, self._host_completed, every)
-            >= self._recorded_steps_per_read
+            >= RECORDED_STEPS_PER_READ
             for every in (self.every_n_steps, self.histograms_every_n_steps)
         ):
             self._drain()
@@ -281,13 +323,12 @@ class GradientMonitor(keras.callbacks.Callback):
             self._last_histogram_step = step
 
     def _write_probe(self):
-        from tensorboard_gradients.capture import keras_probe  # imports TensorFlow
-
+        probes = _probe_module()
         if self._probe_function is None:
-            self._probe_function = keras_probe.probe_function(
+            self._probe_function = probes.probe_function(
                 self.model, self._recorder.watched, histograms=bool(self.histograms_every_n_steps)
             )
-        stats, counts = keras_probe.run_probe(self.model, self._probe_function, self._probe)
+        stats, counts = probes.run_probe(self.model, self._probe_function, self._probe)
         layout = Layout.create(
             self._layout.variables, self._layout.shapes, with_weights=True
         )

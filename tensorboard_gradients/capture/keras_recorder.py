@@ -1,4 +1,4 @@
-"""The TensorFlow half of the Keras `GradientMonitor`: statistics computed inside the train step.
+"""The TensorFlow recorder of the Keras `GradientMonitor`: statistics inside the train step.
 
 `StepRecorder` wraps ``model.optimizer.apply`` on the optimizer INSTANCE (the user's model and
 optimizer classes are untouched). Keras' train step calls ``apply`` with exactly the gradients it
@@ -35,41 +35,19 @@ import keras
 import tensorflow as tf
 
 from tensorboard_gradients.capture import tensorflow_ops
+from tensorboard_gradients.capture.keras_hooks import (
+    RECORDED_STEPS_PER_READ,
+    SCALAR_GLOBAL_NORM_CLIPPED,
+    Patches,
+    clips,
+    optimizers,
+    scalar_names,
+)
 from tensorboard_gradients.format import columns
-
-SCALAR_GLOBAL_NORM = "global_norm"
-SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"
-SCALAR_LOSS_SCALE = "loss_scale"
-SCALAR_SKIPPED_STEP = "skipped_step"
-
-
-class _Patches:
-    """Instance-attribute overrides that can be undone exactly."""
-
-    def __init__(self):
-        self._undo = []
-
-    def apply(self, owner, attribute, replacement):
-        own = vars(owner)
-        self._undo.append((owner, attribute, attribute in own, own.get(attribute)))
-        setattr(owner, attribute, replacement)
-
-    def undo(self):
-        for owner, attribute, had_own, previous in reversed(self._undo):
-            if had_own:
-                setattr(owner, attribute, previous)
-            else:
-                delattr(owner, attribute)
-        self._undo = []
 
 
 def _tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-# The host reads the buffers once this many steps have been recorded (or an epoch ends): one
-# device-to-host sync per 16 recorded steps instead of one per step.
-RECORDED_STEPS_PER_READ = 16
 
 
 def buffer_capacity(steps_per_execution, every_n_steps):
@@ -103,9 +81,7 @@ class StepRecorder:
         steps_between_reads,
         first_step_index,
     ):
-        self._optimizer = model.optimizer
-        self._loss_scaled = isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
-        self._inner = self._optimizer.inner_optimizer if self._loss_scaled else self._optimizer
+        self._optimizer, self._inner, self._loss_scaled = optimizers(model)
         self._strategy = model.distribute_strategy
         self.distributed = self._strategy.num_replicas_in_sync > 1
         self.watched = list(watched)
@@ -114,15 +90,11 @@ class StepRecorder:
         self.records_updates = not self.distributed
         self._every = every_n_steps
         self._histogram_every = histograms_every_n_steps
-        self.scalar_names = [SCALAR_GLOBAL_NORM]
-        if self._clips():
-            self.scalar_names.append(SCALAR_GLOBAL_NORM_CLIPPED)
-        if self._loss_scaled:
-            self.scalar_names += [SCALAR_LOSS_SCALE, SCALAR_SKIPPED_STEP]
+        self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
         self.stat_names = columns.stats_for(with_weights=True, with_updates=self.records_updates)
         self.stat_count = len(self.stat_names)
         self.dtype = tensorflow_ops.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
-        self._patches = _Patches()
+        self._patches = Patches()
 
         variables = len(self.watched)
         capacity = buffer_capacity(steps_between_reads, every_n_steps)
@@ -160,12 +132,6 @@ class StepRecorder:
             tf.cast(initial, dtype),
             trainable=False,
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-
-    def _clips(self):
-        inner = self._inner
-        return any(
-            getattr(inner, a, None) is not None for a in ("clipnorm", "clipvalue", "global_clipnorm")
         )
 
     # --- installation -------------------------------------------------------------------------

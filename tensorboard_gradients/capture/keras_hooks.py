@@ -1,0 +1,93 @@
+"""What the Keras `GradientMonitor`'s three recorders share, free of any backend import.
+
+A recorder (`keras_recorder` for TensorFlow, `keras_jax`, `keras_torch`) is what the host side
+(`keras`) talks to, with one interface:
+
+* ``StepRecorder(model, watched, every_n_steps, histograms_every_n_steps, steps_between_reads,
+  first_step_index)``;
+* ``install(trainable_variables)`` / ``uninstall()``: hook the optimizer instance for one ``fit``
+  and put it back exactly (`Patches`);
+* ``read()`` -> ``(completed steps, [(step, stats, {scalar: value})], [(step, counts)])``;
+* ``completed_steps()``; the attributes ``watched``, ``records_updates``, ``distributed``;
+
+and, for ``probe_data``, ``probe_function(model, watched, histograms)`` and
+``run_probe(model, function, batch)`` -> ``(stats, counts or None)`` (TensorFlow's in
+`keras_probe`).
+
+Steps are 1-based optimizer steps; a row of step k holds the statistics of the k-th update.
+"""
+
+import numpy as np
+
+from tensorboard_gradients.format import columns
+
+SCALAR_GLOBAL_NORM = "global_norm"
+SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"
+SCALAR_LOSS_SCALE = "loss_scale"
+SCALAR_SKIPPED_STEP = "skipped_step"
+
+# The host reads the recorded steps once this many have been recorded (or an epoch ends): one
+# device-to-host sync per 16 recorded steps instead of one per step.
+RECORDED_STEPS_PER_READ = 16
+
+
+class Patches:
+    """Instance-attribute overrides that can be undone exactly."""
+
+    def __init__(self):
+        self._undo = []
+
+    def apply(self, owner, attribute, replacement):
+        own = vars(owner)
+        self._undo.append((owner, attribute, attribute in own, own.get(attribute)))
+        setattr(owner, attribute, replacement)
+
+    def undo(self):
+        for owner, attribute, had_own, previous in reversed(self._undo):
+            if had_own:
+                setattr(owner, attribute, previous)
+            else:
+                delattr(owner, attribute)
+        self._undo = []
+
+
+def optimizers(model):
+    """``(optimizer, inner optimizer, loss scaled)``: the inner one is what a
+    ``LossScaleOptimizer`` wraps (the optimizer itself otherwise)."""
+    import keras
+
+    optimizer = model.optimizer
+    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    return optimizer, optimizer.inner_optimizer if loss_scaled else optimizer, loss_scaled
+
+
+def clips(optimizer):
+    return any(
+        getattr(optimizer, a, None) is not None for a in ("clipnorm", "clipvalue", "global_clipnorm")
+    )
+
+
+def scalar_names(clipping, loss_scaled):
+    """The ordinary scalars a recorder logs with each stats row, in order."""
+    names = [SCALAR_GLOBAL_NORM]
+    if clipping:
+        names.append(SCALAR_GLOBAL_NORM_CLIPPED)
+    if loss_scaled:
+        names += [SCALAR_LOSS_SCALE, SCALAR_SKIPPED_STEP]
+    return names
+
+
+def global_norm(ops, stats, stat_names, other_squares):
+    """The L2 norm over all gradients from the watched rows' (overflow-safe) ``l2_norm`` column
+    plus ``other_squares``, the sum of squares of the unwatched gradients; NaN / Inf when any
+    watched entry is (their ``l2_norm`` is over the finite entries only). Missing rows add 0."""
+    column = lambda name: stats[:, columns.position(stat_names, name)]  # noqa: E731
+    present = ~ops.isnan(column("size"))
+    zero = ops.constant(0, other_squares)
+
+    def present_sum(values):
+        return ops.sum(ops.where(present, values, zero))
+
+    norm = ops.sqrt(other_squares + present_sum(column("l2_norm") * column("l2_norm")))
+    norm = ops.where(present_sum(column("inf_count")) > 0, ops.constant(np.inf, norm), norm)
+    return ops.where(present_sum(column("nan_count")) > 0, ops.constant(np.nan, norm), norm)
