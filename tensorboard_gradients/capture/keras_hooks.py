@@ -77,6 +77,21 @@ def scalar_names(clipping, loss_scaled):
     return names
 
 
+class Recorder:
+    """What every backend's ``StepRecorder`` sets up the same way: the optimizers, the watched
+    variables, the schedules, the scalar and statistic names (with ``records_updates``, which
+    a recorder sets before calling this) and the optimizer patches."""
+
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps):
+        self._optimizer, self._inner, self._loss_scaled = optimizers(model)
+        self.watched = list(watched)
+        self._every = every_n_steps
+        self._histogram_every = histograms_every_n_steps
+        self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
+        self.stat_names = columns.stats_for(with_weights=True, with_updates=self.records_updates)
+        self._patches = Patches()
+
+
 def global_norm(ops, stats, stat_names, other_squares):
     """The L2 norm over all gradients from the watched rows' (overflow-safe) ``l2_norm`` column
     plus ``other_squares``, the sum of squares of the unwatched gradients; NaN / Inf when any

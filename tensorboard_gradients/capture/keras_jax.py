@@ -41,13 +41,11 @@ from jax.experimental import io_callback
 from tensorboard_gradients.capture.jax import JaxOps
 from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
-    Patches,
-    clips,
+    Recorder,
     global_norm,
     optimizers,
-    scalar_names,
 )
-from tensorboard_gradients.format import columns, statistics
+from tensorboard_gradients.format import statistics
 
 
 def _position(variables, variable):
@@ -55,7 +53,7 @@ def _position(variables, variable):
     return ids.index(id(variable))
 
 
-class StepRecorder:
+class StepRecorder(Recorder):
     """Records the statistics of every ``every_n_steps``-th optimizer step of one model (JAX).
 
     Same arguments as the TensorFlow recorder (`keras_recorder.StepRecorder`); nothing is
@@ -66,24 +64,11 @@ class StepRecorder:
     distributed = False  # XLA reduces global arrays: one gradient, whatever the distribution
     records_updates = True
 
-    def __init__(
-        self,
-        model,
-        watched,
-        every_n_steps,
-        histograms_every_n_steps,
-        steps_between_reads,
-        first_step_index,
-    ):
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
+                 steps_between_reads, first_step_index):
         del steps_between_reads
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps)
         self._model = model
-        self._optimizer, self._inner, self._loss_scaled = optimizers(model)
-        self.watched = list(watched)
-        self._every = every_n_steps
-        self._histogram_every = histograms_every_n_steps
-        self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
-        self.stat_names = columns.stats_for(with_weights=True, with_updates=True)
-        self._patches = Patches()
         self._lock = threading.Lock()
         self._rows = []
         self._histogram_rows = []

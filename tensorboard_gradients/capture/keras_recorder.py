@@ -38,10 +38,7 @@ from tensorboard_gradients.capture import tensorflow_ops
 from tensorboard_gradients.capture.keras_hooks import (
     RECORDED_STEPS_PER_READ,
     SCALAR_GLOBAL_NORM_CLIPPED,
-    Patches,
-    clips,
-    optimizers,
-    scalar_names,
+    Recorder,
 )
 from tensorboard_gradients.format import columns
 
@@ -59,7 +56,7 @@ def _rows(variable):
     return variable.shape[0] if len(variable.shape) else None
 
 
-class StepRecorder:
+class StepRecorder(Recorder):
     """Records the statistics of every ``every_n_steps``-th optimizer step of one model.
 
     Args:
@@ -72,29 +69,16 @@ class StepRecorder:
       first_step_index: the 0-based index of the next optimizer step.
     """
 
-    def __init__(
-        self,
-        model,
-        watched,
-        every_n_steps,
-        histograms_every_n_steps,
-        steps_between_reads,
-        first_step_index,
-    ):
-        self._optimizer, self._inner, self._loss_scaled = optimizers(model)
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
+                 steps_between_reads, first_step_index):
         self._strategy = model.distribute_strategy
         self.distributed = self._strategy.num_replicas_in_sync > 1
-        self.watched = list(watched)
+        self.records_updates = not self.distributed
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps)
         self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
         self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}
-        self.records_updates = not self.distributed
-        self._every = every_n_steps
-        self._histogram_every = histograms_every_n_steps
-        self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
-        self.stat_names = columns.stats_for(with_weights=True, with_updates=self.records_updates)
         self.stat_count = len(self.stat_names)
         self.dtype = tensorflow_ops.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
-        self._patches = Patches()
 
         variables = len(self.watched)
         capacity = buffer_capacity(steps_between_reads, every_n_steps)

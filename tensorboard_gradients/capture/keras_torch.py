@@ -25,11 +25,8 @@ import torch
 
 from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
-    Patches,
-    clips,
+    Recorder,
     global_norm,
-    optimizers,
-    scalar_names,
 )
 from tensorboard_gradients.capture.torch import TorchOps, ops_for
 from tensorboard_gradients.format import columns, statistics
@@ -40,7 +37,7 @@ def _tensor(variable):
     return variable.value.detach()
 
 
-class StepRecorder:
+class StepRecorder(Recorder):
     """Records the statistics of every ``every_n_steps``-th optimizer step of one model (torch).
 
     Same arguments as the TensorFlow recorder (`keras_recorder.StepRecorder`); Keras' torch
@@ -50,24 +47,11 @@ class StepRecorder:
     distributed = False
     records_updates = True
 
-    def __init__(
-        self,
-        model,
-        watched,
-        every_n_steps,
-        histograms_every_n_steps,
-        steps_between_reads,
-        first_step_index,
-    ):
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
+                 steps_between_reads, first_step_index):
         del steps_between_reads
-        self._optimizer, self._inner, self._loss_scaled = optimizers(model)
-        self.watched = list(watched)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps)
         self._watched_ids = {id(v) for v in self.watched}
-        self._every = every_n_steps
-        self._histogram_every = histograms_every_n_steps
-        self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
-        self.stat_names = columns.stats_for(with_weights=True, with_updates=True)
-        self._patches = Patches()
         self._completed = int(first_step_index)
         self._rows = []  # (step, stats, scalars) still on the device
         self._histogram_rows = []
