@@ -14,9 +14,12 @@ from tensorboard_gradients.keras import GradientMonitor  # noqa: E402
 from conftest import assert_row_matches, norm_rtol, reference_stats  # noqa: E402
 
 BATCH = 8
-# The reference gradients come from an eager tape, the logged ones from the traced train step:
-# bitwise equal on this machine, but another CPU's kernels may block the matmuls differently,
-# moving each entry by up to K u for K-term products (K <= 12 here: batch 8, 12 hidden units).
+# The reference gradients come from a traced tape (`tape_gradients`), the logged ones from the
+# traced train step: the same graph rewrites (fused matmul + bias + activation) and kernels, so
+# bitwise equal on the CPUs seen. An eager tape is not: unfused kernels round differently, and
+# a bias gradient (a sum of residuals that cancel) then moved by 3.4e-6 of itself on one CPU,
+# far beyond any per-entry bound. Margin for another CPU's blocking of the K-term products
+# (K <= 12 here: batch 8, 12 hidden units): K u per entry.
 RECOMPUTED_GRADIENT_RTOL = 12 * np.finfo(np.float32).eps / 2
 
 
@@ -48,9 +51,16 @@ def train_series(logdir, name="gradients"):
 
 
 def tape_gradients(model, x, y):
-    with tf.GradientTape() as tape:
-        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
-    return tape.gradient(loss, model.trainable_variables)
+    """The gradients of the compiled loss on one batch, traced as Keras traces its train step
+    (a new trace per call: the model may have been compiled again)."""
+
+    @tf.function
+    def gradients(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    return gradients(x, y)
 
 
 def test_logged_gradients_are_the_gradients_of_each_batch_at_learning_rate_zero(logdir):
@@ -181,6 +191,45 @@ def test_frequencies_continue_across_fit_calls(logdir):
     other = os.path.join(logdir, "again")
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[GradientMonitor(other)])
     assert train_series(other).steps.tolist() == list(range(19, 25))
+
+
+def test_the_step_is_traced_once_per_model_and_compile_not_per_fit(logdir, monkeypatch):
+    """fit once per epoch (tuners, fine-tuning phases) reuses the monitored step; a fit without
+    the monitor runs a clean step; compile again traces anew, with the new loss."""
+    from tensorboard_gradients.capture import keras_recorder
+
+    traces = []
+    record = keras_recorder.StepRecorder._record
+    monkeypatch.setattr(keras_recorder.StepRecorder, "_record",
+                        lambda self, *args: traces.append(1) or record(self, *args))
+    x, y = data()
+    model = mlp(optimizer=keras.optimizers.SGD(0.0))
+    monitor = GradientMonitor(logdir)
+    for _ in range(3):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    assert len(traces) == 1
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    assert len(traces) == 1
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    assert len(traces) == 2
+    series = train_series(logdir)
+    # Steps 19-24 ran without the monitor: not logged.
+    assert series.steps.tolist() == list(range(1, 19)) + list(range(25, 37))
+    for index, step in enumerate(series.steps):
+        if step <= 30 and step % 6 != 3:  # two batches per fit suffice: each fit is checked
+            continue
+        if step > 30:
+            model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+        else:
+            model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+        batch = slice((step - 1) % 6 * BATCH, ((step - 1) % 6 + 1) * BATCH)
+        grads = tape_gradients(model, x[batch], y[batch])
+        for variable, name, gradient in zip(model.trainable_variables, series.variables, grads):
+            assert_row_matches(series, index, name,
+                               reference_stats(gradient.numpy(), variable.numpy()),
+                               input_rtol=RECOMPUTED_GRADIENT_RTOL)
 
 
 def test_update_norm_is_the_real_weight_change_including_decoupled_weight_decay(logdir):
