@@ -23,9 +23,8 @@ def offset_gradient(ratio, size=64, seed=0):
     return (0.37 + (0.37 / ratio) * rng.standard_normal(size)).astype(np.float32)
 
 
-def numpy_stats(gradient, dense_size):
-    return statistics.statistics_matrix(
-        statistics.NumpyOps, [(gradient, dense_size)], None, np.float32)
+def numpy_stats(entries):
+    return statistics.statistics_matrix(statistics.NumpyOps, entries, None, np.float32)
 
 
 def tensorflow_stats(jit):
@@ -33,30 +32,32 @@ def tensorflow_stats(jit):
     from tensorboard_gradients.capture.tensorflow_ops import TensorFlowOps
 
     @tf.function(jit_compile=jit)
-    def compute(gradient, dense_size):
+    def compute(gradients, dense_sizes):
         return statistics.statistics_matrix(
-            TensorFlowOps, [(gradient, dense_size)], None, tf.float32)
+            TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32)
 
-    return lambda gradient, dense_size: compute(
-        tf.constant(gradient), tf.constant(dense_size, tf.int64)).numpy()
+    return lambda entries: compute(
+        [tf.constant(g) for g, _ in entries],
+        [tf.constant(size, tf.int64) for _, size in entries]).numpy()
 
 
-def torch_stats(gradient, dense_size):
+def torch_stats(entries):
     torch = pytest.importorskip("torch")
     from tensorboard_gradients.capture.torch import ops_for
 
     return statistics.statistics_matrix(
-        ops_for(torch.device("cpu")), [(torch.tensor(gradient), dense_size)], None,
+        ops_for(torch.device("cpu")), [(torch.tensor(g), size) for g, size in entries], None,
         torch.float32).numpy()
 
 
-def jax_stats(gradient, dense_size):
+def jax_stats(entries):
     jax = pytest.importorskip("jax")
     from tensorboard_gradients.capture.jax import JaxOps
 
-    compute = jax.jit(lambda g: statistics.statistics_matrix(
-        JaxOps, [(g, dense_size)], None, g.dtype))
-    return np.asarray(compute(jax.numpy.asarray(gradient)))
+    sizes = [size for _, size in entries]
+    compute = jax.jit(lambda gradients: statistics.statistics_matrix(
+        JaxOps, list(zip(gradients, sizes)), None, jax.numpy.float32))
+    return np.asarray(compute([jax.numpy.asarray(g) for g, _ in entries]))
 
 
 ADAPTERS = {
@@ -74,7 +75,7 @@ def test_std_is_exact_to_rounding_when_the_mean_dwarfs_it(adapter, ratio):
     compute = ADAPTERS[adapter]()
     gradient = offset_gradient(ratio)
     expected = reference_stats(gradient)
-    stats = np.asarray(compute(gradient, gradient.size))
+    stats = np.asarray(compute([(gradient, gradient.size)]))
     tolerance = stat_tolerances(expected, np.float32)["std"]
     assert abs(stats[0, STD] - expected["std"]) <= tolerance, (stats[0, STD], expected["std"])
     if ratio == 1e4:  # the bound is tight enough to catch the naive formula, off by far more
@@ -89,7 +90,7 @@ def test_absent_sparse_rows_join_the_moments_by_the_parallel_formula(adapter):
     present = offset_gradient(1e4, size=1000)
     dense = np.concatenate([present, np.zeros(3000, np.float32)])  # std ~ mean: well conditioned
     expected = reference_stats(dense)
-    stats = np.asarray(compute(present, dense.size))
+    stats = np.asarray(compute([(present, dense.size)]))
     tolerances = stat_tolerances(expected, np.float32)
     assert abs(stats[0, MEAN] - expected["mean"]) <= tolerances["mean"]
     assert abs(stats[0, STD] - expected["std"]) <= tolerances["std"]
@@ -106,3 +107,44 @@ def test_combine_moments_equals_the_moments_of_the_union():
     np.testing.assert_allclose([mean, m2], moments(union)[1:], rtol=1.2e-13)
     empty = (np.float64(0), np.float64(0), np.float64(0))
     assert statistics.combine_moments(statistics.NumpyOps, empty, moments(a))[2] == moments(a)[2]
+
+
+def mixed_gradients(rng):
+    """Arrays that share reduction groups (`statistics.size_groups`) yet must not mix: one size
+    at scales 1e-20 to 1e15, an offset one (|mean| / std = 1e4), one size in two shapes, exact
+    zeros, a scalar, an empty array and one just over the grouped size."""
+    gradients = [(scale * rng.standard_normal(256)).astype(np.float32)
+                 for scale in (1e-20, 1e-3, 1.0, 1e15)]
+    gradients += [offset_gradient(1e4, size=256), rng.standard_normal((16, 16)).astype(np.float32),
+                  np.where(rng.random(256) < 0.3, 0, rng.standard_normal(256)).astype(np.float32),
+                  np.float32(rng.standard_normal()), np.zeros(0, np.float32),
+                  rng.standard_normal(statistics.GROUPED_ARRAY_MAX_ENTRIES + 1).astype(np.float32),
+                  rng.standard_normal(10).astype(np.float32)]
+    return gradients
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("group_max_entries", [statistics.GROUP_MAX_ENTRIES, 600])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_grouped_arrays_each_get_their_own_statistics(
+        adapter, group_max_entries, non_finite, monkeypatch):
+    """Arrays reduced together in one stacked matrix (and, with a small group cap, split over
+    several) come out row by row as each alone, within each array's own rounding bound; with a
+    NaN and an Inf in one array the masked pass takes over for every row."""
+    monkeypatch.setattr(statistics, "GROUP_MAX_ENTRIES", group_max_entries)
+    gradients = mixed_gradients(np.random.default_rng(3))
+    if non_finite:
+        gradients[2] = gradients[2].copy()
+        gradients[2][[5, 9]] = [np.nan, np.inf]
+    stats = np.asarray(ADAPTERS[adapter]()([(g, g.size) for g in gradients]))
+    for row, gradient in zip(stats, gradients):
+        expected = reference_stats(gradient)
+        tolerances = stat_tolerances(expected, np.float32)
+        for column, name in enumerate(columns.GRADIENT_STATS):
+            if np.isnan(expected[name]):
+                assert np.isnan(row[column]), (gradient.shape, name, row[column])
+                continue
+            # The smallest float32 step on top: a stored 1e-20 * 1e-20 is not a float32.
+            bound = tolerances[name] + np.finfo(np.float32).smallest_subnormal
+            assert abs(row[column] - expected[name]) <= bound, (
+                gradient.shape, name, row[column], expected[name])

@@ -112,11 +112,18 @@ class JaxOps(statistics.ArrayOps):
 
     to_float = staticmethod(lambda x, dtype: jnp.asarray(x, dtype))
     constant = staticmethod(lambda value, like: jnp.asarray(value, like.dtype))
+    groups_arrays = False  # XLA fuses each array's reductions: a stack would only copy
+    # A leading axis, not a flattening reshape: reshaping a sharded array makes XLA gather it.
+    rows_matrix = staticmethod(lambda arrays: jnp.stack(arrays))
     numel = staticmethod(lambda x: jnp.asarray(x.size, x.dtype))
-    sum = staticmethod(jnp.sum)
-    count = staticmethod(lambda mask, like: jnp.sum(mask, dtype=like.dtype))
-    max = staticmethod(lambda x, initial: jnp.max(x, initial=initial))
-    min = staticmethod(lambda x, initial: jnp.min(x, initial=initial))
+    static_size = staticmethod(lambda x: x.size)
+    reshape = staticmethod(jnp.reshape)
+    concat = staticmethod(jnp.concatenate)
+    take_rows = staticmethod(lambda matrix, indices: matrix[jnp.asarray(indices)])
+    sum = staticmethod(lambda x, axis=None: jnp.sum(x, axis=axis))
+    count = staticmethod(lambda mask, like, axis=None: jnp.sum(mask, axis=axis, dtype=like.dtype))
+    max = staticmethod(lambda x, initial, axis=None: jnp.max(x, axis=axis, initial=initial))
+    min = staticmethod(lambda x, initial, axis=None: jnp.min(x, axis=axis, initial=initial))
     abs = staticmethod(jnp.abs)
     sqrt = staticmethod(jnp.sqrt)
     floor = staticmethod(jnp.floor)

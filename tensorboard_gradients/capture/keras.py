@@ -44,8 +44,12 @@ Besides the ``<name>`` statistics (and ``<name>_histograms``), the monitor write
   ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where mixed precision skipped the update);
 * with ``probe_data``: ``<name>_probe``, the gradients on that fixed batch once per epoch.
 
-Each ``fit`` call traces the train step once more (the hooks are installed at the start of
-``fit`` and removed at its end, so a later ``fit`` without the monitor pays nothing).
+The train step is traced with the hooks once per model and compile: the hooks are installed
+at the start of each ``fit`` and removed at its end, and the monitor keeps the traced step it
+made and hands it back to the next ``fit`` of the same model (calling ``fit`` once per epoch, a
+tuner's or fine-tuning phases' ``fit`` calls cost no retrace), while a ``fit`` without the
+monitor traces and runs a clean step of its own. ``compile`` again, another optimizer or other
+trainable variables make the next ``fit`` trace anew, as Keras itself does.
 """
 
 import logging
@@ -55,7 +59,7 @@ import keras
 import numpy as np
 
 from tensorboard_gradients.capture import options
-from tensorboard_gradients.capture.keras_hooks import RECORDED_STEPS_PER_READ
+from tensorboard_gradients.capture.keras_hooks import RECORDED_STEPS_PER_READ, Patches
 from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
 from tensorboard_gradients.format.writer import GradientWriter
@@ -99,6 +103,27 @@ def _probe_batch(probe_data):
             f"{type(probe_data).__name__}"
         )
     return tuple(probe_data) + (None,) * (3 - len(probe_data))
+
+
+def _make_hooked_train_function(model):
+    """``model.make_train_function(force=True)`` through a ``train_step`` of its own.
+
+    JAX's ``jit`` caches traces by function while the function lives: were the monitored step
+    traced from ``model.train_step`` itself, the step this monitor keeps would answer for every
+    later ``jit(model.train_step)`` (a fit without the monitor would run the hooks; another
+    monitor's fit would feed this one).
+    """
+    patches = Patches()
+    step = model.train_step
+    patches.apply(model, "train_step", lambda *args, **kwargs: step(*args, **kwargs))
+    try:
+        model.make_train_function(force=True)
+    finally:
+        patches.undo()
+
+
+def _iterations(model):
+    return int(np.asarray(model.optimizer.iterations))
 
 
 def _recorded_between(done_before, done_after, every):
@@ -180,6 +205,8 @@ class GradientMonitor(keras.callbacks.Callback):
         self._missing = MissingGradientWarnings(logger)
         self._recorder = None
         self._recorder_key = None
+        self._traced_train_function = None  # the model's step traced with the hooks
+        self._iterations_at_end = None  # optimizer.iterations when the last fit ended
         self._layout = None
         self._probe_function = None
         self._host_completed = 0  # optimizer steps done, as far as the host can tell
@@ -217,12 +244,16 @@ class GradientMonitor(keras.callbacks.Callback):
         if model.optimizer is None:
             raise ValueError("GradientMonitor: compile the model (with an optimizer) before fit")
         watched, names = self._watched_variables(model)
-        key = (id(model.optimizer), tuple(id(v) for v in watched), int(model.steps_per_execution))
+        # `compile` makes a new `_compile_config` (and resets `train_function`): a new loss or
+        # jit setting needs a new trace.
+        key = (id(model), id(model.optimizer), tuple(id(v) for v in watched),
+               int(model.steps_per_execution), id(getattr(model, "_compile_config", None)))
         if key != self._recorder_key:
+            self._traced_train_function = None
             first_index = (
                 self._recorder.completed_steps()
                 if self._recorder is not None
-                else int(np.asarray(model.optimizer.iterations))
+                else _iterations(model)
             )
             self._recorder = recorders.StepRecorder(
                 model,
@@ -246,8 +277,15 @@ class GradientMonitor(keras.callbacks.Callback):
                     model.distribute_strategy.num_replicas_in_sync,
                 )
             self._probe_function = None
+        elif self._iterations_at_end is not None:
+            self._recorder.skip(max(0, _iterations(model) - self._iterations_at_end))
         self._recorder.install(model.trainable_variables)
-        model.make_train_function(force=True)
+        if self._traced_train_function is not None:
+            # Replaces the step fit just made (untraced) or a clean one a fit without the
+            # monitor traced: same model, optimizer, variables and compile, so no retrace.
+            model.train_function = self._traced_train_function
+        else:
+            _make_hooked_train_function(model)
         self._host_completed = self._host_read_at = self._recorder.completed_steps()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -275,8 +313,11 @@ class GradientMonitor(keras.callbacks.Callback):
             self._drain()
         finally:
             self._recorder.uninstall()
-            # The traced step still calls the hooks: let the next fit trace a clean one.
+            # The traced step still calls the hooks: kept for this monitor's next fit, while a
+            # fit without it traces a clean one.
+            self._traced_train_function = self.model.train_function
             self.model.train_function = None
+            self._iterations_at_end = _iterations(self.model)
             self._writer.close()
             self._probe_writer.close()
 

@@ -8,7 +8,8 @@ A recorder (`keras_recorder` for TensorFlow, `keras_jax`, `keras_torch`) is what
 * ``install(trainable_variables)`` / ``uninstall()``: hook the optimizer instance for one ``fit``
   and put it back exactly (`Patches`);
 * ``read()`` -> ``(completed steps, [(step, stats, {scalar: value})], [(step, counts)])``;
-* ``completed_steps()``; the attributes ``watched``, ``records_updates``, ``distributed``;
+* ``completed_steps()``; ``skip(steps)``: the optimizer took that many steps without the
+  recorder (a ``fit`` without the monitor), which the numbering must count; the attributes ``watched``, ``records_updates``, ``distributed``;
 
 and, for ``probe_data``, ``probe_function(model, watched, histograms)`` and
 ``run_probe(model, function, batch)`` -> ``(stats, counts or None)`` (TensorFlow's in

@@ -206,6 +206,10 @@ class StepRecorder(Recorder):
         with self._lock:
             self._histogram_rows.append((step, counts))
 
+    def skip(self, steps):
+        with self._lock:  # the host's count only; otherwise the optimizer counted them
+            self._next_index += steps
+
     def completed_steps(self):
         if self._loss_scaled:
             jax.effects_barrier()

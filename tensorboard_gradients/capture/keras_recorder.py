@@ -78,6 +78,8 @@ class StepRecorder(Recorder):
         self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
         self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}
         self.stat_count = len(self.stat_names)
+        self._step_deltas = None  # while a step is traced with every step logged: its updates
+        self._step_graph = None  # the graph that step is traced in
         self.dtype = tensorflow_ops.TensorFlowOps.computation_dtype([v.dtype for v in self.watched])
 
         variables = len(self.watched)
@@ -163,9 +165,18 @@ class StepRecorder(Recorder):
         return self._record(grads, variables)
 
     def _store_update_norms(self, logged, slot):
+        deltas = self._step_deltas
+
         def store():  # updates are recorded only without replicas: plain variables, slice assign
             column = columns.position(self.stat_names, "update_l2_norm")
-            self._stats[slot, :, column].assign(tf.sqrt(self._update_squares))
+            squares = self._update_squares.read_value()
+            if deltas:  # every step logged: these squares in a few grouped reductions
+                zero = tf.zeros([], self.dtype)
+                squares += tensorflow_ops.TensorFlowOps.square_sums(
+                    [zero if i not in deltas else
+                     tensorflow_ops.dense_values(deltas[i], self.dtype, _rows(v))
+                     for i, v in enumerate(self.watched)])
+            self._stats[slot, :, column].assign(tf.sqrt(squares))
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
@@ -194,6 +205,11 @@ class StepRecorder(Recorder):
         by_variable = {id(v): g for v, g in zip(variables, grads)}
         watched_grads = [by_variable.get(id(v)) for v in self.watched]
         completed = self._completed.read_value()
+        # Every step logged: the update hooks hand over their deltas (index -> delta) when they
+        # run in this graph; else (an optimizer applying inside a cond, as the loss scale
+        # optimizer does) each hook reduces its own into the squares variable.
+        self._step_deltas = {} if self._every == 1 else None
+        self._step_graph = tf.compat.v1.get_default_graph()
         if self.records_updates:
             self._update_squares.assign(tf.zeros_like(self._update_squares))
 
@@ -283,12 +299,16 @@ class StepRecorder(Recorder):
             if index is not None:
 
                 def store_square():
+                    delta = self._update_delta(self.watched[index], variable, value, sign)
                     self._update_squares[index].assign(
-                        self._update_square(self.watched[index], variable, value, sign)
-                    )
+                        tensorflow_ops.sum_of_squares(delta, self.dtype, _rows(self.watched[index])))
                     return tf.constant(True)
 
-                if self._every == 1:
+                if (self._step_deltas is not None
+                        and tf.compat.v1.get_default_graph() is self._step_graph):
+                    self._step_deltas[index] = self._update_delta(
+                        self.watched[index], variable, value, sign)
+                elif self._every == 1:
                     store_square()
                 else:  # only a logged step's update norm is kept: skip the others' reduction
                     # `_record` already counted this step, hence the - 1.
@@ -298,8 +318,8 @@ class StepRecorder(Recorder):
 
         return hooked
 
-    def _update_square(self, watched, variable, value, sign):
-        """``||w_after - w_before||^2`` of this step's update to `variable`."""
+    def _update_delta(self, watched, variable, value, sign):
+        """``w_after - w_before`` of this step's update to `variable` (dense or IndexedSlices)."""
         dtype = self.dtype
         current = tf.cast(tf.convert_to_tensor(_tf_variable(variable)), dtype)
         if sign is None:  # assign(variable, new_value)
@@ -316,12 +336,15 @@ class StepRecorder(Recorder):
             # calling us, so w_before = current / (1 - c) and the decay moved them by -c/(1-c) * current.
             c = tf.cast(inner.learning_rate, dtype) * tf.cast(inner.weight_decay, dtype)
             delta = tf.convert_to_tensor(delta) - c / (1 - c) * current
-        return tensorflow_ops.sum_of_squares(delta, dtype, _rows(watched))
+        return delta
 
     # --- host side ----------------------------------------------------------------------------
 
     def completed_steps(self):
         return int(self._completed.numpy())
+
+    def skip(self, steps):
+        self._completed.assign_add(steps)
 
     def read(self):
         """Everything buffered: (completed steps, stat rows, histogram rows).

@@ -154,6 +154,9 @@ class StepRecorder(Recorder):
     def completed_steps(self):
         return self._completed
 
+    def skip(self, steps):
+        self._completed += steps
+
     def read(self):
         """Everything recorded since the last read: (completed steps, stat rows, histogram rows),
         as `keras_recorder.StepRecorder.read` returns them."""

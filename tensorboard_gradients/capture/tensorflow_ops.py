@@ -22,10 +22,14 @@ class TensorFlowOps(statistics.ArrayOps):
     to_float = staticmethod(lambda x, dtype: tf.cast(x, dtype))
     constant = staticmethod(lambda value, like: tf.cast(value, like.dtype))
     numel = staticmethod(lambda x: tf.cast(tf.size(x), x.dtype))
-    sum = staticmethod(tf.reduce_sum)
-    count = staticmethod(lambda mask, like: tf.reduce_sum(tf.cast(mask, like.dtype)))
-    max = staticmethod(lambda x, initial: tf.maximum(tf.reduce_max(x), initial))
-    min = staticmethod(lambda x, initial: tf.minimum(tf.reduce_min(x), initial))
+    static_size = staticmethod(lambda x: x.shape.num_elements())
+    reshape = staticmethod(tf.reshape)
+    concat = staticmethod(lambda parts: tf.concat(parts, 0))
+    take_rows = staticmethod(lambda matrix, indices: tf.gather(matrix, indices))
+    sum = staticmethod(lambda x, axis=None: tf.reduce_sum(x, axis))
+    count = staticmethod(lambda mask, like, axis=None: tf.reduce_sum(tf.cast(mask, like.dtype), axis))
+    max = staticmethod(lambda x, initial, axis=None: tf.maximum(tf.reduce_max(x, axis), initial))
+    min = staticmethod(lambda x, initial, axis=None: tf.minimum(tf.reduce_min(x, axis), initial))
     abs = staticmethod(tf.abs)
     sqrt = staticmethod(tf.sqrt)
     floor = staticmethod(tf.floor)
@@ -132,7 +136,9 @@ def statistics_inputs(gradients, variables, dtype):
             )
         else:
             gradient = tf.convert_to_tensor(gradient)
-            entries.append((tf.cast(gradient, dtype), tf.size(gradient, out_type=tf.int64)))
+            size = gradient.shape.num_elements()  # static where known: one constant for all
+            entries.append((tf.cast(gradient, dtype),
+                            tf.size(gradient, out_type=tf.int64) if size is None else size))
     return entries
 
 
@@ -175,14 +181,17 @@ def histogram_counts(gradients, variables):
     )
 
 
-def sum_of_squares(gradient, dtype, table_rows=None):
-    """The sum of squared entries of a dense or ``IndexedSlices`` gradient (repeated rows summed
-    first, as `statistics_inputs` does); NaN/Inf propagate."""
+def dense_values(gradient, dtype, table_rows=None):
+    """A dense tensor whose sum of squares is that of a dense or ``IndexedSlices`` gradient
+    (repeated rows summed first, as `statistics_inputs` does), in ``dtype``."""
     if isinstance(gradient, tf.IndexedSlices):
-        values = summed_rows(gradient, dtype, table_rows)
-    else:
-        values = tf.cast(gradient, dtype)
-    return tf.reduce_sum(tf.square(values))
+        return summed_rows(gradient, dtype, table_rows)
+    return tf.cast(gradient, dtype)
+
+
+def sum_of_squares(gradient, dtype, table_rows=None):
+    """The sum of squared entries of a dense or ``IndexedSlices`` gradient; NaN/Inf propagate."""
+    return tf.reduce_sum(tf.square(dense_values(gradient, dtype, table_rows)))
 
 
 def divided(gradient, scale):

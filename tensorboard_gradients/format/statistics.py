@@ -29,21 +29,82 @@ import numpy as np
 from tensorboard_gradients.format import columns
 
 
+# Arrays of up to this many entries are reduced together with the other arrays of their size:
+# stacked into one ``[k, n]`` matrix, a group costs the ~8 reductions one array costs, instead of
+# ~8 per array. On a CPU (and in eager PyTorch anywhere) each reduction pays a fixed dispatch of
+# a few microseconds, which is most of the cost of a small array (a bias, a norm scale) and the
+# reason the statistics' cost grew with the number of tensors; a larger array is reduced on its
+# own, where a pass over its entries, not the dispatch, is the cost. The stack is one copy of the
+# grouped entries, at most `GROUP_MAX_ENTRIES` at a time (16 MiB in float32): the extra memory is
+# bounded whatever the model. Both found on the 14-layer MLP and transformer benchmarks
+# (benchmarks/NOTES.md "Grouped reductions").
+GROUPED_ARRAY_MAX_ENTRIES = 2**18
+GROUP_MAX_ENTRIES = 2**22
+
+
+def size_groups(sizes, grouped=True):
+    """Index lists partitioning ``range(len(sizes))``: arrays of one static size up to
+    `GROUPED_ARRAY_MAX_ENTRIES` share a group of at most `GROUP_MAX_ENTRIES` entries (first
+    occurrence order); any other array (larger, of unknown size (None), or all when ``grouped`` is
+    false) is a group of its own."""
+    groups, open_group = [], {}
+    for index, size in enumerate(sizes):
+        if not grouped or size is None or size > GROUPED_ARRAY_MAX_ENTRIES or size == 0:
+            groups.append([index])
+            continue
+        members = open_group.get(size)
+        if members is None or (len(members) + 1) * size > GROUP_MAX_ENTRIES:
+            members = open_group[size] = []
+            groups.append(members)
+        members.append(index)
+    return groups
+
+
 class ArrayOps:
     """Base of the array-library adapters: the elementwise ops and reductions are each library's
-    own (see `NumpyOps`); the two stacked reductions below are written once over them, and an
-    adapter whose library has multi-tensor kernels (PyTorch's ``torch._foreach_*``) overrides them
-    to reduce every variable in a few fused calls instead of ~10 small ops per variable."""
+    own (see `NumpyOps`; reductions take an optional ``axis``); the grouped reductions below are
+    written once over them. ``groups_arrays``: whether small arrays of one size are stacked and
+    reduced together (`size_groups`); off where a compiler fuses every array's reductions anyway
+    (JAX's jit), so a stack would only add a copy."""
+
+    groups_arrays = True
+
+    @classmethod
+    def rows_matrix(cls, arrays):
+        """``[k, n]``: ``k`` arrays of ``n`` entries each, one per row (a view for one array)."""
+        if len(arrays) == 1:
+            return cls.reshape(arrays[0], (1, -1))
+        if len({tuple(a.shape) for a in arrays}) == 1:  # one reshape, not one per array
+            return cls.reshape(cls.stack(arrays), (len(arrays), -1))
+        return cls.stack([cls.reshape(a, (-1,)) for a in arrays])
+
+    @classmethod
+    def grouped_rows(cls, arrays, reduce_matrix):
+        """``reduce_matrix`` (``[k, n]`` -> ``[k, ...]``) applied to every `size_groups` group
+        of ``arrays``; the results' rows back in the order of ``arrays``."""
+        groups = size_groups([cls.static_size(a) for a in arrays], cls.groups_arrays)
+        parts = [reduce_matrix(cls.rows_matrix([arrays[i] for i in group])) for group in groups]
+        order = [index for group in groups for index in group]
+        if order == list(range(len(arrays))):
+            return parts[0] if len(parts) == 1 else cls.concat(parts)
+        return cls.take_rows(cls.concat(parts), np.argsort(order))
 
     @classmethod
     def fast_reduction_rows(cls, values):
-        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array (none missing)."""
-        return cls.stack([_fast_reductions(cls, v) for v in values])
+        """``[len(values), REDUCTIONS]``: the `matrix_fast_reductions` row of each array."""
+        return cls.grouped_rows(values, cls.matrix_fast_reductions)
+
+    @classmethod
+    def matrix_fast_reductions(cls, matrix):
+        """``[k, REDUCTIONS]`` of a ``[k, n]`` matrix (`_fast_reductions`); an adapter with fused
+        kernels for some of them overrides this."""
+        return _fast_reductions(cls, matrix)
 
     @classmethod
     def square_sums(cls, arrays):
         """``[len(arrays)]``: the plain sum of squares of each array (NaN/Inf propagate)."""
-        return cls.stack([cls.sum(w * w) for w in arrays])
+        return cls.grouped_rows(arrays, lambda matrix: cls.sum(
+            matrix * matrix, axis=tuple(range(1, len(matrix.shape)))))
 
 
 class NumpyOps(ArrayOps):
@@ -62,10 +123,15 @@ class NumpyOps(ArrayOps):
         return np.asarray(value, dtype=like.dtype)
 
     numel = staticmethod(lambda x: np.asarray(x.size, dtype=x.dtype))
-    sum = staticmethod(lambda x: np.sum(x, dtype=x.dtype))
-    count = staticmethod(lambda mask, like: np.asarray(np.count_nonzero(mask), like.dtype))
-    max = staticmethod(lambda x, initial: np.max(x, initial=initial))
-    min = staticmethod(lambda x, initial: np.min(x, initial=initial))
+    static_size = staticmethod(lambda x: np.size(x))
+    reshape = staticmethod(np.reshape)
+    concat = staticmethod(np.concatenate)
+    take_rows = staticmethod(lambda matrix, indices: matrix[indices])
+    sum = staticmethod(lambda x, axis=None: np.sum(x, axis=axis, dtype=x.dtype))
+    count = staticmethod(
+        lambda mask, like, axis=None: np.asarray(np.count_nonzero(mask, axis=axis), like.dtype))
+    max = staticmethod(lambda x, initial, axis=None: np.max(x, axis=axis, initial=initial))
+    min = staticmethod(lambda x, initial, axis=None: np.min(x, axis=axis, initial=initial))
     abs = staticmethod(np.abs)
     sqrt = staticmethod(np.sqrt)
     floor = staticmethod(np.floor)
@@ -103,7 +169,7 @@ REDUCTIONS = (
     "nan",  # NaN entries
     "finite",  # finite entries
     "abs_max",  # largest finite |entry|
-    "sum",  # the sums below are of entries / abs_max (`_scale_sums`): no overflow
+    "sum",  # the sums below are of entries / abs_max (`scaled_sums`): no overflow
     "sum_squares",
     "sum_abs",
     "min",
@@ -130,35 +196,47 @@ def _column(reductions, name):
     return reductions[:, _REDUCTION_INDEX[name]]
 
 
-def _fast_reductions(ops, values):
-    """The reductions without masking or scaling, for the common step where every entry is finite.
+def _fast_reductions(ops, matrix):
+    """``[k, REDUCTIONS]``: the reductions of each row of a ``[k, n]`` matrix without masking or
+    scaling, for the common step where every entry is finite.
 
-    Sums come back unscaled (`_scale_sums` divides them); any NaN/Inf entry or overflowing sum
-    shows up as a non-finite result, which `statistics_matrix` checks before trusting them.
+    Sums come back unscaled (`scaled_sums` divides them); any NaN/Inf entry or overflowing sum
+    shows up as a non-finite result, which `reduction_matrix` checks before trusting them. Six
+    passes over the entries: sum, min, max, |x|, the zero count and the deviations from the mean;
+    ``abs_max`` comes from min and max, and the sum of squares from the two-pass M2 as
+    ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's rounding error
+    is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
+    ``|sum| <= sqrt(n * sum_squares)``), and one pass fewer than squaring the entries again.
     """
-    like = ops.constant(0, values)
-    magnitude = ops.abs(values)
-    count = ops.numel(values)
+    rows = matrix.shape[0]
+    axes = tuple(range(1, len(matrix.shape)))  # a [1, ...] array reduces over its own axes
+    like = ops.constant(0, matrix)
     infinity = ops.constant(np.inf, like)
-    total = ops.sum(values)
-    deviations = values - total / ops.maximum(count, ops.constant(1, like))
+    total = ops.sum(matrix, axis=axes)
+    count = ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like)
+    mean = total / ops.maximum(count, ops.constant(1, like))
+    deviations = matrix - ops.reshape(mean, (rows,) + (1,) * len(axes))
+    m2 = ops.sum(deviations * deviations, axis=axes)
+    minimum = ops.min(matrix, initial=infinity, axis=axes)
+    maximum = ops.max(matrix, initial=-infinity, axis=axes)
     return stack_reductions(
         ops,
+        axis=1,
         present=count,
-        nan=like,
+        nan=ops.constant(np.zeros(rows), like),
         finite=count,
-        abs_max=ops.max(magnitude, initial=like),
+        abs_max=ops.maximum(ops.maximum(-minimum, maximum), like),  # empty rows: 0
         sum=total,
-        sum_squares=ops.sum(values * values),
-        sum_abs=ops.sum(magnitude),
-        min=ops.min(values, initial=infinity),
-        max=ops.max(values, initial=-infinity),
-        zeros=ops.count(values == like, like=like),
-        m2=ops.sum(deviations * deviations),
+        sum_squares=m2 + total * mean,
+        sum_abs=ops.sum(ops.abs(matrix), axis=axes),
+        min=minimum,
+        max=maximum,
+        zeros=ops.count(matrix == like, like=like, axis=axes),
+        m2=m2,
     )
 
 
-def _scale_sums(ops, reductions):
+def scaled_sums(ops, reductions):
     """Divides the sum columns of `_fast_reductions` rows by each variable's abs_max."""
     by_name = {name: _column(reductions, name) for name in REDUCTIONS}
     abs_max = by_name["abs_max"]
@@ -285,24 +363,77 @@ def reduction_matrix(ops, gradients, dtype):
     """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
     arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
+    rows, sizes = fast_reduction_matrix(ops, gradients, dtype)
+    # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
+    return ops.cond(fast_rows_trusted(ops, rows, sizes, dtype),
+                    lambda: scaled_sums(ops, rows),
+                    lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
+
+
+def fast_reduction_matrix(ops, gradients, dtype):
+    """``([variables, REDUCTIONS], [variables] dense sizes)``: every variable's `_fast_reductions`
+    row (sums unscaled; a NaN row for a missing gradient), trusted only where
+    `fast_rows_trusted` says so, and ready for `scaled_sums` then. A caller that wants no host
+    sync on the device (`reduction_matrix` takes a ``cond``) may copy them to the host and decide
+    there."""
     like = ops.to_float(0, dtype)
     nan = ops.constant(np.nan, like)
-    missing_row = ops.stack([nan] * len(REDUCTIONS))
-    sizes = ops.stack([nan if g is None else ops.constant(g[1], like) for g in gradients])
-
-    def stacked(reduce):
-        return ops.stack([missing_row if g is None else reduce(ops, g[0]) for g in gradients])
-
+    given = [np.nan if g is None else g[1] for g in gradients]
+    if all(isinstance(size, (int, float, np.number)) for size in given):
+        sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
+    else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
+        sizes = ops.stack([ops.constant(size, like) for size in given])
     present = [g[0] for g in gradients if g is not None]
-    rows = ops.fast_reduction_rows(present) if present else None
-    if len(present) < len(gradients):
-        present_rows = iter(range(len(present)))
-        rows = ops.stack([missing_row if g is None else rows[next(present_rows)] for g in gradients])
-    fast = _scale_sums(ops, rows)
-    checked = ops.stack([_column(fast, name) for name in _CHECKED_REDUCTIONS], axis=1)
-    trusted = ops.all(ops.isfinite(checked) | ops.isnan(sizes)[:, None])
-    # The masked pass runs only on steps with NaN/Inf or overflow: those are the rare ones.
-    return ops.cond(trusted, lambda: fast, lambda: stacked(_masked_reductions)), sizes
+    if len(present) == len(gradients):
+        return ops.fast_reduction_rows(present), sizes
+    missing_row = ops.reshape(ops.stack([nan] * len(REDUCTIONS)), (1, -1))
+    if not present:
+        return ops.concat([missing_row] * len(gradients)), sizes
+    rows = ops.concat([ops.fast_reduction_rows(present), missing_row])
+    next_present = iter(range(len(present)))
+    return ops.take_rows(rows, [len(present) if g is None else next(next_present)
+                                for g in gradients]), sizes
+
+
+def fast_rows_trusted(ops, rows, sizes, dtype):
+    """Whether `fast_reduction_matrix` rows computed in ``dtype`` are exact to rounding: no
+    non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
+    aside."""
+    checked = ops.stack([_column(scaled_sums(ops, rows), name) for name in _CHECKED_REDUCTIONS],
+                        axis=1)
+    return ops.all(
+        (ops.all(ops.isfinite(checked), axis=1) & _no_square_underflows(ops, rows, dtype))
+        | ops.isnan(sizes))
+
+
+def masked_reduction_matrix(ops, gradients, dtype):
+    """The `reduction_matrix` rows by the masked pass, one variable at a time: right for any
+    input (NaN/Inf entries, sums that would overflow or underflow)."""
+    like = ops.to_float(0, dtype)
+    missing_row = ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
+    return ops.stack([missing_row if g is None else _masked_reductions(ops, g[0])
+                      for g in gradients])
+
+
+def _no_square_underflows(ops, rows, dtype):
+    """``[variables]``: whether the unscaled squares of `_fast_reductions` lost nothing.
+
+    TensorFlow, XLA and GPUs flush results below the smallest normal float to zero, so squares of
+    entries under ~1e-19 (float32) vanish: a vanishing gradient would read as an exact 0. Flushed
+    squares are harmless while each is under ``u`` (unit roundoff) times the largest square
+    (abs_max^2, for the sum of squares) or the mean squared deviation (for M2): they then move
+    the sum by less than its own rounding. Rows of all-equal entries (min == max, M2 truly 0 and
+    all zeros included) need no check. The other rows take the masked pass, which scales by
+    abs_max first.
+    """
+    # Every adapter's computation dtype is float32 or float64, each library naming it its way.
+    info = np.finfo(np.float64 if "64" in str(dtype) else np.float32)
+    negligible = ops.constant(info.tiny / (info.eps / 2), _column(rows, "m2"))
+    column = lambda name: _column(rows, name)  # noqa: E731
+    constant = column("min") == column("max")
+    squares_kept = column("abs_max") * column("abs_max") >= negligible
+    deviations_kept = column("m2") >= column("present") * negligible
+    return constant | (squares_kept & deviations_kept)
 
 
 def statistics_from_reductions(ops, reductions, sizes, weight_norms=None):
