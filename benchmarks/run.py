@@ -36,6 +36,7 @@ BENCHMARKS = {
     "keras_overhead": "Keras `GradientMonitor` in `model.fit`",
     "torch_overhead": "PyTorch `GradientMonitor` in an eager training loop",
     "sharded_overhead": "PyTorch `GradientMonitor` under FSDP2 (2 CPU ranks)",
+    "transformer_overhead": "Transformer-shaped models: cost per tensor, against the one-pass floor",
     "route_latency": "Route latency in a real TensorBoard",
     "long_run": "Long runs and big models: 1,000 tensors x 100,000 steps",
     "frontend_paint": "Gradients tab in Chromium",

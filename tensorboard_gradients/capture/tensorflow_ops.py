@@ -55,6 +55,23 @@ class TensorFlowOps(statistics.ArrayOps):
     all = staticmethod(tf.reduce_all)
     cond = staticmethod(tf.cond)
 
+    # Fused kernels where TensorFlow has them (CPU, 786k entries: `l2_loss` is one pass, 0.14 ms,
+    # where square-then-sum takes two and a temporary; an exact zero count from the squared signs
+    # takes 0.21 ms against 0.64 ms for compare, cast and sum; benchmarks/NOTES.md).
+    @classmethod
+    def sum_of_squares(cls, matrix, axes):
+        if matrix.shape[0] == 1:  # one array: its own fused pass
+            return tf.reshape(2 * tf.nn.l2_loss(matrix), [1])
+        return tf.reduce_sum(tf.square(matrix), axes)
+
+    @classmethod
+    def zero_count(cls, matrix, axes, like):
+        return cls.numel(matrix) / matrix.shape[0] - cls.sum_of_squares(tf.sign(matrix), axes)
+
+    @staticmethod
+    def square_sums(arrays):
+        return 2 * tf.stack([tf.nn.l2_loss(a) for a in arrays])
+
 
 def variable_name(variable):
     if isinstance(variable, str):

@@ -162,40 +162,38 @@ class TorchOps(statistics.ArrayOps):
         return torch.stack(list(values), dim=axis)
 
     @classmethod
-    def matrix_fast_reductions(cls, matrix):
-        # `statistics._fast_reductions` with PyTorch's fused kernels: min and max in one pass
-        # (`aminmax`), the zero count without a mask tensor (`count_nonzero`).
+    def matrix_reductions(cls, matrix):
+        # `statistics._matrix_reductions` with the kernels PyTorch's CPU build runs fast,
+        # measured on the benchmark MLP (benchmarks/NOTES.md "Grouped reductions"): one array's
+        # min and max in one pass (`aminmax`, 11 us for 65k entries) and its zero count
+        # (`count_nonzero`); across the rows of a stack `amin`/`amax` (aminmax along a dimension
+        # is 15x slower) and the zero count from the signs of |g| (count_nonzero and boolean sums
+        # along a dimension are 4-8x slower).
         if matrix.numel() == 0:  # aminmax has no empty case; an empty shard is common (FSDP)
-            return super().matrix_fast_reductions(matrix)
-        count = torch.full((matrix.shape[0],), float(matrix.shape[1]), dtype=matrix.dtype,
-                           device=matrix.device)
-        minimum, maximum = torch.aminmax(matrix, dim=1)
+            return super().matrix_reductions(matrix)
+        rows, entries = matrix.shape
+        count = torch.full((rows,), float(entries), dtype=matrix.dtype, device=matrix.device)
         total = matrix.sum(1)
-        mean = total / count
+        if rows == 1:
+            minimum, maximum = (m.reshape(1) for m in torch.aminmax(matrix))
+            nonzero = torch.count_nonzero(matrix).to(count.dtype).reshape(1)
+        else:
+            minimum, maximum = torch.amin(matrix, 1), torch.amax(matrix, 1)
+            nonzero = None
         if matrix.device.type == "cpu":
-            # m2 by the two-pass formula every adapter uses, as the norm of the deviations from
-            # the mean: 3x faster on CPU than `torch.var`'s Welford pass; |g| summed, 2x faster
-            # than `vector_norm(ord=1)`. Both make a temporary: cheap in host memory.
-            m2 = torch.linalg.vector_norm(matrix - mean[:, None], dim=1) ** 2
-            sum_abs = matrix.abs().sum(1)
+            # m2 as the norm of the deviations from the mean (two-pass), 3x faster on CPU than
+            # `torch.var`'s Welford pass; temporaries are cheap in host memory.
+            m2 = torch.linalg.vector_norm(matrix - (total / count)[:, None], dim=1) ** 2
+            magnitude = matrix.abs()
+            sum_abs = magnitude.sum(1)
+            if nonzero is None:
+                nonzero = magnitude.sign().sum(1)
         else:  # one kernel each, no gradient-sized temporary on the accelerator
             m2 = torch.var(matrix, dim=1, correction=0) * count
             sum_abs = torch.linalg.vector_norm(matrix, 1, dim=1)
-        return statistics.stack_reductions(
-            cls,
-            axis=1,
-            present=count,
-            nan=torch.zeros_like(count),  # counted by the masked pass only
-            finite=count,
-            abs_max=torch.maximum(-minimum, maximum),
-            sum=total,
-            sum_squares=m2 + total * mean,  # see `statistics._fast_reductions`
-            sum_abs=sum_abs,
-            min=minimum,
-            max=maximum,
-            zeros=count - torch.count_nonzero(matrix, dim=1).to(count.dtype),
-            m2=m2,
-        )
+            if nonzero is None:
+                nonzero = torch.count_nonzero(matrix, dim=1).to(count.dtype)
+        return count, total, minimum, maximum, m2, sum_abs, count - nonzero
 
     @classmethod
     def square_sums(cls, arrays):

@@ -29,16 +29,16 @@ import numpy as np
 from tensorboard_gradients.format import columns
 
 
-# Arrays of up to this many entries are reduced together with the other arrays of their size:
-# stacked into one ``[k, n]`` matrix, a group costs the ~8 reductions one array costs, instead of
-# ~8 per array. On a CPU (and in eager PyTorch anywhere) each reduction pays a fixed dispatch of
-# a few microseconds, which is most of the cost of a small array (a bias, a norm scale) and the
-# reason the statistics' cost grew with the number of tensors; a larger array is reduced on its
-# own, where a pass over its entries, not the dispatch, is the cost. The stack is one copy of the
-# grouped entries, at most `GROUP_MAX_ENTRIES` at a time (16 MiB in float32): the extra memory is
-# bounded whatever the model. Both found on the 14-layer MLP and transformer benchmarks
-# (benchmarks/NOTES.md "Grouped reductions").
-GROUPED_ARRAY_MAX_ENTRIES = 2**18
+# Arrays of up to this many entries (biases, norm scales) are reduced together with the other
+# arrays of their size: stacked into one ``[k, n]`` matrix, a group costs the ~8 reductions one
+# array costs, instead of ~8 per array, and each of those costs a fixed dispatch of several
+# microseconds on a CPU and in eager PyTorch anywhere, most of a small array's cost. Larger
+# arrays are reduced on their own: stacking them costs a copy (a pass over the entries) and, on
+# the 14-layer MLP's 65k-entry kernels, made the statistics slower on both TensorFlow (3.1-5.1 ms
+# against 1.8-2.8 ms) and PyTorch (8.2-8.7 ms against 4.8-5.0 ms) on a 2-core CPU
+# (benchmarks/NOTES.md "Grouped reductions"). A group holds at most `GROUP_MAX_ENTRIES`
+# entries, so the extra memory of a stack stays bounded (16 MiB in float32).
+GROUPED_ARRAY_MAX_ENTRIES = 2**12
 GROUP_MAX_ENTRIES = 2**22
 
 
@@ -80,10 +80,11 @@ class ArrayOps:
 
     @classmethod
     def grouped_rows(cls, arrays, reduce_matrix):
-        """``reduce_matrix`` (``[k, n]`` -> ``[k, ...]``) applied to every `size_groups` group
-        of ``arrays``; the results' rows back in the order of ``arrays``."""
+        """``[len(arrays), C]``: ``reduce_matrix`` (``[k, n]`` -> C vectors ``[k]``) applied to
+        every `size_groups` group of ``arrays``, rows in the order of ``arrays``."""
         groups = size_groups([cls.static_size(a) for a in arrays], cls.groups_arrays)
-        parts = [reduce_matrix(cls.rows_matrix([arrays[i] for i in group])) for group in groups]
+        parts = [cls.stack(reduce_matrix(cls.rows_matrix([arrays[i] for i in group])), axis=1)
+                 for group in groups]
         order = [index for group in groups for index in group]
         if order == list(range(len(arrays))):
             return parts[0] if len(parts) == 1 else cls.concat(parts)
@@ -91,20 +92,31 @@ class ArrayOps:
 
     @classmethod
     def fast_reduction_rows(cls, values):
-        """``[len(values), REDUCTIONS]``: the `matrix_fast_reductions` row of each array."""
-        return cls.grouped_rows(values, cls.matrix_fast_reductions)
+        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array."""
+        return _fast_reductions(cls, cls.grouped_rows(values, cls.matrix_reductions))
 
     @classmethod
-    def matrix_fast_reductions(cls, matrix):
-        """``[k, REDUCTIONS]`` of a ``[k, n]`` matrix (`_fast_reductions`); an adapter with fused
-        kernels for some of them overrides this."""
-        return _fast_reductions(cls, matrix)
+    def matrix_reductions(cls, matrix):
+        """`MATRIX_REDUCTIONS` of each row of a ``[k, n]`` matrix, each a ``[k]`` vector (see
+        `_matrix_reductions`); an adapter with fused kernels for some of them overrides this."""
+        return _matrix_reductions(cls, matrix)
+
+    @classmethod
+    def sum_of_squares(cls, matrix, axes):
+        """The sum of squared entries over ``axes`` (an adapter with a fused kernel overrides)."""
+        return cls.sum(matrix * matrix, axis=axes)
+
+    @classmethod
+    def zero_count(cls, matrix, axes, like):
+        """Entries exactly 0 over ``axes``, as ``like``'s dtype; NaN where an entry is NaN is
+        allowed (the fast pass is then rejected anyway)."""
+        return cls.count(matrix == like, like=like, axis=axes)
 
     @classmethod
     def square_sums(cls, arrays):
         """``[len(arrays)]``: the plain sum of squares of each array (NaN/Inf propagate)."""
-        return cls.grouped_rows(arrays, lambda matrix: cls.sum(
-            matrix * matrix, axis=tuple(range(1, len(matrix.shape)))))
+        return cls.grouped_rows(arrays, lambda matrix: (cls.sum_of_squares(
+            matrix, tuple(range(1, len(matrix.shape)))),))[:, 0]
 
 
 class NumpyOps(ArrayOps):
@@ -196,18 +208,16 @@ def _column(reductions, name):
     return reductions[:, _REDUCTION_INDEX[name]]
 
 
-def _fast_reductions(ops, matrix):
-    """``[k, REDUCTIONS]``: the reductions of each row of a ``[k, n]`` matrix without masking or
-    scaling, for the common step where every entry is finite.
+# The reductions that read the entries, one ``[k]`` vector each per group (`_matrix_reductions`);
+# `_fast_reductions` derives the rest once for all arrays.
+MATRIX_REDUCTIONS = ("count", "sum", "min", "max", "m2", "sum_abs", "zeros")
 
-    Sums come back unscaled (`scaled_sums` divides them); any NaN/Inf entry or overflowing sum
-    shows up as a non-finite result, which `reduction_matrix` checks before trusting them. Six
-    passes over the entries: sum, min, max, |x|, the zero count and the deviations from the mean;
-    ``abs_max`` comes from min and max, and the sum of squares from the two-pass M2 as
-    ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's rounding error
-    is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
-    ``|sum| <= sqrt(n * sum_squares)``), and one pass fewer than squaring the entries again.
-    """
+
+def _matrix_reductions(ops, matrix):
+    """`MATRIX_REDUCTIONS` of each row of a ``[k, n]`` matrix (k arrays of n entries, or one
+    array with a leading axis): six passes over the entries, sum, min, max, the deviations from
+    the mean (two-pass M2), |x| and the zero count. No masking or scaling: any NaN/Inf entry or
+    overflowing sum shows up as a non-finite result, which `fast_rows_trusted` checks."""
     rows = matrix.shape[0]
     axes = tuple(range(1, len(matrix.shape)))  # a [1, ...] array reduces over its own axes
     like = ops.constant(0, matrix)
@@ -215,24 +225,41 @@ def _fast_reductions(ops, matrix):
     total = ops.sum(matrix, axis=axes)
     count = ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like)
     mean = total / ops.maximum(count, ops.constant(1, like))
-    deviations = matrix - ops.reshape(mean, (rows,) + (1,) * len(axes))
-    m2 = ops.sum(deviations * deviations, axis=axes)
-    minimum = ops.min(matrix, initial=infinity, axis=axes)
-    maximum = ops.max(matrix, initial=-infinity, axis=axes)
+    return (count, total,
+            ops.min(matrix, initial=infinity, axis=axes),
+            ops.max(matrix, initial=-infinity, axis=axes),
+            ops.sum_of_squares(matrix - ops.reshape(mean, (rows,) + (1,) * len(axes)), axes),
+            ops.sum(ops.abs(matrix), axis=axes),
+            ops.zero_count(matrix, axes, like))
+
+
+def _fast_reductions(ops, raw):
+    """``[arrays, REDUCTIONS]`` from the ``[arrays, MATRIX_REDUCTIONS]`` of `_matrix_reductions`,
+    for the common step where every entry is finite; sums unscaled (`scaled_sums` divides them).
+
+    ``abs_max`` comes from min and max, and the sum of squares from the two-pass M2 as
+    ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's rounding error
+    is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
+    ``|sum| <= sqrt(n * sum_squares)``), and one pass fewer than squaring the entries again.
+    """
+    column = dict(zip(MATRIX_REDUCTIONS, (raw[:, i] for i in range(len(MATRIX_REDUCTIONS)))))
+    count, total = column["count"], column["sum"]
+    zero = ops.constant(0, count)
+    mean = total / ops.maximum(count, ops.constant(1, count))
     return stack_reductions(
         ops,
         axis=1,
         present=count,
-        nan=ops.constant(np.zeros(rows), like),
+        nan=zero * count,  # counted by the masked pass only
         finite=count,
-        abs_max=ops.maximum(ops.maximum(-minimum, maximum), like),  # empty rows: 0
+        abs_max=ops.maximum(ops.maximum(-column["min"], column["max"]), zero),  # empty rows: 0
         sum=total,
-        sum_squares=m2 + total * mean,
-        sum_abs=ops.sum(ops.abs(matrix), axis=axes),
-        min=minimum,
-        max=maximum,
-        zeros=ops.count(matrix == like, like=like, axis=axes),
-        m2=m2,
+        sum_squares=column["m2"] + total * mean,
+        sum_abs=column["sum_abs"],
+        min=column["min"],
+        max=column["max"],
+        zeros=column["zeros"],
+        m2=column["m2"],
     )
 
 
