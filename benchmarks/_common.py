@@ -14,6 +14,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import time
 
 # ----------------------------------------------------------------------------- settings
 
@@ -232,6 +233,22 @@ def run_alone(args, full, collect, render, **collect_options):
 
 # ----------------------------------------------------------------------------- step-time benchmarks
 # summary_overhead.py and torch_overhead.py: variants of one training step, timed per batch size.
+
+
+def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3):
+    """{name: [seconds per step of each round]} of ``trainers`` ({name: one training step}),
+    each warmed up, then timed round by round in turn, so machine noise hits them alike."""
+    for train_step in trainers.values():
+        for _ in range(warmup_steps):
+            train_step()
+    times = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, train_step in trainers.items():
+            start = time.perf_counter()
+            for _ in range(steps_per_round):
+                train_step()
+            times[name].append((time.perf_counter() - start) / steps_per_round)
+    return times
 
 
 def rows_per_batch(settings, measure):

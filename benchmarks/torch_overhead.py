@@ -16,7 +16,6 @@ interleaved round by round in one process, so machine noise hits them alike:
 """
 
 import tempfile
-import time
 
 import torch
 
@@ -112,17 +111,7 @@ def measure(width, batch, features, rounds, steps_per_round):
             log()
             optimizer.step()
         trainers[name] = train_step
-    for train_step in trainers.values():  # warm up
-        for _ in range(3):
-            train_step()
-    times = {name: [] for name in trainers}
-    for _ in range(rounds):
-        for name, train_step in trainers.items():
-            start = time.perf_counter()
-            for _ in range(steps_per_round):
-                train_step()
-            times[name].append((time.perf_counter() - start) / steps_per_round)
-    return times
+    return _common.interleaved_step_times(trainers, rounds, steps_per_round)
 
 
 def collect(settings):

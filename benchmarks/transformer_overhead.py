@@ -153,16 +153,7 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
             log()
             optimizer.step()
         trainers[name] = train_step
-    for train_step in trainers.values():
-        for _ in range(3):
-            train_step()
-    times = {name: [] for name in names}
-    for _ in range(rounds):
-        for name, train_step in trainers.items():
-            start = time.perf_counter()
-            for _ in range(steps_per_round):
-                train_step()
-            times[name].append((time.perf_counter() - start) / steps_per_round)
+    times = _common.interleaved_step_times(trainers, rounds, steps_per_round)
     model = Decoder(depth)
     model(ids[:, :-1]).sum().backward()
     return {
@@ -339,25 +330,22 @@ def _cost_ratio(row, name, floor):
 def render(result):
     c = result["config"]
     ms = _common.ms
-    torch_cells = [[
-        str(r["depth"]), str(r["tensors"]), f"{r['parameters']:,}", ms(r["seconds"]["none"]),
-        f"{ms(r['seconds']['ours'])} ({_common.ratio(r['seconds']['ours'], r['seconds']['none'])})",
-        f"{ms(r['seconds']['ours_ungrouped'])} "
-        f"({_common.ratio(r['seconds']['ours_ungrouped'], r['seconds']['none'])})",
-        f"{ms(r['seconds']['floor'])} ({_common.ratio(r['seconds']['floor'], r['seconds']['none'])})",
-        ms(_extra(r, "ours")), _cost_ratio(r, "ours", "floor"),
-        _common.ratio_range(r["ours_per_round"]),
-        f"{r['operators']['grouped']} / {r['operators']['ungrouped']} / {r['operators']['floor']}",
-    ] for r in result["torch"]]
-    keras_cells = [[
-        str(r["depth"]), str(r["tensors"]), f"{r['parameters']:,}", ms(r["seconds"]["none"]),
-        f"{ms(r['seconds']['monitor'])} "
-        f"({_common.ratio(r['seconds']['monitor'], r['seconds']['none'])})",
-        f"{ms(r['seconds']['floor'])} ({_common.ratio(r['seconds']['floor'], r['seconds']['none'])})",
-        ms(_extra(r, "monitor")), _cost_ratio(r, "monitor", "floor"),
-        _common.ratio_range(r["ours_per_round"]),
-        f"{r['operations']['grouped']} / {r['operations']['ungrouped']}",
-    ] for r in result["keras"]]
+
+    def cells(r, variants, ours):
+        """Depth, size, none, each variant as "ms (ratio)", ours' own cost and its multiple of
+        the floor's, the per-round spread."""
+        s = r["seconds"]
+        return ([str(r["depth"]), str(r["tensors"]), f"{r['parameters']:,}", ms(s["none"])]
+                + [f"{ms(s[v])} ({_common.ratio(s[v], s['none'])})" for v in variants]
+                + [ms(_extra(r, ours)), _cost_ratio(r, ours, "floor"),
+                   _common.ratio_range(r["ours_per_round"])])
+
+    torch_cells = [cells(r, ("ours", "ours_ungrouped", "floor"), "ours") + [
+        f"{r['operators']['grouped']} / {r['operators']['ungrouped']} / {r['operators']['floor']}"]
+        for r in result["torch"]]
+    keras_cells = [cells(r, ("monitor", "floor"), "monitor") + [
+        f"{r['operations']['grouped']} / {r['operations']['ungrouped']}"]
+        for r in result["keras"]]
     per_epoch = result["fit_per_epoch"]
     later = {name: stats.median(s[1:]) if len(s) > 1 else s[0] for name, s in per_epoch.items()}
     return "\n".join([

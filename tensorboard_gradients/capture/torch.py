@@ -25,11 +25,13 @@ Rows are ``model.named_parameters()`` in registration order (input side first fo
 the monitor is created (frozen) are not logged; a watched parameter without a gradient at a step
 is logged as missing and warned about once.
 
-The statistics of all parameters are computed on their device (multi-tensor
-``torch._foreach_norm`` kernels for the norms, one fused pass per tensor for min/max, sum and
-zeros; the rare step with NaN/Inf or overflow takes a masked pass), and the small
-``[parameters, stats]`` matrix is copied to the host once per logged step: no per-parameter
-``.item()`` or ``.cpu()``. TensorFlow is never imported.
+The statistics of all parameters are computed on their device (six passes per tensor; small
+tensors of one size, such as biases and norm scales, stacked and reduced together; the weight
+norms in one multi-tensor ``torch._foreach_norm``), and ONE small matrix per logged step is
+copied to the host, which checks whether the fast pass can be trusted (the rare step with
+NaN/Inf, overflow or underflowing squares takes a masked pass on the device and a second copy)
+and finishes the ``[parameters, stats]`` matrix in numpy: no per-parameter ``.item()`` or
+``.cpu()``, no other host sync. TensorFlow is never imported.
 
 Order of calls in the usual recipes:
 
