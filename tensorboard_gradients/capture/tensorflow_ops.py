@@ -61,7 +61,7 @@ class TensorFlowOps(statistics.ArrayOps):
     @classmethod
     def sum_of_squares(cls, matrix, axes):
         if matrix.shape[0] == 1:  # one array: its own fused pass
-            return tf.reshape(2 * tf.nn.l2_loss(matrix), [1])
+            return tf.reshape(_fused_square_sum(matrix), [1])
         return tf.reduce_sum(tf.square(matrix), axes)
 
     @classmethod
@@ -70,7 +70,7 @@ class TensorFlowOps(statistics.ArrayOps):
 
     @staticmethod
     def square_sums(arrays):
-        return 2 * tf.stack([tf.nn.l2_loss(a) for a in arrays])
+        return tf.stack([_fused_square_sum(a) for a in arrays])
 
 
 def variable_name(variable):
@@ -208,7 +208,12 @@ def dense_values(gradient, dtype, table_rows=None):
 
 def sum_of_squares(gradient, dtype, table_rows=None):
     """The sum of squared entries of a dense or ``IndexedSlices`` gradient; NaN/Inf propagate."""
-    return tf.reduce_sum(tf.square(dense_values(gradient, dtype, table_rows)))
+    return _fused_square_sum(dense_values(gradient, dtype, table_rows))
+
+
+def _fused_square_sum(x):
+    """``sum(x * x)`` in one pass (`tf.nn.l2_loss` is half of it)."""
+    return 2 * tf.nn.l2_loss(x)
 
 
 def divided(gradient, scale):

@@ -166,7 +166,7 @@ class TorchOps(statistics.ArrayOps):
     @classmethod
     def matrix_reductions(cls, matrix):
         # `statistics._matrix_reductions` with the kernels PyTorch's CPU build runs fast,
-        # measured on the benchmark MLP (benchmarks/NOTES.md "Grouped reductions"): one array's
+        # measured on the benchmark MLP (benchmarks/NOTES.md "Overhead (issue 19)"): one array's
         # min and max in one pass (`aminmax`, 11 us for 65k entries) and its zero count
         # (`count_nonzero`); across the rows of a stack `amin`/`amax` (aminmax along a dimension
         # is 15x slower) and the zero count from the signs of |g| (count_nonzero and boolean sums
@@ -771,8 +771,10 @@ class GradientMonitor:
         sizes = np.array([np.nan if e is None else e[1] for e in entries], dtype=host.dtype)
         # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if statistics.fast_rows_trusted(statistics.NumpyOps, rows, sizes, host.dtype):
-                rows = statistics.scaled_sums(statistics.NumpyOps, rows)
+            scaled, trusted = statistics.checked_fast_rows(
+                statistics.NumpyOps, rows, sizes, host.dtype)
+            if trusted:
+                rows = scaled
             else:
                 rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
             return statistics.statistics_from_reductions(

@@ -36,7 +36,7 @@ from tensorboard_gradients.format import columns
 # arrays are reduced on their own: stacking them costs a copy (a pass over the entries) and, on
 # the 14-layer MLP's 65k-entry kernels, made the statistics slower on both TensorFlow (3.1-5.1 ms
 # against 1.8-2.8 ms) and PyTorch (8.2-8.7 ms against 4.8-5.0 ms) on a 2-core CPU
-# (benchmarks/NOTES.md "Grouped reductions"). A group holds at most `GROUP_MAX_ENTRIES`
+# (benchmarks/NOTES.md "Overhead (issue 19)"). A group holds at most `GROUP_MAX_ENTRIES`
 # entries, so the extra memory of a stack stays bounded (16 MiB in float32).
 GROUPED_ARRAY_MAX_ENTRIES = 2**12
 GROUP_MAX_ENTRIES = 2**22
@@ -217,7 +217,7 @@ def _matrix_reductions(ops, matrix):
     """`MATRIX_REDUCTIONS` of each row of a ``[k, n]`` matrix (k arrays of n entries, or one
     array with a leading axis): six passes over the entries, sum, min, max, the deviations from
     the mean (two-pass M2), |x| and the zero count. No masking or scaling: any NaN/Inf entry or
-    overflowing sum shows up as a non-finite result, which `fast_rows_trusted` checks."""
+    overflowing sum shows up as a non-finite result, which `checked_fast_rows` checks."""
     rows = matrix.shape[0]
     axes = tuple(range(1, len(matrix.shape)))  # a [1, ...] array reduces over its own axes
     like = ops.constant(0, matrix)
@@ -391,20 +391,18 @@ def reduction_matrix(ops, gradients, dtype):
     arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
     rows, sizes = fast_reduction_matrix(ops, gradients, dtype)
+    scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype)
     # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
-    return ops.cond(fast_rows_trusted(ops, rows, sizes, dtype),
-                    lambda: scaled_sums(ops, rows),
+    return ops.cond(trusted, lambda: scaled,
                     lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
 
 
 def fast_reduction_matrix(ops, gradients, dtype):
     """``([variables, REDUCTIONS], [variables] dense sizes)``: every variable's `_fast_reductions`
-    row (sums unscaled; a NaN row for a missing gradient), trusted only where
-    `fast_rows_trusted` says so, and ready for `scaled_sums` then. A caller that wants no host
-    sync on the device (`reduction_matrix` takes a ``cond``) may copy them to the host and decide
-    there."""
+    row (sums unscaled; a NaN row for a missing gradient), to be scaled and trusted only where
+    `checked_fast_rows` says so. A caller that wants no host sync on the device
+    (`reduction_matrix` takes a ``cond``) may copy them to the host and decide there."""
     like = ops.to_float(0, dtype)
-    nan = ops.constant(np.nan, like)
     given = [np.nan if g is None else g[1] for g in gradients]
     if all(isinstance(size, (int, float, np.number)) for size in given):
         sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
@@ -413,7 +411,7 @@ def fast_reduction_matrix(ops, gradients, dtype):
     present = [g[0] for g in gradients if g is not None]
     if len(present) == len(gradients):
         return ops.fast_reduction_rows(present), sizes
-    missing_row = ops.reshape(ops.stack([nan] * len(REDUCTIONS)), (1, -1))
+    missing_row = ops.reshape(_missing_row(ops, like), (1, -1))
     if not present:
         return ops.concat([missing_row] * len(gradients)), sizes
     rows = ops.concat([ops.fast_reduction_rows(present), missing_row])
@@ -422,13 +420,13 @@ def fast_reduction_matrix(ops, gradients, dtype):
                                 for g in gradients]), sizes
 
 
-def fast_rows_trusted(ops, rows, sizes, dtype):
-    """Whether `fast_reduction_matrix` rows computed in ``dtype`` are exact to rounding: no
-    non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
-    aside."""
-    checked = ops.stack([_column(scaled_sums(ops, rows), name) for name in _CHECKED_REDUCTIONS],
-                        axis=1)
-    return ops.all(
+def checked_fast_rows(ops, rows, sizes, dtype):
+    """``(scaled rows, trusted)``: `fast_reduction_matrix` rows computed in ``dtype`` with their
+    sums scaled (`scaled_sums`), and whether they are exact to rounding: no non-finite or
+    overflowing sum, no lost squares (`_no_square_underflows`); missing rows aside."""
+    scaled = scaled_sums(ops, rows)
+    checked = ops.stack([_column(scaled, name) for name in _CHECKED_REDUCTIONS], axis=1)
+    return scaled, ops.all(
         (ops.all(ops.isfinite(checked), axis=1) & _no_square_underflows(ops, rows, dtype))
         | ops.isnan(sizes))
 
@@ -436,10 +434,14 @@ def fast_rows_trusted(ops, rows, sizes, dtype):
 def masked_reduction_matrix(ops, gradients, dtype):
     """The `reduction_matrix` rows by the masked pass, one variable at a time: right for any
     input (NaN/Inf entries, sums that would overflow or underflow)."""
-    like = ops.to_float(0, dtype)
-    missing_row = ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
+    missing_row = _missing_row(ops, ops.to_float(0, dtype))
     return ops.stack([missing_row if g is None else _masked_reductions(ops, g[0])
                       for g in gradients])
+
+
+def _missing_row(ops, like):
+    """The `REDUCTIONS` row of a variable without a gradient: all NaN."""
+    return ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
 
 
 def _no_square_underflows(ops, rows, dtype):
