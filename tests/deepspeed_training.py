@@ -28,6 +28,7 @@ os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
+from rank_exit import leave_together  # noqa: E402
 
 from tensorboard_gradients import GradientWriter  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
@@ -98,5 +99,4 @@ monitor.close()
 for writer in (reference_monitor, full_gradients):
     if writer:
         writer.close()
-torch.distributed.barrier()  # the ranks leave together
-torch.distributed.destroy_process_group()
+leave_together(torch.distributed)

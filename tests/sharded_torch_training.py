@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
     ColwiseParallel, RowwiseParallel, parallelize_module,
 )
 
+from rank_exit import leave_together  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
 
 STEPS, LOCAL_BATCH = 3, 4
@@ -127,6 +128,4 @@ for step in range(STEPS):
 monitor.close()
 if reference_monitor:
     reference_monitor.close()
-# The ranks leave together: a rank tearing down gloo while another still trains can abort at exit.
-dist.barrier()
-dist.destroy_process_group()
+leave_together(dist)
