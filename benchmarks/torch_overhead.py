@@ -6,6 +6,7 @@ interleaved round by round in one process, so machine noise hits them alike:
   none            no gradient logging
   ours            tensorboard_gradients.torch.GradientMonitor, every statistic, every step
   ours_every_10   the same with every_n_steps=10
+  ours_histograms every statistic and the log10|g| histograms, every step
   hook_histograms a hook per parameter computing a 64-bin `torch.histc` of its gradient between
                   its min and max (read with .item()) and copying it to the host: what hosted
                   trackers' "watch the gradients" does
@@ -78,9 +79,10 @@ def item_norms(model, log_dir):
     return log
 
 
-def monitor(every_n_steps):
+def monitor(every_n_steps, histograms_every_n_steps=None):
     def attach(model, log_dir):
-        return GradientMonitor(model, log_dir, every_n_steps=every_n_steps).step
+        return GradientMonitor(model, log_dir, every_n_steps=every_n_steps,
+                               histograms_every_n_steps=histograms_every_n_steps).step
     return attach
 
 
@@ -88,6 +90,7 @@ VARIANTS = {
     "none": lambda model, log_dir: (lambda: None),
     "ours": monitor(1),
     "ours_every_10": monitor(10),
+    "ours_histograms": monitor(1, histograms_every_n_steps=1),
     "hook_histograms": hook_histograms,
     "item_norms": item_norms,
 }
@@ -139,6 +142,7 @@ def render(result):
     ]
     lines.append(_common.step_time_table(result["rows"], {
         "ours": "ours (all stats, every step)", "ours_every_10": "ours, every 10th step",
+        "ours_histograms": "ours, stats + histograms every step",
         "hook_histograms": "hook + 64-bin `histc` per parameter",
         "item_norms": "`.item()` norm per parameter",
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"}))

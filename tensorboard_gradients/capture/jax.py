@@ -126,16 +126,21 @@ class JaxOps(statistics.ArrayOps):
     min = staticmethod(lambda x, initial, axis=None: jnp.min(x, axis=axis, initial=initial))
     abs = staticmethod(jnp.abs)
     sqrt = staticmethod(jnp.sqrt)
-    floor = staticmethod(jnp.floor)
-    log10 = staticmethod(jnp.log10)
     isnan = staticmethod(jnp.isnan)
-    isinf = staticmethod(jnp.isinf)
     isfinite = staticmethod(jnp.isfinite)
     where = staticmethod(jnp.where)
     maximum = staticmethod(jnp.maximum)
     minimum = staticmethod(jnp.minimum)
-    clip = staticmethod(jnp.clip)
     all = staticmethod(jnp.all)
+    shift_right = staticmethod(jnp.right_shift)
+    gather = staticmethod(lambda table, indices: table[indices])
+    take_columns = staticmethod(lambda matrix, indices: matrix[:, indices])
+
+    @staticmethod
+    def magnitude_bits(x):
+        integer = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
+        return jax.lax.bitcast_convert_type(x, integer) & jnp.iinfo(integer).max
+
     cond = staticmethod(
         lambda predicate, true_fn, false_fn: jax.lax.cond(predicate, true_fn, false_fn))
 
@@ -146,7 +151,7 @@ class JaxOps(statistics.ArrayOps):
         # partitioner keeps the scatter sharded: each device counts its shard into a [length]
         # int32 vector and one all-reduce adds them (exact integers), memory O(length) per
         # device; about jnp.bincount's cost on one device. A one-hot comparison summed over the
-        # entries is as gather-free but ~40x slower on CPU. `statistics.variable_histogram`
+        # entries is as gather-free but ~40x slower on CPU. `statistics.histogram_rows`
         # already keeps bins in [0, length); the clip (jnp.bincount's rule) makes the in-bounds
         # promise hold whatever the caller passes.
         bins = jnp.clip(indices.astype(jnp.int32), 0, length - 1)

@@ -140,16 +140,22 @@ class TorchOps(statistics.ArrayOps):
 
     abs = staticmethod(torch.abs)
     sqrt = staticmethod(torch.sqrt)
-    floor = staticmethod(torch.floor)
-    log10 = staticmethod(torch.log10)
     isnan = staticmethod(torch.isnan)
-    isinf = staticmethod(torch.isinf)
     isfinite = staticmethod(torch.isfinite)
     where = staticmethod(torch.where)
     maximum = staticmethod(torch.maximum)
     minimum = staticmethod(torch.minimum)
-    clip = staticmethod(torch.clamp)
     all = staticmethod(torch.all)
+    shift_right = staticmethod(torch.bitwise_right_shift)
+    # index_select on the flat indices: 43 us for 65k entries on CPU, advanced indexing 113 us.
+    gather = staticmethod(lambda table, indices: torch.index_select(
+        table, 0, indices.reshape(-1)).reshape(indices.shape))
+    take_columns = staticmethod(lambda matrix, indices: matrix[:, indices])
+
+    @staticmethod
+    def magnitude_bits(x):
+        integer = torch.int64 if x.dtype == torch.float64 else torch.int32
+        return x.contiguous().view(integer) & torch.iinfo(integer).max
 
     @staticmethod
     def cond(predicate, true_fn, false_fn):
@@ -157,7 +163,7 @@ class TorchOps(statistics.ArrayOps):
 
     @staticmethod
     def bincount(indices, length, like):
-        return torch.bincount(indices.reshape(-1).long(), minlength=length).to(like.dtype)
+        return torch.bincount(indices.reshape(-1), minlength=length).to(like.dtype)
 
     @staticmethod
     def stack(values, axis=0):

@@ -24,6 +24,8 @@ Robustness rules (a monitor must not break exactly when gradients blow up):
   ``size``; the absent entries count as exact zeros everywhere, without densifying the table.
 """
 
+import functools
+
 import numpy as np
 
 from tensorboard_gradients.format import columns
@@ -80,11 +82,10 @@ class ArrayOps:
 
     @classmethod
     def grouped_rows(cls, arrays, reduce_matrix):
-        """``[len(arrays), C]``: ``reduce_matrix`` (``[k, n]`` -> C vectors ``[k]``) applied to
-        every `size_groups` group of ``arrays``, rows in the order of ``arrays``."""
+        """``[len(arrays), C]``: ``reduce_matrix`` (``[k, n]`` -> ``[k, C]``) applied to every
+        `size_groups` group of ``arrays``, rows in the order of ``arrays``."""
         groups = size_groups([cls.static_size(a) for a in arrays], cls.groups_arrays)
-        parts = [cls.stack(reduce_matrix(cls.rows_matrix([arrays[i] for i in group])), axis=1)
-                 for group in groups]
+        parts = [reduce_matrix(cls.rows_matrix([arrays[i] for i in group])) for group in groups]
         order = [index for group in groups for index in group]
         if order == list(range(len(arrays))):
             return parts[0] if len(parts) == 1 else cls.concat(parts)
@@ -93,7 +94,8 @@ class ArrayOps:
     @classmethod
     def fast_reduction_rows(cls, values):
         """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array."""
-        return _fast_reductions(cls, cls.grouped_rows(values, cls.matrix_reductions))
+        return _fast_reductions(cls, cls.grouped_rows(
+            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix), axis=1)))
 
     @classmethod
     def matrix_reductions(cls, matrix):
@@ -115,8 +117,8 @@ class ArrayOps:
     @classmethod
     def square_sums(cls, arrays):
         """``[len(arrays)]``: the plain sum of squares of each array (NaN/Inf propagate)."""
-        return cls.grouped_rows(arrays, lambda matrix: (cls.sum_of_squares(
-            matrix, tuple(range(1, len(matrix.shape)))),))[:, 0]
+        return cls.grouped_rows(arrays, lambda matrix: cls.stack([cls.sum_of_squares(
+            matrix, tuple(range(1, len(matrix.shape))))], axis=1))[:, 0]
 
 
 class NumpyOps(ArrayOps):
@@ -146,15 +148,20 @@ class NumpyOps(ArrayOps):
     min = staticmethod(lambda x, initial, axis=None: np.min(x, axis=axis, initial=initial))
     abs = staticmethod(np.abs)
     sqrt = staticmethod(np.sqrt)
-    floor = staticmethod(np.floor)
-    log10 = staticmethod(np.log10)
     isnan = staticmethod(np.isnan)
-    isinf = staticmethod(np.isinf)
     isfinite = staticmethod(np.isfinite)
     where = staticmethod(np.where)
     maximum = staticmethod(np.maximum)
     minimum = staticmethod(np.minimum)
-    clip = staticmethod(np.clip)
+    shift_right = staticmethod(np.right_shift)
+    gather = staticmethod(lambda table, indices: table[indices])
+    take_columns = staticmethod(lambda matrix, indices: matrix[:, indices])
+
+    @staticmethod
+    def magnitude_bits(x):
+        """The bits of ``|x|`` as a signed integer of x's width (`histogram_rows`)."""
+        integer = np.dtype(f"int{x.dtype.itemsize * 8}")
+        return np.ascontiguousarray(x).view(integer) & np.iinfo(integer).max
 
     all = staticmethod(np.all)
 
@@ -408,16 +415,8 @@ def fast_reduction_matrix(ops, gradients, dtype):
         sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
     else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
         sizes = ops.stack([ops.constant(size, like) for size in given])
-    present = [g[0] for g in gradients if g is not None]
-    if len(present) == len(gradients):
-        return ops.fast_reduction_rows(present), sizes
-    missing_row = ops.reshape(_missing_row(ops, like), (1, -1))
-    if not present:
-        return ops.concat([missing_row] * len(gradients)), sizes
-    rows = ops.concat([ops.fast_reduction_rows(present), missing_row])
-    next_present = iter(range(len(present)))
-    return ops.take_rows(rows, [len(present) if g is None else next(next_present)
-                                for g in gradients]), sizes
+    return _rows_in_order(ops, gradients, ops.fast_reduction_rows,
+                          ops.reshape(_missing_row(ops, like), (1, -1))), sizes
 
 
 def checked_fast_rows(ops, rows, sizes, dtype):
@@ -455,8 +454,7 @@ def _no_square_underflows(ops, rows, dtype):
     all zeros included) need no check. The other rows take the masked pass, which scales by
     abs_max first.
     """
-    # Every adapter's computation dtype is float32 or float64, each library naming it its way.
-    info = np.finfo(np.float64 if "64" in str(dtype) else np.float32)
+    info = np.finfo(numpy_float(dtype))
     negligible = ops.constant(info.tiny / (info.eps / 2), _column(rows, "m2"))
     column = lambda name: _column(rows, name)  # noqa: E731
     constant = column("min") == column("max")
@@ -530,33 +528,115 @@ def combine_shards(parts, counted):
     return np.where(missing[:, None], np.nan, combined)
 
 
-def variable_histogram(ops, values, size):
-    """Counts of |g| in the fixed `columns` histogram bins (absent sparse entries are zeros)."""
-    magnitude = ops.abs(values)
-    finite = ops.isfinite(values)
-    positive = ops.where(finite, magnitude > ops.constant(0, magnitude), False)
-    log_magnitude = ops.log10(ops.where(positive, magnitude, ops.constant(1, magnitude)))
-    position = ops.floor(
-        (log_magnitude - columns.HISTOGRAM_LOG10_MIN) * columns.HISTOGRAM_BINS_PER_DECADE
-    )
-    column = columns.HIST_FIRST_LOG_BIN + ops.clip(position, -1, columns.HISTOGRAM_LOG_BINS)
-    column = ops.where(positive, column, ops.constant(columns.HIST_ZERO, column))
-    column = ops.where(ops.isnan(values), ops.constant(columns.HIST_NAN, column), column)
-    column = ops.where(ops.isinf(values), ops.constant(columns.HIST_INF, column), column)
-    counts = ops.bincount(column, columns.HISTOGRAM_BINS, like=size)
-    implicit_zeros = size - ops.numel(values)
-    return counts + implicit_zeros * ops.constant(
-        np.eye(1, columns.HISTOGRAM_BINS, columns.HIST_ZERO)[0], size
-    )
+# Histogram counts by bit pattern, exact for any float: for a non-negative IEEE float the integer
+# with the same bits grows with the value, so ``|x| >= edge`` is ``bits(|x|) >= bits(edge)`` with
+# each edge rounded up to the dtype (the smallest float at or above the format's ``10**e``, which
+# is how `columns` defines a bin). The top bits of a magnitude (its exponent and
+# `_HISTOGRAM_KEY_BITS` mantissa bits: 1/8 of a binary octave) index two small tables: the bin
+# where that range starts, and the one edge inside it if any (a half decade spans 1.66 octaves, so
+# a range never holds two); one comparison settles the rest. Zero, subnormals (which a CPU that
+# flushes them to zero, as TensorFlow's does, would call zero), above, Inf and NaN are ranges of
+# bit patterns too. The log10 formula this replaces put values within a rounding of an edge in
+# the neighbouring bin, and cost about three times as many passes.
+_HISTOGRAM_KEY_BITS = 3
+
+
+def numpy_float(dtype):
+    """np.float64 or np.float32 for a computation dtype of any adapter (each library names its
+    float64 its own way; every adapter computes in one of the two)."""
+    return np.float64 if "64" in str(dtype) else np.float32
+
+
+@functools.lru_cache(maxsize=None)
+def histogram_bit_tables(float_dtype):
+    """``(key shift, first bin, edge)`` for magnitudes of ``float_dtype`` (np.float32/float64):
+    a magnitude with bits ``b`` falls in internal bin ``first_bin[k] + (b >= edge[k])`` with
+    ``k = b >> key_shift``. Internal bins are the `columns` bins with Inf before NaN (the bits'
+    order); `_COLUMN_OF_INTERNAL_BIN` puts them in column order."""
+    info = np.finfo(float_dtype)
+    int_dtype = np.dtype(f"int{info.bits}")
+    key_shift = info.nmant - _HISTOGRAM_KEY_BITS
+    edges = 10.0 ** np.array(columns.HISTOGRAM_LOG10_EDGES)
+    rounded = edges.astype(float_dtype)
+    rounded = np.where(rounded < edges, np.nextafter(rounded, float_dtype(np.inf)), rounded)
+    infinity = int(np.array(np.inf, float_dtype).view(int_dtype))
+    # A magnitude's internal bin is how many of these bit patterns are at or below its own:
+    # (zero) smallest subnormal (below) 1e-20 ... 1e10 (above) Inf (inf) Inf + 1 (NaN).
+    thresholds = np.array(
+        [1, *rounded.astype(float_dtype).view(int_dtype).tolist(), infinity, infinity + 1],
+        dtype=np.int64)
+    starts = np.arange(1 << (info.bits - 1 - key_shift), dtype=np.int64) << key_shift
+    first_bin = np.searchsorted(thresholds, starts, side="right")
+    inside = np.searchsorted(thresholds, starts + (1 << key_shift) - 1, side="right") - first_bin
+    if inside.max() > 1:
+        raise AssertionError("a key range holds two histogram edges: use more key bits")
+    # A range without an edge gets its own start as one (always passed) and its bin minus one:
+    # no sentinel pattern that a NaN's bits could reach.
+    edge = np.where(inside > 0, thresholds[np.minimum(first_bin, len(thresholds) - 1)], starts)
+    return key_shift, (first_bin - (inside == 0)).astype(int_dtype), edge.astype(int_dtype)
+
+
+_COLUMN_OF_INTERNAL_BIN = np.arange(columns.HISTOGRAM_BINS)
+_COLUMN_OF_INTERNAL_BIN[[columns.HIST_NAN, columns.HIST_INF]] = [columns.HIST_INF, columns.HIST_NAN]
+
+
+def histogram_rows(ops, matrix):
+    """``[k, HISTOGRAM_BINS]``: the counts of ``|x|`` of each row of a ``[k, ...]`` matrix (``k``
+    arrays of one size, `ArrayOps.rows_matrix`) in the `columns` bins: one pass for the bits, two
+    table lookups, one comparison and one count of the bin indices."""
+    key_shift, first_bin, edge = histogram_bit_tables(numpy_float(matrix.dtype))
+    bits = ops.magnitude_bits(matrix)
+    keys = ops.shift_right(bits, key_shift)
+    past_edge = bits >= ops.gather(ops.constant(edge, bits), keys)
+    bins = ops.gather(ops.constant(first_bin, bits), keys) + ops.where(
+        past_edge, ops.constant(1, bits), ops.constant(0, bits))
+    rows = matrix.shape[0]
+    if rows > 1:  # each row counts into its own HISTOGRAM_BINS slots of one count
+        bins = bins + ops.constant(np.reshape(
+            np.arange(rows) * columns.HISTOGRAM_BINS, (rows,) + (1,) * (len(matrix.shape) - 1)), bits)
+    counts = ops.bincount(bins, rows * columns.HISTOGRAM_BINS, like=ops.constant(0, matrix))
+    return ops.take_columns(ops.reshape(counts, (rows, columns.HISTOGRAM_BINS)),
+                            _COLUMN_OF_INTERNAL_BIN)
 
 
 def histogram_matrix(ops, gradients, dtype):
-    """The ``[variables, HISTOGRAM_BINS]`` counts of one step (a missing gradient: all zero)."""
+    """The ``[variables, HISTOGRAM_BINS]`` counts of one step (`statistics_matrix`'s
+    ``gradients``; a missing gradient: all zero; a sparse gradient's absent entries: zeros)."""
     like = ops.to_float(0, dtype)
-    empty = ops.constant(np.zeros(columns.HISTOGRAM_BINS), like)
-    return ops.stack(
-        [
-            empty if g is None else variable_histogram(ops, g[0], ops.constant(g[1], like))
-            for g in gradients
-        ]
-    )
+    present = [g for g in gradients if g is not None]
+    zero_column = np.eye(1, columns.HISTOGRAM_BINS, columns.HIST_ZERO)
+
+    def present_rows(values):
+        counts = ops.grouped_rows(values, lambda matrix: histogram_rows(ops, matrix))
+        implicit_zeros = _implicit_zeros(ops, present, like)
+        if implicit_zeros is None:
+            return counts
+        return counts + ops.reshape(implicit_zeros, (-1, 1)) * ops.constant(zero_column, like)
+
+    return _rows_in_order(ops, gradients, present_rows,
+                          ops.constant(np.zeros((1, columns.HISTOGRAM_BINS)), like))
+
+
+def _implicit_zeros(ops, entries, like):
+    """``[len(entries)]``: each ``(values, dense size)`` entry's absent entries (a sparse
+    gradient's), or None when no entry has any."""
+    sizes = [size for _, size in entries]
+    static = [ops.static_size(values) for values, _ in entries]
+    if all(isinstance(n, (int, float, np.number)) for n in sizes + static):
+        absent = np.subtract(sizes, static)
+        return ops.constant(absent, like) if absent.any() else None
+    return ops.stack([ops.constant(size, like) - ops.numel(values) for values, size in entries])
+
+
+def _rows_in_order(ops, gradients, present_rows, missing_row):
+    """One row per variable: ``present_rows(values)`` (``[len(values), C]`` for the given
+    gradients' values, in order) with ``missing_row`` (``[1, C]``) where the gradient is None."""
+    present = [g[0] for g in gradients if g is not None]
+    if len(present) == len(gradients):
+        return present_rows(present)
+    if not present:
+        return ops.concat([missing_row] * len(gradients))
+    rows = ops.concat([present_rows(present), missing_row])
+    next_present = iter(range(len(present)))
+    return ops.take_rows(rows, [len(present) if g is None else next(next_present)
+                                for g in gradients])
