@@ -212,8 +212,8 @@ def histogram_matrix(entries, dtype):
                 and isinstance(entry[1], int)]
     if not compiled or not tf.test.is_built_with_xla():
         return statistics.histogram_matrix(TensorFlowOps, entries, dtype)
-    counted = _compiled_histogram_matrix([entries[i][0] for i in compiled],
-                                         tuple(entries[i][1] for i in compiled))
+    counted = _compiled_histograms()([entries[i][0] for i in compiled],
+                                     tuple(entries[i][1] for i in compiled))
     if len(compiled) == len(entries):
         return counted
     others = [None if index in compiled else entry for index, entry in enumerate(entries)]
@@ -224,9 +224,22 @@ def histogram_matrix(entries, dtype):
                       for i in range(len(entries))])
 
 
-@tf.function(jit_compile=True, autograph=False)
-def _compiled_histogram_matrix(values, sizes):
+def _static_histogram_matrix(values, sizes):
     return statistics.histogram_matrix(TensorFlowOps, list(zip(values, sizes)), values[0].dtype)
+
+
+def _compiled_histograms():
+    """The XLA-compiled `_static_histogram_matrix`. Inside a traced step, a function of its own:
+    traced once with the step and freed with it (one kept for the process would hold every
+    model's compilation, and warn of retracing after a few models). Called eagerly, the one kept
+    for the process, so that each shape compiles once."""
+    if tf.inside_function():
+        return tf.function(_static_histogram_matrix, jit_compile=True, autograph=False)
+    return _EAGER_COMPILED_HISTOGRAMS
+
+
+_EAGER_COMPILED_HISTOGRAMS = tf.function(_static_histogram_matrix, jit_compile=True,
+                                         autograph=False)
 
 
 def dense_values(gradient, dtype, table_rows=None):
