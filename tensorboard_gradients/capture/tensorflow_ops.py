@@ -6,6 +6,8 @@ Shared by the summary op (`summary`) and the Keras monitor's on-device recorder
 ``tf.function`` and, for dense gradients, under XLA.
 """
 
+import functools
+
 import tensorflow as tf
 
 from tensorboard_gradients.format import statistics
@@ -206,11 +208,15 @@ def histogram_matrix(entries, dtype):
     tensors: 8 ms against 41 ms; benchmarks/NOTES.md "Overhead (issue 19)"), for one compilation
     per model (1 s and 7 s). Entries of a shape known only when the step runs (the summed rows
     of a sparse gradient) are counted op by op: XLA would compile again for every new row count.
-    Inside a step that is itself compiled with XLA the function is simply part of it."""
+    Inside a step that is itself compiled with XLA the function is simply part of it.
+
+    Only where TensorFlow has no GPU: there each op is one fast kernel anyway, and XLA's GPU
+    compiler needs parts of the CUDA toolkit (ptxas, libdevice) that many installations lack;
+    a compilation failing there would stop the training step."""
     compiled = [index for index, entry in enumerate(entries)
                 if entry is not None and entry[0].shape.is_fully_defined()
                 and isinstance(entry[1], int)]
-    if not compiled or not tf.test.is_built_with_xla():
+    if not compiled or not _compiles_histograms():
         return statistics.histogram_matrix(TensorFlowOps, entries, dtype)
     counted = _compiled_histograms()([entries[i][0] for i in compiled],
                                      tuple(entries[i][1] for i in compiled))
@@ -222,6 +228,11 @@ def histogram_matrix(entries, dtype):
     return tf.gather(tf.concat([counted, rest], 0),
                      [compiled_row[i] if i in compiled_row else len(compiled) + i
                       for i in range(len(entries))])
+
+
+@functools.lru_cache(maxsize=None)
+def _compiles_histograms():
+    return tf.test.is_built_with_xla() and not tf.config.list_physical_devices("GPU")
 
 
 def _static_histogram_matrix(values, sizes):
