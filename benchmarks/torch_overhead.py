@@ -42,7 +42,8 @@ to `none`. "ours vs ..." divides our step time by the peer's (below 1: cheaper).
 at most 5% over `none` with statistics every step, 15% with histograms too. On a CPU the
 statistics are six passes over every gradient (small tensors of one size reduced together) and
 the histograms seven elementwise operations and a count per tensor, a fixed cost per step that a
-short step shows most. "per round" is the spread of ours/none over the rounds: differences inside it are noise."""
+short step shows most. "per round" is the spread of ours/none over the rounds: differences
+inside it are noise."""
 
 
 def build(width, features):

@@ -563,7 +563,7 @@ def histogram_bit_tables(float_dtype):
     # A magnitude's internal bin is how many of these bit patterns are at or below its own:
     # (zero) smallest subnormal (below) 1e-20 ... 1e10 (above) Inf (inf) Inf + 1 (NaN).
     thresholds = np.array(
-        [1, *rounded.astype(float_dtype).view(int_dtype).tolist(), infinity, infinity + 1],
+        [1, *rounded.view(int_dtype).tolist(), infinity, infinity + 1],
         dtype=np.int64)
     starts = np.arange(1 << (info.bits - 1 - key_shift), dtype=np.int64) << key_shift
     first_bin = np.searchsorted(thresholds, starts, side="right")
@@ -592,8 +592,9 @@ def histogram_rows(ops, matrix):
         past_edge, ops.constant(1, bits), ops.constant(0, bits))
     rows = matrix.shape[0]
     if rows > 1:  # each row counts into its own HISTOGRAM_BINS slots of one count
-        bins = bins + ops.constant(np.reshape(
-            np.arange(rows) * columns.HISTOGRAM_BINS, (rows,) + (1,) * (len(matrix.shape) - 1)), bits)
+        offsets = np.arange(rows) * columns.HISTOGRAM_BINS
+        bins = bins + ops.constant(
+            np.reshape(offsets, (rows,) + (1,) * (len(matrix.shape) - 1)), bits)
     counts = ops.bincount(bins, rows * columns.HISTOGRAM_BINS, like=ops.constant(0, matrix))
     return ops.take_columns(ops.reshape(counts, (rows, columns.HISTOGRAM_BINS)),
                             _COLUMN_OF_INTERNAL_BIN)
