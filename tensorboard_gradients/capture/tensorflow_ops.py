@@ -222,12 +222,11 @@ def histogram_matrix(entries, dtype):
                                      tuple(entries[i][1] for i in compiled))
     if len(compiled) == len(entries):
         return counted
-    others = [None if index in compiled else entry for index, entry in enumerate(entries)]
-    rest = statistics.histogram_matrix(TensorFlowOps, others, dtype)
-    compiled_row = {index: row for row, index in enumerate(compiled)}
-    return tf.gather(tf.concat([counted, rest], 0),
-                     [compiled_row[i] if i in compiled_row else len(compiled) + i
-                      for i in range(len(entries))])
+    # The others op by op, with all-zero rows where the compiled counts go.
+    compiled_set = set(compiled)
+    rest = statistics.histogram_matrix(
+        TensorFlowOps, [None if i in compiled_set else e for i, e in enumerate(entries)], dtype)
+    return rest + tf.scatter_nd([[i] for i in compiled], counted, tf.shape(rest))
 
 
 @functools.lru_cache(maxsize=None)

@@ -411,7 +411,7 @@ def fast_reduction_matrix(ops, gradients, dtype):
     (`reduction_matrix` takes a ``cond``) may copy them to the host and decide there."""
     like = ops.to_float(0, dtype)
     given = [np.nan if g is None else g[1] for g in gradients]
-    if all(isinstance(size, (int, float, np.number)) for size in given):
+    if _known_when_traced(given):
         sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
     else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
         sizes = ops.stack([ops.constant(size, like) for size in given])
@@ -604,12 +604,11 @@ def histogram_matrix(ops, gradients, dtype):
     """The ``[variables, HISTOGRAM_BINS]`` counts of one step (`statistics_matrix`'s
     ``gradients``; a missing gradient: all zero; a sparse gradient's absent entries: zeros)."""
     like = ops.to_float(0, dtype)
-    present = [g for g in gradients if g is not None]
+    implicit_zeros = _implicit_zeros(ops, [g for g in gradients if g is not None], like)
     zero_column = np.eye(1, columns.HISTOGRAM_BINS, columns.HIST_ZERO)
 
     def present_rows(values):
         counts = ops.grouped_rows(values, lambda matrix: histogram_rows(ops, matrix))
-        implicit_zeros = _implicit_zeros(ops, present, like)
         if implicit_zeros is None:
             return counts
         return counts + ops.reshape(implicit_zeros, (-1, 1)) * ops.constant(zero_column, like)
@@ -623,10 +622,16 @@ def _implicit_zeros(ops, entries, like):
     gradient's), or None when no entry has any."""
     sizes = [size for _, size in entries]
     static = [ops.static_size(values) for values, _ in entries]
-    if all(isinstance(n, (int, float, np.number)) for n in sizes + static):
+    if _known_when_traced(sizes + static):
         absent = np.subtract(sizes, static)
         return ops.constant(absent, like) if absent.any() else None
     return ops.stack([ops.constant(size, like) - ops.numel(values) for values, size in entries])
+
+
+def _known_when_traced(numbers):
+    """Whether every one of ``numbers`` is a plain number (a size known before the step runs),
+    not a tensor (TensorFlow's sparse sizes) or None (an unknown static size)."""
+    return all(isinstance(n, (int, float, np.number)) for n in numbers)
 
 
 def _rows_in_order(ops, gradients, present_rows, missing_row):
