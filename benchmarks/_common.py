@@ -271,18 +271,21 @@ def rows_per_batch(settings, measure):
     return rows
 
 
-def step_time_table(rows, variants, peers):
-    """Batch, none, each of `variants` {name: header} with its ratio to none, ours against each
-    of `peers` {name: header}, and the per-round spread of ours/none."""
+def step_time_table(rows, variants, peers, ours=None):
+    """Batch, none, each of `variants` {name: header} with its ratio to none, each of `ours`
+    {name: label} (default: ``ours``) against each of `peers` {name: header}, and the per-round
+    spread of ours/none."""
+    ours = ours or {"ours": "ours"}
     headers = (["batch", "none"] + list(variants.values())
-               + [f"ours vs {header}" for header in peers.values()] + ["ours / none per round"])
+               + [f"{label} vs {header}" for label in ours.values() for header in peers.values()]
+               + ["ours / none per round"])
     cells = []
     for r in rows:
         s = r["seconds"]
         cells.append(
             [f"{r['batch']:,}", ms(s["none"])]
             + [f"{ms(s[v])} ({ratio(s[v], s['none'])})" for v in variants]
-            + [ratio(s["ours"], s[p]) for p in peers]
+            + [ratio(s[o], s[p]) for o in ours for p in peers]
             + [ratio_range(r["ours_per_round"])])
     return table(headers, cells)
 

@@ -5,6 +5,8 @@ the ratios are robust to this machine's noise:
 
 * ``none``: plain ``model.fit``;
 * ``monitor``: ``GradientMonitor`` statistics every step;
+* ``monitor_norms``: the same with ``stats=("l2_norm",)``: the required stats only (norm, min,
+  max, max |g|, NaN/Inf counts), three passes per gradient instead of six;
 * ``monitor_every_10``: statistics every 10th step;
 * ``monitor_histograms``: statistics and log10|g| histograms every step;
 * ``recipe``: the common hand-written callback: after every batch, a second forward/backward pass
@@ -164,6 +166,8 @@ def callbacks_for(variant, log_dir, sample):
         return []
     if variant == "monitor":
         return [GradientMonitor(log_dir)]
+    if variant == "monitor_norms":
+        return [GradientMonitor(log_dir, stats=("l2_norm",))]
     if variant == "monitor_every_10":
         return [GradientMonitor(log_dir, every_n_steps=10)]
     if variant == "monitor_histograms":
@@ -173,7 +177,8 @@ def callbacks_for(variant, log_dir, sample):
     raise ValueError(variant)
 
 
-VARIANTS = ("none", "monitor", "monitor_every_10", "monitor_histograms", "recipe")
+VARIANTS = ("none", "monitor", "monitor_norms", "monitor_every_10", "monitor_histograms",
+            "recipe")
 
 
 def measure(model_name, steps, rounds, log_root):
@@ -230,9 +235,10 @@ def render(result):
         f"after {c['warmup_steps']} warm-up steps, the median over the rounds. Step time in ms "
         f"(ratio to none):"
     )
-    headers = ["model", "none", "monitor (stats every step)", "monitor, every 10th step",
+    headers = ["model", "none", "monitor (stats every step)",
+               "monitor, `stats=(\"l2_norm\",)` every step", "monitor, every 10th step",
                "monitor, stats + histograms every step", "recipe callback",
-               "monitor vs recipe", "monitor / none per round"]
+               "monitor vs recipe", "monitor / none per round", "monitor norms / none per round"]
     rows = []
     for r in result["rows"]:
         s = r["seconds"]
@@ -241,7 +247,8 @@ def render(result):
              _common.ms(s["none"])]
             + [f"{_common.ms(s[v])} ({_common.ratio(s[v], s['none'])})" for v in VARIANTS[1:]]
             + [_common.ratio(s["monitor"], s["recipe"]),
-               _common.ratio_range(r["per_round_ratios"]["monitor"])])
+               _common.ratio_range(r["per_round_ratios"]["monitor"]),
+               _common.ratio_range(r["per_round_ratios"]["monitor_norms"])])
     return intro + "\n\n" + _common.table(headers, rows)
 
 

@@ -7,14 +7,13 @@
 import { alertRowFinder, alertSpans, rowSeverities } from "./alerts.js";
 import { renderAlerts } from "./alerts_panel.js";
 import { getJson, lossTag } from "./api.js";
-import { cellValueText, representativeIndex } from "./cells.js";
+import { keyStatsLines, representativeIndex } from "./cells.js";
 import { makeScale } from "./colormap.js";
 import { compareMatrices } from "./compare.js";
 import { CompareView } from "./compare_view.js";
-import { decodeHeatmap, toNumber } from "./decode.js";
+import { decodeHeatmap } from "./decode.js";
 import { renderDetails } from "./details.js";
 import { el, replaceChildren } from "./dom.js";
-import { formatStep } from "./format.js";
 import {
   formatHash, parseHash, resolvedAxis, thresholdParams, usableTags, withRunAndTag,
 } from "./hash_state.js";
@@ -320,14 +319,8 @@ export class App {
       const index = representativeIndex(series, matrix.stat, matrix.steps[column], matrix.lastSteps[column],
         this.vocabulary);
       const cls = this.vocabulary.classOf(series.classes[index]);
-      const at = (name) => (name in series.stats
-        ? cellValueText(toNumber(series.stats[name][index]), cls, this.vocabulary.statScale(name)) : null);
       const merged = matrix.steps[column] !== matrix.lastSteps[column] ? " (its worst)" : "";
-      const lines = [
-        `at step ${formatStep(series.steps[index])}${merged}: norm ${at("l2_norm")}, max |g| ${at("abs_max")}`,
-        `zero fraction ${at("zero_fraction")}, NaN ${at("nan_count")}, Inf ${at("inf_count")}`,
-      ];
-      this.view.setTooltipExtra(cell, lines);
+      this.view.setTooltipExtra(cell, keyStatsLines(series, index, cls, this.vocabulary, merged));
     }, HOVER_STATS_DELAY_MS);
   }
 
@@ -380,7 +373,7 @@ export class App {
       if (!current()) return;
       renderDetails(this.detailsPanel, {
         series, rowsBy: matrix.rowsBy, index, cell, stat: matrix.stat, thresholds: this.thresholds(), histogram,
-        vocabulary: this.vocabulary,
+        vocabulary: this.vocabulary, notLogged: this.info().not_logged,
       });
     } catch (error) {
       if (!current()) return;

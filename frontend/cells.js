@@ -1,9 +1,11 @@
-// What one heatmap cell says (pure, no DOM): its value in words, and which logged step of its
+// What one heatmap cell says (pure, no DOM): its value in words, which logged step of its
 // variable stands for it when the cell merges several steps (an epoch column, or more steps than
-// pixels), so that the tooltip and the details describe the cell as it is drawn.
+// pixels), so that the tooltip and the details describe the cell as it is drawn, and the stats
+// they list there. A writer may log only some stats (the `runs` answer's `not_logged`): the
+// tooltip leaves those out, the details say "not logged"; neither ever shows a value it lacks.
 
 import { toNumber } from "./decode.js";
-import { formatValue } from "./format.js";
+import { formatStep, formatValue } from "./format.js";
 import { nearestIndex } from "./layout.js";
 import { classPaints, makeFolder } from "./raster.js";
 
@@ -20,6 +22,42 @@ const ENTRY_COUNT_SCALES = new Set(["count", "fraction"]);
 export function cellValueText(value, cls, scaleKind) {
   if (cls?.nonfinite && !ENTRY_COUNT_SCALES.has(scaleKind)) return cls.label;
   return formatValue(value);
+}
+
+// The key stats the tooltip adds after a pause on a cell, [word, stat] per line.
+const KEY_STATS = [
+  [["norm", "l2_norm"], ["max |g|", "abs_max"]],
+  [["zero fraction", "zero_fraction"], ["NaN", "nan_count"], ["Inf", "inf_count"]],
+];
+
+// What the details say of a stat the tag's writer did not log.
+export const NOT_LOGGED = "not logged";
+
+/**
+ * The tooltip's lines of key stats at `index` of `series` (a `series` answer), `cls` the step's
+ * class: "at step N<merged>: norm …, max |g| …" then "zero fraction …, NaN …, Inf …", each stat
+ * the series lacks left out (a line left with none goes). `merged`: what follows the step when
+ * the cell merges several (" (its worst)"), else "".
+ */
+export function keyStatsLines(series, index, cls, vocabulary, merged = "") {
+  const [first, ...rest] = KEY_STATS.map((line) => line.filter(([, name]) => name in series.stats)
+    .map(([word, name]) => `${word} ${statText(series, name, index, cls, vocabulary)}`).join(", "));
+  return [`at step ${formatStep(series.steps[index])}${merged}: ${first}`, ...rest.filter(Boolean)];
+}
+
+/**
+ * The details' table at `index` of `series`: [name, text, logged] of every stat the series has,
+ * in its order, then of each of `notLogged` (the tag's `not_logged`), its text `NOT_LOGGED`.
+ */
+export function statRows(series, index, cls, vocabulary, notLogged = []) {
+  return [
+    ...Object.keys(series.stats).map((name) => [name, statText(series, name, index, cls, vocabulary), true]),
+    ...notLogged.filter((name) => !(name in series.stats)).map((name) => [name, NOT_LOGGED, false]),
+  ];
+}
+
+function statText(series, name, index, cls, vocabulary) {
+  return cellValueText(toNumber(series.stats[name][index]), cls, vocabulary.statScale(name));
 }
 
 /**

@@ -1,9 +1,9 @@
 // The details panel of one selected cell: that variable's stat over the steps (log y axis for
 // magnitudes, the norm thresholds drawn in their classes' colours, the cell's steps shaded when
-// it merges several), every stat at the step the cell is drawn as, and its distribution there
-// when histograms were logged.
+// it merges several), every stat at the step the cell is drawn as (and those its writer did not
+// log, said so), and its distribution there when histograms were logged.
 
-import { cellValueText, rowContext } from "./cells.js";
+import { rowContext, statRows } from "./cells.js";
 import { ACCENT } from "./colormap.js";
 import { toNumber } from "./decode.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
@@ -19,9 +19,11 @@ const CELL_BAND = "rgba(128,128,128,0.18)";
 /**
  * Fills `panel` for the step at `index` of `series` (the `series` answer of the cell's variable,
  * or of its layer when `rowsBy` is "layers"): the step the cell `{first, last, epoch}` (its step
- * range, its epoch or null) is drawn as.
+ * range, its epoch or null) is drawn as. `notLogged`: the tag's `not_logged` stats, if any.
  */
-export function renderDetails(panel, { series, rowsBy, index, cell, stat, thresholds, histogram, vocabulary }) {
+export function renderDetails(panel, {
+  series, rowsBy, index, cell, stat, thresholds, histogram, vocabulary, notLogged = [],
+}) {
   const cls = vocabulary.classOf(series.classes[index]);
   const values = (series.stats[stat] || []).map(toNumber);
   const step = series.steps[index];
@@ -36,8 +38,8 @@ export function renderDetails(panel, { series, rowsBy, index, cell, stat, thresh
     `${rowContext(rowsBy, series.layer)} · ${size} · ` +
     `${merged}step ${formatStep(step)} · ${cls ? cls.label : series.classes[index]}`);
   const chart = el("canvas", { class: "series-chart", "data-testid": "series-chart" });
-  const rows = Object.entries(series.stats).map(([name, column]) => el("tr", {}, el("th", {}, name),
-    el("td", {}, cellValueText(toNumber(column[index]), cls, vocabulary.statScale(name)))));
+  const rows = statRows(series, index, cls, vocabulary, notLogged).map(([name, text, logged]) => el("tr", {},
+    el("th", {}, name), el("td", { class: logged ? null : "not-logged" }, text)));
   const table = el("table", { class: "stats-table" }, el("tbody", {}, rows));
   const parts = [title, subtitle, el("div", { class: "details-body" }, chart, table)];
   if (histogram) parts.push(renderHistogram(histogram));

@@ -28,7 +28,7 @@ export class Toolbar {
     this.view = view;
     const { state, runs, axis, vocabulary } = view;
     const info = runs[state.run][state.tag];
-    const select = (label, value, options, onchange, testid) => el("label", {}, label,
+    const select = (label, value, options, onchange, testid, title = null) => el("label", { title }, label,
       el("select", { "data-testid": testid, onchange: (event) => onchange(event.target.value) },
         options.map(([v, text]) => el("option", { value: v, selected: v === value }, text))));
     const runNames = [...new Set(usableTags(runs).map(([run]) => run))]; // in natural order
@@ -63,7 +63,9 @@ export class Toolbar {
     replaceChildren(this.root,
       select("Run", state.run, runNames.map((r) => [r, r]), (run) => this.onChange({ run, tag: null, zoom: null }), "run-picker"),
       select("Tag", state.tag, tags.map((t) => [t, t]), (tag) => this.onChange({ tag, zoom: null }), "tag-picker"),
-      select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker"),
+      // Only the stats logged are offered; those the writer left out are named on hover.
+      select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker",
+        info.not_logged && `not logged for this tag: ${info.not_logged.map((name) => vocabulary.statLabel(name)).join(", ")}`),
       axisButtons, rowButtons, compareControls({ state, runNames, onChange: this.onChange }), zoom, thresholds, csv, png,
       el("span", { class: "hint" }, axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
     this.#renderForm();

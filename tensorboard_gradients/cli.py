@@ -6,8 +6,10 @@
 Prints one line per finding: the alerts of one rule over one stretch of steps ("17 of 18
 tensors exploded ... at steps 31-32, first dense_00/kernel", `analysis.groups`); with
 ``--every-alert`` one line per alert; with ``--json`` a JSON document (``alerts``, ``groups``
-whose ``alerts`` index that list, and ``problems``). A training pipeline can gate on the exit
-status. Rules and defaults:
+whose ``alerts`` index that list, and ``problems``). A tag whose writer logged only some of the
+gradient stats (``stats=``) gets a line after the table saying which were not logged and which
+rules could not judge it for want of them (JSON: ``not_logged``, only when there is one). A
+training pipeline can gate on the exit status. Rules and defaults:
 `tensorboard_gradients.analysis`. Runs of any length: the logged steps are located first, then
 decoded and judged `STEPS_PER_READ` at a time (`analysis.AnalysisStream`), so memory is bounded
 by that, not by the run.
@@ -189,6 +191,28 @@ def _grouped(judged, findings):
     return result
 
 
+def _not_logged(judged):
+    """(run, tag, the gradient stats not logged, ``{rule: the stats it lacks}`` of the rules
+    that could not judge it for want of them) of each judged series whose writer left gradient
+    stats out: "no alert" of a rule that judged nothing must not read as a clean bill."""
+    notes = []
+    for run, tag, logged, _ in judged:
+        like = logged.rows(0, 0)
+        unlogged = set(like.unlogged_stats)
+        if unlogged:
+            unjudged = {rule: lacked for rule, lacked in analysis.lacking(like).items()
+                        if unlogged.intersection(lacked)}
+            notes.append((run, tag, like.unlogged_stats, unjudged))
+    return notes
+
+
+def _not_logged_line(run, tag, unlogged, unjudged) -> str:
+    rules = "; ".join(f"{rule} (needs {', '.join(lacked)})" for rule, lacked in unjudged.items())
+    return _printable(f"Not logged in run {run!r}, tag {tag!r}: {', '.join(unlogged)} (the "
+                      "writer's stats= left them out)"
+                      + (f"; not judged: {rules}" if rules else "") + ".")
+
+
 def _selected_problems(scan, args):
     """The problems of the selected runs and tags, each reported once on stderr."""
     problems = [p for p in scan.problems if _is_selected(p, args)]
@@ -223,6 +247,7 @@ def diagnose_command(args, parser) -> int:
     findings.sort(key=lambda f: (severity[f[2].severity], f[2].first_step))
     grouped = _grouped(judged, findings)
     grouped.sort(key=lambda g: (severity[g[2].severity], g[2].first_step))
+    not_logged = _not_logged(judged)
     if args.json:
         alerts = [
             dict(a.to_json(), run=run, tag=tag, value=_json_number(a.value))
@@ -231,16 +256,25 @@ def diagnose_command(args, parser) -> int:
         group_list = [dict(g.to_json(), run=run, tag=tag, alerts=members)
                       for run, tag, g, members in grouped]
         problem_list = [p.to_json() for p in problems]
-        print(json.dumps({"logdir": args.logdir, "alerts": alerts, "groups": group_list,
-                          "problems": problem_list}, indent=1))
-    elif args.every_alert:
-        print(_table([(a.severity, a.kind, run, tag,
-                       a.variable or (f"layer {a.layer}" if a.layer else "(model)"),
-                       a.first_step, a.last_step, a.message) for run, tag, a in findings]))
+        document = {"logdir": args.logdir, "alerts": alerts, "groups": group_list,
+                    "problems": problem_list}
+        if not_logged:  # like a tag's "not_logged" in the plugin: only when there is one
+            document["not_logged"] = [
+                {"run": run, "tag": tag, "stats": list(unlogged),
+                 "not_judged": {rule: list(lacked) for rule, lacked in unjudged.items()}}
+                for run, tag, unlogged, unjudged in not_logged]
+        print(json.dumps(document, indent=1))
     else:
-        print(_table([(g.severity, g.kind, run, tag,
-                       g.first + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
-                       g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped]))
+        if args.every_alert:
+            print(_table([(a.severity, a.kind, run, tag,
+                           a.variable or (f"layer {a.layer}" if a.layer else "(model)"),
+                           a.first_step, a.last_step, a.message) for run, tag, a in findings]))
+        else:
+            print(_table([(g.severity, g.kind, run, tag,
+                           g.first + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
+                           g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped]))
+        for note in not_logged:
+            print(_not_logged_line(*note))
     if not runs:
         _complain(f"no gradient summaries under {args.logdir}")
     if any(alert.kind in fail_on for _, _, alert in findings):

@@ -185,6 +185,8 @@ def assert_applied(logged, index, name, before, after, lr):
     expected, tolerances = applied_tolerances(applied, after, lr)
     column = logged.variables.index(name)
     for stat, want in expected.items():
+        if stat not in logged.stat_names:  # a monitor asked for fewer stats (`check_fewer_stats`)
+            continue
         got = float(logged.stat(stat)[index, column])
         tolerance = tolerances[stat] + np.finfo(np.float32).tiny
         assert abs(got - want) <= tolerance, (
@@ -544,6 +546,31 @@ def check_torch_compile(logdir):
             assert_applied(logged, index, name, b, a, LR)
 
 
+def check_fewer_stats(logdir):
+    """``stats=``: the stats asked for plus the required ones, in the format's order, with the
+    weight and update norms, each the applied gradient's; the global norm from them."""
+    x, y = data()
+    model = mlp()
+    snapshots = Snapshots()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[GradientMonitor(logdir, stats=["zero_fraction"],
+                                         histograms_every_n_steps=2), snapshots])
+    logged = series(logdir)
+    assert logged.stat_names == ("l2_norm", "min", "max", "abs_max", "zero_fraction", "nan_count",
+                                 "inf_count", "size", "weight_l2_norm", "update_l2_norm"), (
+        logged.stat_names)
+    assert logged.steps.tolist() == [1, 2, 3, 4]
+    assert logged.histograms.steps.tolist() == [1, 3]
+    for index in range(4):
+        for name, b, a in zip(NAMES, snapshots.before[index], snapshots.after[index]):
+            assert_applied(logged, index, name, b, a, LR)
+    scalars = scalar_steps_and_values(logdir)
+    np.testing.assert_allclose(
+        scalars["gradients/global_norm"][1],
+        np.sqrt(np.sum(logged.stat("l2_norm").astype(np.float64) ** 2, axis=1)),
+        rtol=2 * norm_rtol(96))
+
+
 SCENARIOS = {
     "sgd": check_sgd,
     "sgd_eager": check_sgd_eager,
@@ -555,6 +582,7 @@ SCENARIOS = {
     "variables_and_probe": check_variables_and_probe,
     "unchanged_training": check_unchanged_training,
     "torch_compile": check_torch_compile,
+    "fewer_stats": check_fewer_stats,
 }
 
 

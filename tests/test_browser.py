@@ -448,6 +448,46 @@ def test_a_statistic_the_tab_does_not_know_is_offered_and_drawn(browser, tmp_pat
         tab.close()
 
 
+def test_a_run_that_logged_only_the_required_stats_opens_and_says_what_was_not_logged(
+        browser, tmp_path):
+    """A writer's ``stats=`` left most gradient stats out: the picker offers only those logged
+    (a hash asking for another opens on the norm), the heatmap draws, the hover leaves them out
+    and the details say "not logged", never undefined or NaN."""
+    from test_reduced_stats_reading import EXPLODE_STEP, NOT_LOGGED, REDUCED, STEPS, write_run
+
+    write_run(tmp_path / "reduced")
+    with TensorBoard(tmp_path) as tensorboard:
+        tensorboard.wait_for_steps({"reduced": STEPS})
+        tab = Tab(browser, tensorboard.base, "#run=reduced&tag=gradients&stat=zero_fraction&axis=step")
+        tab.wait_drawn()
+        assert tab.page.evaluate("window.gradientsApp.matrix.stat") == "l2_norm"
+        assert len(np.unique(tab.pixels().reshape(-1, 4), axis=0)) > 2, "the heatmap is drawn"
+        offered = tab.page.locator("[data-testid=stat-picker] option").evaluate_all(
+            "options => options.map(o => o.value)")
+        assert offered == [stat for stat in REDUCED if stat != "size"]
+        # A healthy cell, then an exploding one: hover, pause for the key stats, click.
+        for row, column in ((1, 0), (3, EXPLODE_STEP)):
+            tab.page.mouse.move(*_cell_point(tab, row, column))
+            extra = tab.page.locator(".tip-extra")
+            tab.page.wait_for_function(
+                "document.querySelector('.tip-extra')?.textContent.includes('max |g|')")
+            text = tab.page.locator(".tooltip").inner_text()
+            assert "undefined" not in text and "null" not in text, text
+            assert "zero fraction" not in extra.inner_text()
+            assert "NaN" not in text.replace("NaN 0", ""), text  # the count's word, no NaN value
+            tab.page.mouse.click(*_cell_point(tab, row, column))
+            tab.page.wait_for_function(
+                f"document.querySelector('.details-subtitle')?.textContent.includes('step {column} ')")
+            table = dict(tab.page.locator(".stats-table tr").evaluate_all(
+                "rows => rows.map(r => [r.firstChild.textContent, r.lastChild.textContent])"))
+            assert list(table) == [*REDUCED, *NOT_LOGGED]
+            assert all(table[stat] == "not logged" for stat in NOT_LOGGED), table
+            assert not any(text in ("undefined", "NaN", "null", "") for text in table.values()), table
+        assert "not logged for this tag" in tab.page.locator(
+            "label:has([data-testid=stat-picker])").get_attribute("title")
+        tab.close()
+
+
 def test_a_long_run_still_being_read_is_asked_again_until_whole(browser, tmp_path):
     """Right after TensorBoard starts, the plugin may still be reading a long run: its answers
     show the steps read so far and count the rest (``steps_to_read``). The tab then asks again

@@ -12,7 +12,8 @@ import pytest
 # The script's scenarios (it reports every one of them; kept here so that this process never
 # imports Keras for the list).
 SCENARIOS = ("sgd", "sgd_eager", "schedule", "steps_per_execution", "data_parallel", "clipping",
-             "mixed_precision", "variables_and_probe", "unchanged_training", "torch_compile")
+             "mixed_precision", "variables_and_probe", "unchanged_training", "torch_compile",
+             "fewer_stats")
 BACKENDS = ("tensorflow", "jax", "torch")
 FRAMEWORK = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_backend_training.py")

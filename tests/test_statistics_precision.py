@@ -23,40 +23,43 @@ def offset_gradient(ratio, size=64, seed=0):
     return (0.37 + (0.37 / ratio) * rng.standard_normal(size)).astype(np.float32)
 
 
-def numpy_stats(entries):
-    return statistics.statistics_matrix(statistics.NumpyOps, entries, None, np.float32)
+# Each computes the gradient stats ``stats`` (all by default) of ``entries`` in float32.
+def numpy_stats(entries, stats=columns.GRADIENT_STATS):
+    return statistics.statistics_matrix(statistics.NumpyOps, entries, None, np.float32, stats)
 
 
 def tensorflow_stats(jit):
     tf = pytest.importorskip("tensorflow")
     from tensorboard_gradients.capture.tensorflow_ops import TensorFlowOps
 
-    @tf.function(jit_compile=jit)
-    def compute(gradients, dense_sizes):
-        return statistics.statistics_matrix(
-            TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32)
+    def compute(entries, stats=columns.GRADIENT_STATS):
+        @tf.function(jit_compile=jit)
+        def traced(gradients, dense_sizes):
+            return statistics.statistics_matrix(
+                TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32, stats)
 
-    return lambda entries: compute(
-        [tf.constant(g) for g, _ in entries],
-        [tf.constant(size, tf.int64) for _, size in entries]).numpy()
+        return traced([tf.constant(g) for g, _ in entries],
+                      [tf.constant(size, tf.int64) for _, size in entries]).numpy()
+
+    return compute
 
 
-def torch_stats(entries):
+def torch_stats(entries, stats=columns.GRADIENT_STATS):
     torch = pytest.importorskip("torch")
     from tensorboard_gradients.capture.torch import ops_for
 
     return statistics.statistics_matrix(
         ops_for(torch.device("cpu")), [(torch.tensor(g), size) for g, size in entries], None,
-        torch.float32).numpy()
+        torch.float32, stats).numpy()
 
 
-def jax_stats(entries):
+def jax_stats(entries, stats=columns.GRADIENT_STATS):
     jax = pytest.importorskip("jax")
     from tensorboard_gradients.capture.jax import JaxOps
 
     sizes = [size for _, size in entries]
     compute = jax.jit(lambda gradients: statistics.statistics_matrix(
-        JaxOps, list(zip(gradients, sizes)), None, jax.numpy.float32))
+        JaxOps, list(zip(gradients, sizes)), None, jax.numpy.float32, stats))
     return np.asarray(compute([jax.numpy.asarray(g) for g, _ in entries]))
 
 
@@ -112,35 +115,51 @@ def test_combine_moments_equals_the_moments_of_the_union():
 def mixed_gradients(rng):
     """Arrays that share reduction groups (`statistics.size_groups`) yet must not mix: one size
     at scales 1e-20 to 1e15, an offset one (|mean| / std = 1e4), one size in two shapes, exact
-    zeros, a scalar, an empty array and one just over the grouped size."""
+    zeros, a scalar, an empty array and one just over the grouped size; all-equal entries whose
+    squares underflow (1e-25: the sum of squares would read 0) and a scalar like them."""
     gradients = [(scale * rng.standard_normal(256)).astype(np.float32)
                  for scale in (1e-20, 1e-3, 1.0, 1e15)]
     gradients += [offset_gradient(1e4, size=256), rng.standard_normal((16, 16)).astype(np.float32),
                   np.where(rng.random(256) < 0.3, 0, rng.standard_normal(256)).astype(np.float32),
                   np.float32(rng.standard_normal()), np.zeros(0, np.float32),
                   rng.standard_normal(statistics.GROUPED_ARRAY_MAX_ENTRIES + 1).astype(np.float32),
-                  rng.standard_normal(10).astype(np.float32)]
+                  rng.standard_normal(10).astype(np.float32),
+                  np.full(3, 1e-25, np.float32), np.float32(-3e-30)]
     return gradients
+
+
+# The stats a writer may be asked for (`columns.gradient_stats`): all (six passes), the required
+# ones (three: squares, min, max), and sets between (the sum of squares then from M2 or not).
+STAT_SETS = {
+    "all": columns.GRADIENT_STATS,
+    "required": columns.gradient_stats(()),
+    "zeros": columns.gradient_stats(("zero_fraction",)),
+    "std-mean_abs": columns.gradient_stats(("std", "mean_abs")),
+}
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
 @pytest.mark.parametrize("group_max_entries", [statistics.GROUP_MAX_ENTRIES, 600])
 @pytest.mark.parametrize("non_finite", [False, True])
+@pytest.mark.parametrize("stat_set", STAT_SETS)
 def test_grouped_arrays_each_get_their_own_statistics(
-        adapter, group_max_entries, non_finite, monkeypatch):
+        adapter, group_max_entries, non_finite, stat_set, monkeypatch):
     """Arrays reduced together in one stacked matrix (and, with a small group cap, split over
     several) come out row by row as each alone, within each array's own rounding bound; with a
-    NaN and an Inf in one array the masked pass takes over for every row."""
+    NaN and an Inf in one array the masked pass takes over for every row. So for every set of
+    stats a writer may log: fewer passes, the same numbers."""
     monkeypatch.setattr(statistics, "GROUP_MAX_ENTRIES", group_max_entries)
     gradients = mixed_gradients(np.random.default_rng(3))
     if non_finite:
         gradients[2] = gradients[2].copy()
         gradients[2][[5, 9]] = [np.nan, np.inf]
-    stats = np.asarray(ADAPTERS[adapter]()([(g, g.size) for g in gradients]))
+    names = STAT_SETS[stat_set]
+    stats = np.asarray(ADAPTERS[adapter]()([(g, g.size) for g in gradients], names))
+    assert stats.shape == (len(gradients), len(names))
     for row, gradient in zip(stats, gradients):
         expected = reference_stats(gradient)
         tolerances = stat_tolerances(expected, np.float32)
-        for column, name in enumerate(columns.GRADIENT_STATS):
+        for column, name in enumerate(names):
             if np.isnan(expected[name]):
                 assert np.isnan(row[column]), (gradient.shape, name, row[column])
                 continue

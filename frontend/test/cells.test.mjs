@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { cellValueText, representativeIndex, rowContext } from "../cells.js";
+import {
+  NOT_LOGGED, cellValueText, keyStatsLines, representativeIndex, rowContext, statRows,
+} from "../cells.js";
 import { VOCABULARY } from "./vocabulary_fixture.mjs";
 
 const nonfinite = VOCABULARY.nonfiniteClass;
@@ -47,4 +49,43 @@ test("a range the series has no step in falls back to the nearest step", () => {
 test("a row says which layer its variable is in, or that it combines a layer's variables", () => {
   assert.equal(rowContext("variables", "dense_1"), "layer dense_1");
   assert.equal(rowContext("layers", "dense_1"), "layer · its variables as one tensor");
+});
+
+// A `series` answer at one step: every stat logged, or only the ones every writer logs.
+const EVERY_STAT = {
+  l2_norm: [3], mean: [0.5], std: [0.1], min: [0], max: [1], abs_max: [1], mean_abs: [0.5],
+  zero_fraction: [0.25], nan_count: [0], inf_count: [0], size: [9],
+};
+const REQUIRED = ["l2_norm", "abs_max", "nan_count", "inf_count", "size"];
+const NOT_LOGGED_STATS = Object.keys(EVERY_STAT).filter((name) => !REQUIRED.includes(name));
+const atOneStep = (names, classes = ["ok"]) => ({
+  steps: [1200], classes, stats: Object.fromEntries(names.map((name) => [name, EVERY_STAT[name]])),
+});
+
+test("the tooltip's key stats of a run that logged every stat", () => {
+  assert.deepEqual(keyStatsLines(atOneStep(Object.keys(EVERY_STAT)), 0, ok, VOCABULARY, " (its worst)"), [
+    "at step 1,200 (its worst): norm 3, max |g| 1", "zero fraction 0.25, NaN 0, Inf 0",
+  ]);
+});
+
+test("the tooltip leaves out a stat the writer did not log, and shows no undefined or NaN", () => {
+  const lines = keyStatsLines(atOneStep(REQUIRED), 0, ok, VOCABULARY);
+  assert.deepEqual(lines, ["at step 1,200: norm 3, max |g| 1", "NaN 0, Inf 0"]);
+  assert.doesNotMatch(lines.join("\n"), /undefined|null|zero fraction|NaN [^0]/);
+  // A line none of whose stats were logged goes.
+  assert.deepEqual(keyStatsLines(atOneStep(["l2_norm", "size"]), 0, ok, VOCABULARY), ["at step 1,200: norm 3"]);
+});
+
+test("the details list every logged stat's value, then the stats not logged as such", () => {
+  const rows = statRows(atOneStep(REQUIRED), 0, ok, VOCABULARY, NOT_LOGGED_STATS);
+  assert.deepEqual(rows, [
+    ["l2_norm", "3", true], ["abs_max", "1", true], ["nan_count", "0", true], ["inf_count", "0", true],
+    ["size", "9", true], ...NOT_LOGGED_STATS.map((name) => [name, NOT_LOGGED, false]),
+  ]);
+  assert.ok(rows.every(([, text]) => !/undefined|NaN/.test(text)));
+  // A run that logged everything: no `not_logged` in its `runs` entry, nothing said.
+  assert.equal(statRows(atOneStep(Object.keys(EVERY_STAT)), 0, ok, VOCABULARY).length, 11);
+  // A NaN/Inf step still says so for the stats logged, and "not logged" for the others.
+  const nan = statRows(atOneStep(REQUIRED, ["nonfinite"]), 0, nonfinite, VOCABULARY, ["zero_fraction"]);
+  assert.deepEqual(nan.map(([, text]) => text), [nonfinite.label, nonfinite.label, "0", "0", "9", NOT_LOGGED]);
 });

@@ -12,7 +12,9 @@ Entry points:
 * `diagnose(series, **thresholds)` -> ``list[Alert]`` sorted by severity, then first step;
 * `analyze(series, thresholds)` -> both at once (the rules run once);
 * `AnalysisStream(series, thresholds)` -> the same for a series fed a few steps at a time
-  (long and growing runs), in memory bounded by the rules' windows; `analyze` is one feed.
+  (long and growing runs), in memory bounded by the rules' windows; `analyze` is one feed;
+* `lacking(series)` -> the rules that cannot judge it for want of a stat its writer did not
+  log (the dead rule needs ``zero_fraction``), and those stats.
 
 The rules and their sources are in `Thresholds`; every threshold can be overridden per call
 (``diagnose(series, exploding_norm=100)``) and per HTTP request (``...&exploding_norm=100``).
@@ -54,7 +56,7 @@ from tensorboard_gradients.analysis.classes import (
     CLASS_DESCRIPTIONS, CLASSES, EXPLODING, MISSING, NONFINITE, OK, SPIKE, VANISHING,
 )
 from tensorboard_gradients.analysis.rule import Parameter, Rule
-from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES
+from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES, lacking
 from tensorboard_gradients.analysis.stream import AnalysisStream
 from tensorboard_gradients.analysis.thresholds import Thresholds
 
@@ -62,7 +64,7 @@ __all__ = [
     "CLASSES", "CLASS_DESCRIPTIONS", "MISSING", "OK", "VANISHING", "SPIKE", "EXPLODING",
     "NONFINITE",
     "SEVERITIES", "KINDS", "PARAMETERS", "RULES", "Parameter", "Rule", "Thresholds", "Alert",
-    "Analysis", "AnalysisStream", "classify", "diagnose", "analyze",
+    "Analysis", "AnalysisStream", "classify", "diagnose", "analyze", "lacking",
 ]
 
 

@@ -3,10 +3,11 @@
 The tab's Layers view draws one row per layer (the layer-by-step heatmap without kernel/bias
 striping), and the vanishing rule judges layers. A layer's statistic at a step combines its
 variables' values by its rule in `RULES`: L2 norms as the root of summed squares, counts
-summed, maxima the largest, means weighted by entries, standard deviations pooled; a derived
-ratio is the ratio of its combined inputs. Variables without a gradient at that step are left out; a layer none of
-whose variables has one is missing there. Its cell class is the worst of its variables'.
-Pure numpy.
+summed, maxima the largest, means weighted by entries, standard deviations pooled (with the
+means: a std logged without the mean has no value by layer); a derived ratio is the ratio of
+its combined inputs. Only the statistics logged are combined: a writer may log a subset of
+them. Variables without a gradient at that step are left out; a layer none of whose variables
+has one is missing there. Its cell class is the worst of its variables'. Pure numpy.
 """
 
 import dataclasses
@@ -119,14 +120,15 @@ def combined(series):
             result = weighted_mean(x, finite_entries)
         elif rule == SIZE_WEIGHTED:
             result = weighted_mean(x, sizes)
-        elif rule == POOLED_STD:
+        elif rule == POOLED_STD and "mean" in stat:
             # Within-variable variance plus each variable's mean's distance from the layer's:
             # a sum of non-negative terms, so nothing cancels when |mean| >> std.
             mean = np.where(present, stat["mean"], np.nan)
             layer_mean = weighted_mean(mean, finite_entries)
             spread = x**2 + (mean - layer_mean[:, layers.rows]) ** 2
             result = np.sqrt(weighted_mean(spread, finite_entries))
-        else:  # a newer writer's statistic this version cannot combine: no value by layer
+        else:  # a newer writer's statistic this version cannot combine, or a std logged
+            # without the mean that pools it (`columns.gradient_stats`): no value by layer
             result = np.full(combined_values.shape[:2], np.nan)
         combined_values[:, :, position] = result
     layer_present = layers.reduce(np.logical_or, present)

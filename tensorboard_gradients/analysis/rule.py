@@ -73,6 +73,14 @@ class Rule:
     # (`analysis.stream`) then keeps its ``record(evidence)`` of every round and calls its
     # ``alerts_on(record, thresholds, builder)`` once on all of it, instead of `alerts` per round.
     whole_run: bool = False
+    # The stats it judges (names of `GradientSeries.available_stats`): a series without one of
+    # them is not judged by this rule, which then raises no alert and flags no cell. Writers
+    # may leave stats out (no weights, no optimizer update, format 1.3's ``stats=``).
+    needs: Tuple[str, ...] = ()
+
+    def judges(self, series) -> bool:
+        """Whether ``series`` holds every stat this rule `needs`."""
+        return all(name in series.available_stats for name in self.needs)
 
     def cells(self, evidence) -> np.ndarray:
         """``bool[steps, variables]``: the cells this rule gives ``cell_class``.

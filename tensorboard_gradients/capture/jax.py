@@ -220,14 +220,16 @@ def _weights_for(names, params):
     return [weight_leaves[n] for n in names]
 
 
-@functools.partial(jax.jit, static_argnames=("histograms", "stats"))
-def _matrices(gradients, weights, histograms, stats=True):
-    """(the statistics matrix if ``stats``, the histogram counts if ``histograms``; else None)."""
+@functools.partial(jax.jit, static_argnames=("histograms", "stats", "gradient_stats"))
+def _matrices(gradients, weights, histograms, stats=True, gradient_stats=columns.GRADIENT_STATS):
+    """(the statistics matrix of ``gradient_stats`` if ``stats``, the histogram counts if
+    ``histograms``; else None)."""
     dtype = JaxOps.computation_dtype([g.dtype for g in gradients])
     # No reshape: a flattened sharded array would be gathered along its mesh axes first.
     entries = [(g.astype(dtype), g.size) for g in gradients]
     cast_weights = None if weights is None else [w.astype(dtype) for w in weights]
-    matrix = statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype) if stats else None
+    matrix = (statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype, gradient_stats)
+              if stats else None)
     counts = statistics.histogram_matrix(JaxOps, entries, dtype) if histograms else None
     return matrix, counts
 
@@ -268,7 +270,7 @@ def _write_from_callback(writer, layout, step, stats, counts, with_histograms=Tr
         writer.write_statistics(int(step), layout, np.asarray(stats), counts)
 
 
-def log_gradients(writer, grads, step, params=None, histograms=False):
+def log_gradients(writer, grads, step, params=None, histograms=False, stats=None):
     """Writes the statistics of a gradient pytree at ``step`` with a `GradientWriter`.
 
     In a multi-process run, call it on every process with the same arguments: all of them
@@ -291,6 +293,9 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
       params: the parameter pytree of the same structure, for the ``weight_l2_norm`` column
         (and the gradient/weight ratio); optional.
       histograms: also write the log10|g| histograms at this step.
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Returns:
       The tag written to, on the writing process (process 0; the only one in a single-process
@@ -307,19 +312,22 @@ def log_gradients(writer, grads, step, params=None, histograms=False):
     names = [name for name, _ in rows]
     gradients = [leaf for _, leaf in rows]
     weights = None if params is None else _weights_for(names, params)
+    gradient_stats = columns.gradient_stats(stats)
     # Before the computation: a layout error is raised by every process, none left waiting in
     # a collective.
-    layout = Layout.create(names, [g.shape for g in gradients], with_weights=weights is not None)
+    layout = Layout.create(names, [g.shape for g in gradients], with_weights=weights is not None,
+                           gradient_stats=gradient_stats)
     if _traced(*gradients, step):
         histograms_known = not _traced(histograms)
         stats, counts = _matrices(gradients, weights,
-                                  bool(histograms) if histograms_known else True)
+                                  bool(histograms) if histograms_known else True,
+                                  gradient_stats=gradient_stats)
         write = functools.partial(_write_from_callback, writer, layout)
         operands = (step, stats, counts) if counts is None else (step, stats, counts, histograms)
         io_callback(write, None, *operands, ordered=True)
         return None
     writes = jax.process_index() == 0
-    stats, counts = _matrices(gradients, weights, bool(histograms))
+    stats, counts = _matrices(gradients, weights, bool(histograms), gradient_stats=gradient_stats)
     stats, counts = _host_matrix(stats, writes), _host_matrix(counts, writes)
     if not writes:
         return None
@@ -371,7 +379,8 @@ class GradientMonitorState(NamedTuple):
 
 
 def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
-                     name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+                     name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
+                     stats=None):
     """An optax transformation that logs the statistics of the updates it sees, from inside
     ``jit``, and passes them through unchanged.
 
@@ -400,6 +409,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
       strict: raise when the event files cannot be written (a full disk, no permission); by
         default the step is dropped and counted, and training goes on (see
         `tensorboard_gradients.format.writer`). Only for a ``log_dir`` path.
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
@@ -416,6 +428,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         "histograms_every_n_steps", histograms_every_n_steps)
     name = options.non_empty_name(name)
     include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
+    gradient_stats = columns.gradient_stats(stats)
     writer = _writer(log_dir, name, strict)
     if writer is None and histograms_every_n_steps is not None:
         raise ValueError("histograms_every_n_steps needs a log_dir: the state keeps only the "
@@ -430,7 +443,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             raise ValueError("gradient_monitor has no leaf to watch: the parameters are empty "
                              "or include/exclude leave none")
         layout = Layout.create([n for n, _ in rows], [leaf.shape for _, leaf in rows],
-                               with_weights=True)
+                               with_weights=True, gradient_stats=gradient_stats)
         dtype = JaxOps.computation_dtype([leaf.dtype for _, leaf in rows])
         return GradientMonitorState(
             count=jnp.zeros([], jnp.int32), step=jnp.full([], -1, jnp.int32),
@@ -443,7 +456,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
         weights = None if params is None else _weights_for(names, params)
         layout = Layout.create(names, [g.shape for g in gradients],
-                               with_weights=weights is not None)
+                               with_weights=weights is not None, gradient_stats=gradient_stats)
         if layout.variables != state.variables:
             raise ValueError(
                 f"gradient_monitor was initialised with leaves {list(state.variables)[:5]}, the "
@@ -457,7 +470,8 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             def run(gradients, weights, step, last):
                 if not (stats_due or histograms_due):
                     return last
-                stats, counts = _matrices(gradients, weights, histograms_due, stats_due)
+                stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
+                                          gradient_stats)
                 if writer is not None:
                     write = functools.partial(_write_from_callback, writer, layout)
                     io_callback(write, None, step, stats, counts, ordered=True)

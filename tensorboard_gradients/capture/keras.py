@@ -173,6 +173,10 @@ class GradientMonitor(keras.callbacks.Callback):
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (``dropped_steps``) and
         reported, and later steps try again (see `tensorboard_gradients.format.writer`).
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged. The once-per-
+        epoch ``probe_data`` gradients log all.
 
     Raises:
       ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow, JAX
@@ -189,8 +193,10 @@ class GradientMonitor(keras.callbacks.Callback):
         exclude=None,
         probe_data=None,
         strict=False,
+        stats=None,
     ):
         super().__init__()
+        self._gradient_stats = columns.gradient_stats(stats)
         self.name = options.non_empty_name(name)
         self.log_dir = os.fspath(log_dir)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
@@ -262,6 +268,7 @@ class GradientMonitor(keras.callbacks.Callback):
                 self.histograms_every_n_steps,
                 steps_between_reads=int(model.steps_per_execution),
                 first_step_index=first_index,
+                gradient_stats=self._gradient_stats,
             )
             self._recorder_key = key
             self._layout = Layout.create(
@@ -269,6 +276,7 @@ class GradientMonitor(keras.callbacks.Callback):
                 [v.shape for v in watched],
                 with_weights=True,
                 with_updates=self._recorder.records_updates,
+                gradient_stats=self._gradient_stats,
             )
             if self._recorder.distributed:
                 logger.info(

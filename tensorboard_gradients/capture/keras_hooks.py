@@ -80,16 +80,18 @@ def scalar_names(clipping, loss_scaled):
 
 class Recorder:
     """What every backend's ``StepRecorder`` sets up the same way: the optimizers, the watched
-    variables, the schedules, the scalar and statistic names (with ``records_updates``, which
-    a recorder sets before calling this) and the optimizer patches."""
+    variables, the schedules, the scalar and statistic names (the ``gradient_stats`` asked for,
+    `columns.gradient_stats`, and ``records_updates``, which a recorder sets before calling
+    this) and the optimizer patches."""
 
-    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps):
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, gradient_stats):
         self._optimizer, self._inner, self._loss_scaled = optimizers(model)
         self.watched = list(watched)
         self._every = every_n_steps
         self._histogram_every = histograms_every_n_steps
         self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
-        self.stat_names = columns.stats_for(with_weights=True, with_updates=self.records_updates)
+        self.gradient_stats = tuple(gradient_stats)
+        self.stat_names = columns.stats_for(True, self.records_updates, self.gradient_stats)
         self._patches = Patches()
 
 

@@ -45,7 +45,7 @@ from tensorboard_gradients.capture.keras_hooks import (
     global_norm,
     optimizers,
 )
-from tensorboard_gradients.format import statistics
+from tensorboard_gradients.format import columns, statistics
 
 
 def _position(variables, variable):
@@ -65,9 +65,9 @@ class StepRecorder(Recorder):
     records_updates = True
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index):
+                 steps_between_reads, first_step_index, gradient_stats=columns.GRADIENT_STATS):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, gradient_stats)
         self._model = model
         self._lock = threading.Lock()
         self._rows = []
@@ -171,7 +171,7 @@ class StepRecorder(Recorder):
     def _stats_and_scalars(self, optimizer_variables, grads, before, after):
         unscaled, entries, dtype = self._entries(optimizer_variables, grads)
         weights = [before[i].astype(dtype) for i in self._positions]
-        stats = statistics.statistics_matrix(JaxOps, entries, weights, dtype)
+        stats = statistics.statistics_matrix(JaxOps, entries, weights, dtype, self.gradient_stats)
         updates = JaxOps.sqrt(JaxOps.square_sums(
             [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions]))
         stats = jnp.concatenate([stats, updates[:, None]], axis=1)

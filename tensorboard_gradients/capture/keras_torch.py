@@ -48,9 +48,9 @@ class StepRecorder(Recorder):
     records_updates = True
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index):
+                 steps_between_reads, first_step_index, gradient_stats=columns.GRADIENT_STATS):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, gradient_stats)
         self._watched_ids = {id(v) for v in self.watched}
         self._completed = int(first_step_index)
         self._rows = []  # (step, stats, scalars) still on the device
@@ -121,13 +121,13 @@ class StepRecorder(Recorder):
         if not stats_due:
             return None
         weights = [w.to(device=device, dtype=dtype) for w in weights]
-        stats = statistics.statistics_matrix(ops, entries, weights, dtype)
+        stats = statistics.statistics_matrix(ops, entries, weights, dtype, self.gradient_stats)
         others = [g.to(device=device, dtype=dtype) for v, g in zip(variables, unscaled)
                   if g is not None and id(v) not in self._watched_ids]
         other_squares = ops.sum(ops.square_sums(others)) if others else torch.zeros(
             (), dtype=dtype, device=device)
-        gradient_stats = columns.stats_for(with_weights=True, with_updates=False)
-        scalars = [global_norm(ops, stats, gradient_stats, other_squares)]
+        scalars = [global_norm(ops, stats, columns.stats_for(True, False, self.gradient_stats),
+                               other_squares)]
         if SCALAR_GLOBAL_NORM_CLIPPED in self.scalar_names:
             clipped = self._inner._clip_gradients([g for g in unscaled if g is not None])
             scalars.append(ops.sqrt(ops.sum(ops.square_sums(

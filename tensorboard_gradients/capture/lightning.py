@@ -73,7 +73,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.capture import torch as torch_capture
-from tensorboard_gradients.format import metadata
+from tensorboard_gradients.format import columns, metadata
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,9 @@ class GradientMonitor(pl.Callback):
         (the LightningModule's, ``net.0.weight``), to watch part of a model.
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted and reported.
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Raises:
       ValueError: a bad argument; at the start of ``fit``, a trainer without TensorBoardLogger;
@@ -130,8 +133,10 @@ class GradientMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps=1, histograms_every_n_steps=None,
-                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
+                 stats=None):
         super().__init__()
+        self.stats = columns.gradient_stats(stats)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
@@ -205,7 +210,7 @@ class GradientMonitor(pl.Callback):
         self.monitor = torch_capture.GradientMonitor(
             trainer.model, self.log_dir, every_n_steps=self.every_n_steps,
             histograms_every_n_steps=self.histograms_every_n_steps, name=self.name,
-            include=self.include, exclude=self.exclude, strict=self.strict)
+            include=self.include, exclude=self.exclude, strict=self.strict, stats=self.stats)
         clips = (trainer.gradient_clip_val or 0) > 0 or is_overridden(
             "configure_gradient_clipping", pl_module)
         self._clipping = bool(clips and pl_module.automatic_optimization

@@ -85,6 +85,7 @@ def write_statistics(
     histogram_counts=None,
     description=None,
     writer=None,
+    logged_stats=None,
 ):
     """Writes a matrix from `gradient_statistics` (e.g. returned from an XLA-compiled step).
 
@@ -98,13 +99,25 @@ def write_statistics(
       writer: a `tensorboard_gradients.GradientWriter` to write with instead of TensorFlow's
         default summary writer (see `gradients`); under ``tf.distribute`` only the chief writes
         (see the module).
+      logged_stats: the ``stats`` given to `gradient_statistics` (None: all).
 
     Returns:
       True if the statistics were written (a default writer exists and is recording; with
       `writer`, unless the step was dropped or this is not the writing process).
+
+    Raises:
+      ValueError: ``stats`` has another width than ``logged_stats`` give.
     """
     variables = list(variables)
-    layout = tensorflow_ops.layout_of([None] * len(variables), variables)
+    layout = tensorflow_ops.layout_of([None] * len(variables), variables,
+                                      columns.gradient_stats(logged_stats))
+    shape = tf.TensorShape(getattr(stats, "shape", None))
+    width = shape[-1] if shape.rank == 2 else None
+    if width is not None and width != len(layout.stats):
+        raise ValueError(
+            f"stats has {width} columns, but {len(layout.stats)} stats {list(layout.stats)} are "
+            "expected: give write_statistics the logged_stats= that gradient_statistics was "
+            "given as stats=")
     if writer is not None:
         counts = None if histogram_counts is None else lambda: histogram_counts
         return _write_with(writer, layout, step, description, lambda: stats, counts,
@@ -236,6 +249,7 @@ def gradients(
     histograms=False,
     description=None,
     writer=None,
+    stats=None,
 ):
     """Writes per-variable gradient statistics as one summary, like `tf.summary.scalar`.
 
@@ -257,6 +271,9 @@ def gradients(
         TensorFlow writer `tf.summary.record_if` does not apply: call it on the steps to log.
         Under ``tf.distribute`` only global replica 0 (the chief's) writes; the other replicas
         and workers compute nothing and never touch the writer (see the module).
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Returns:
       True (a boolean tensor in graph mode) if the statistics were written, False if no default
@@ -264,14 +281,16 @@ def gradients(
       replica or worker that does not write).
 
     Raises:
-      ValueError: gradients and variables differ in length, or are empty.
+      ValueError: gradients and variables differ in length, or are empty; an unknown stat.
     """
     gradients, variables = list(gradients), list(variables)
-    layout = tensorflow_ops.layout_of(gradients, variables)
+    gradient_stats = columns.gradient_stats(stats)
+    layout = tensorflow_ops.layout_of(gradients, variables, gradient_stats)
     _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
+    compute = lambda: tensorflow_ops.gradient_statistics(  # noqa: E731
+        gradients, variables, stats=gradient_stats)
     if writer is not None:
-        return _write_with(writer, layout, step, description,
-                           lambda: tensorflow_ops.gradient_statistics(gradients, variables),
+        return _write_with(writer, layout, step, description, compute,
                            lambda: tensorflow_ops.histogram_counts(gradients, variables),
                            histograms, variables)
     return _write(
@@ -279,7 +298,7 @@ def gradients(
         name,
         step,
         description,
-        lambda: tensorflow_ops.gradient_statistics(gradients, variables),
+        compute,
         lambda: tensorflow_ops.histogram_counts(gradients, variables),
         histograms,
     )

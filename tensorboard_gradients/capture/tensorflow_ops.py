@@ -10,7 +10,7 @@ import functools
 
 import tensorflow as tf
 
-from tensorboard_gradients.format import statistics
+from tensorboard_gradients.format import columns, statistics
 from tensorboard_gradients.format.layout import Layout
 
 
@@ -99,7 +99,7 @@ def variable_shape(variable, gradient):
     return tuple(gradient.shape)
 
 
-def layout_of(gradients, variables):
+def layout_of(gradients, variables, gradient_stats=columns.GRADIENT_STATS):
     if len(gradients) != len(variables):
         raise ValueError(
             f"got {len(gradients)} gradients for {len(variables)} variables; pass them in the "
@@ -111,6 +111,7 @@ def layout_of(gradients, variables):
         [variable_name(v) for v in variables],
         [variable_shape(v, g) for v, g in zip(variables, gradients)],
         with_weights=all(has_value(v) for v in variables),
+        gradient_stats=gradient_stats,
     )
 
 
@@ -171,17 +172,24 @@ def computation_dtype(gradients):
     )
 
 
-def gradient_statistics(gradients, variables, histograms=False):
+def gradient_statistics(gradients, variables, histograms=False, stats=None):
     """Computes the statistics matrix (and optionally the histogram matrix) without writing.
 
     Pure computation on the gradients' device: usable inside ``jit_compile=True`` functions for
-    dense gradients. Write the result with `write_statistics`.
+    dense gradients. Write the result with `write_statistics` (given the same ``stats`` as
+    ``logged_stats``).
+
+    ``stats``: the gradient statistics to compute (`columns.gradient_stats`): None for all, or
+    some of their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient
+    instead of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always
+    computed.
 
     Returns:
       ``stats`` (``[variables, stats]``), or ``(stats, histogram_counts)`` if `histograms`.
     """
     gradients, variables = list(gradients), list(variables)
-    layout_of(gradients, variables)
+    gradient_stats = columns.gradient_stats(stats)
+    layout_of(gradients, variables, gradient_stats)
     dtype = computation_dtype(gradients)
     entries = statistics_inputs(gradients, variables, dtype)
     weights = (
@@ -189,10 +197,10 @@ def gradient_statistics(gradients, variables, histograms=False):
         if all(has_value(v) for v in variables)
         else None
     )
-    stats = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype)
+    matrix = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype, gradient_stats)
     if not histograms:
-        return stats
-    return stats, histogram_matrix(entries, dtype)
+        return matrix
+    return matrix, histogram_matrix(entries, dtype)
 
 
 def histogram_counts(gradients, variables):

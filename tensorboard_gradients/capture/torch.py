@@ -170,38 +170,48 @@ class TorchOps(statistics.ArrayOps):
         return torch.stack(list(values), dim=axis)
 
     @classmethod
-    def matrix_reductions(cls, matrix):
+    def matrix_reductions(cls, matrix, passes):
         # `statistics._matrix_reductions` with the kernels PyTorch's CPU build runs fast,
         # measured on the benchmark MLP (benchmarks/NOTES.md "Overhead (issue 19)"): one array's
         # min and max in one pass (`aminmax`, 11 us for 65k entries) and its zero count
         # (`count_nonzero`); across the rows of a stack `amin`/`amax` (aminmax along a dimension
         # is 15x slower) and the zero count from the signs of |g| (count_nonzero and boolean sums
-        # along a dimension are 4-8x slower).
+        # along a dimension are 4-8x slower); one array's squares as a dot product (6 us, its
+        # norm 12 us), a stack's as norms along the rows (no temporary).
         if matrix.numel() == 0:  # aminmax has no empty case; an empty shard is common (FSDP)
-            return super().matrix_reductions(matrix)
+            return super().matrix_reductions(matrix, passes)
         rows, entries = matrix.shape
+        on_cpu = matrix.device.type == "cpu"
         count = torch.full((rows,), float(entries), dtype=matrix.dtype, device=matrix.device)
-        total = matrix.sum(1)
-        if rows == 1:
-            minimum, maximum = (m.reshape(1) for m in torch.aminmax(matrix))
-            nonzero = torch.count_nonzero(matrix).to(count.dtype).reshape(1)
+        found = {"count": count}
+        if "sum" in passes:
+            found["sum"] = matrix.sum(1)
+        if rows == 1 and {"min", "max"} <= set(passes):
+            found["min"], found["max"] = (m.reshape(1) for m in torch.aminmax(matrix))
         else:
-            minimum, maximum = torch.amin(matrix, 1), torch.amax(matrix, 1)
-            nonzero = None
-        if matrix.device.type == "cpu":
-            # m2 as the norm of the deviations from the mean (two-pass), 3x faster on CPU than
-            # `torch.var`'s Welford pass; temporaries are cheap in host memory.
-            m2 = torch.linalg.vector_norm(matrix - (total / count)[:, None], dim=1) ** 2
-            magnitude = matrix.abs()
-            sum_abs = magnitude.sum(1)
-            if nonzero is None:
-                nonzero = magnitude.sign().sum(1)
-        else:  # one kernel each, no gradient-sized temporary on the accelerator
-            m2 = torch.var(matrix, dim=1, correction=0) * count
-            sum_abs = torch.linalg.vector_norm(matrix, 1, dim=1)
-            if nonzero is None:
-                nonzero = torch.count_nonzero(matrix, dim=1).to(count.dtype)
-        return count, total, minimum, maximum, m2, sum_abs, count - nonzero
+            for name, extreme in (("min", torch.amin), ("max", torch.amax)):
+                if name in passes:
+                    found[name] = extreme(matrix, 1)
+        if "m2" in passes:
+            found["m2"] = (
+                # the norm of the deviations from the mean (two-pass), 3x faster on CPU than
+                # `torch.var`'s Welford pass; temporaries are cheap in host memory
+                torch.linalg.vector_norm(matrix - (found["sum"] / count)[:, None], dim=1) ** 2
+                if on_cpu else torch.var(matrix, dim=1, correction=0) * count)
+        # Off the CPU: one kernel each, no gradient-sized temporary on the accelerator.
+        magnitude = matrix.abs() if on_cpu and {"sum_abs", "zeros"} & set(passes) else None
+        if "sum_abs" in passes:
+            found["sum_abs"] = (magnitude.sum(1) if on_cpu
+                                else torch.linalg.vector_norm(matrix, 1, dim=1))
+        if "zeros" in passes:
+            found["zeros"] = count - (
+                torch.count_nonzero(matrix).to(count.dtype).reshape(1) if rows == 1
+                else magnitude.sign().sum(1) if on_cpu
+                else torch.count_nonzero(matrix, dim=1).to(count.dtype))
+        if "sum_squares" in passes:
+            found["sum_squares"] = (torch.dot(matrix[0], matrix[0]).reshape(1) if rows == 1
+                                    else torch.linalg.vector_norm(matrix, dim=1) ** 2)
+        return tuple(found[name] for name in passes)
 
     @classmethod
     def square_sums(cls, arrays):
@@ -480,15 +490,20 @@ class GradientMonitor:
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (`dropped_steps`) and reported,
         and later steps try again (see `tensorboard_gradients.format.writer`).
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Raises:
       ValueError: a bad argument, or no parameter left to watch.
     """
 
     def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=None,
-                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False):
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
+                 stats=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self._gradient_stats = columns.gradient_stats(stats)
         self.name = options.non_empty_name(name)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
@@ -513,7 +528,8 @@ class GradientMonitor:
                   else tuple(p.ds_shape) if self._zero_stage == 3 else tuple(p.shape)
                   for _, p in self._parameters]
         self._sizes = np.array([np.prod(shape) for shape in shapes], dtype=np.float64)
-        self._layout = Layout.create([n for n, _ in self._parameters], shapes, with_weights=True)
+        self._layout = Layout.create([n for n, _ in self._parameters], shapes, with_weights=True,
+                                     gradient_stats=self._gradient_stats)
         self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
@@ -705,7 +721,7 @@ class GradientMonitor:
         if scale:
             entries = [None if e is None else (e[0] / scale, e[1]) for e in entries]
         if present:
-            reductions, _ = statistics.reduction_matrix(ops, entries, dtype)
+            reductions, _ = statistics.reduction_matrix(ops, entries, dtype, self._gradient_stats)
         else:
             reductions = torch.full((len(entries), len(statistics.REDUCTIONS)), float("nan"))
         weights = [w.to(device=device, dtype=dtype) for _, (w, _) in pieces]
@@ -745,7 +761,8 @@ class GradientMonitor:
         stats = None
         if stats_due:
             stats = statistics.statistics_from_reductions(
-                statistics.NumpyOps, combined, sizes, weight_norms).astype(stored)
+                statistics.NumpyOps, combined, sizes, weight_norms,
+                self._gradient_stats).astype(stored)
         return self._write(step, stats, counts, total_norm, scaler)
 
     def _log(self, step, stats_due, histograms_due, total_norm, scaler):
@@ -770,7 +787,7 @@ class GradientMonitor:
         go to the host, which decides whether they can be trusted (a masked pass on the device
         and a second copy only on the rare step that needs it) and finishes the small matrix."""
         device = ops.device
-        rows, sizes = statistics.fast_reduction_matrix(ops, entries, dtype)
+        rows, sizes = statistics.fast_reduction_matrix(ops, entries, dtype, self._gradient_stats)
         weights = [_on(p, device, dtype) for _, p in self._parameters]  # under no_grad
         host = torch.cat([rows, ops.square_sums(weights)[:, None]], 1).cpu().numpy()
         rows, weight_norms = host[:, :-1], np.sqrt(host[:, -1])
@@ -778,13 +795,13 @@ class GradientMonitor:
         # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             scaled, trusted = statistics.checked_fast_rows(
-                statistics.NumpyOps, rows, sizes, host.dtype)
+                statistics.NumpyOps, rows, sizes, host.dtype, self._gradient_stats)
             if trusted:
                 rows = scaled
             else:
                 rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
             return statistics.statistics_from_reductions(
-                statistics.NumpyOps, rows, sizes, weight_norms)
+                statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
 
     def _write(self, step, stats, counts, total_norm, scaler):
         """Writes one logged step: statistics (with their scalars) and/or histograms."""

@@ -71,7 +71,7 @@ from transformers.trainer_callback import CallbackHandler
 
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.capture.torch import GradientMonitor
-from tensorboard_gradients.format import metadata
+from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.writer import run_directory
 
 logger = logging.getLogger(__name__)
@@ -91,13 +91,16 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         (``transformer.h.0.attn.c_attn.weight``), to watch part of the model.
       strict: raise when the event files cannot be written; by default the step is dropped,
         counted and reported, and training goes on (see `tensorboard_gradients.format.writer`).
+      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
+        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
+        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
 
     Raises:
       ValueError: a bad argument; at ``on_train_begin``, a DeepSpeed run.
     """
 
     def __init__(self, every_n_steps=1, histograms_every_n_steps=None, name=metadata.DEFAULT_NAME,
-                 include=None, exclude=None, strict=False):
+                 include=None, exclude=None, strict=False, stats=None):
         if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
             raise RuntimeError(
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step callback "
@@ -107,7 +110,8 @@ class GradientMonitorCallback(transformers.TrainerCallback):
             histograms_every_n_steps=options.optional_positive_int(
                 "histograms_every_n_steps", histograms_every_n_steps),
             name=options.non_empty_name(name),
-            include=include, exclude=exclude, strict=bool(strict))
+            include=include, exclude=exclude, strict=bool(strict),
+            stats=columns.gradient_stats(stats))
         options.patterns("include", include)  # checked now; the monitor compiles them again
         options.patterns("exclude", exclude)
         self._monitor = None  # made at the first logged step of each train()

@@ -7,7 +7,8 @@ the ``thresholds`` route, see `server.vocabulary`) all find a column by name her
 counts positions. A new statistic is a row here (``since`` the next minor format version, which
 `metadata.FORMAT_VERSION` then names) plus its formula in `statistics`.
 
-Stats-matrix columns are, in order: `GRADIENT_STATS` (always), `WEIGHT_STATS` (when the
+Stats-matrix columns are, in order: the gradient stats a writer was asked for (`gradient_stats`:
+`GRADIENT_STATS` by default, never fewer than `REQUIRED_STATS`), `WEIGHT_STATS` (when the
 variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update).
 `DERIVED_STATS` are ratios computed on read, never stored.
 """
@@ -39,27 +40,32 @@ class Stat:
     description: str
     inputs: Tuple[str, ...] = ()  # DERIVED: (numerator, denominator)
     heatmap: bool = True  # offered as a heatmap in the tab (``size`` is constant: shown in details)
-    # The format version that added it (`metadata.FORMAT_VERSION`). Readers require only the
-    # format-1.0 gradient stats (`REQUIRED_STATS`): files written before a stat existed lack it.
+    # The format version that added it (`metadata.FORMAT_VERSION`): files written before lack it.
     since: Tuple[int, int] = (1, 0)
+    # Logged by every writer whatever it was asked for (`REQUIRED_STATS`): what the diagnosis of
+    # vanishing, exploding and non-finite gradients needs, and the cheapest set to compute.
+    required: bool = False
 
 
 # Finite statistics are over the finite entries only; the counts say how many entries were NaN /
 # +-Inf; `size` counts every entry of the dense gradient.
 STATS = (
-    Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries"),
+    Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries",
+         required=True),
     Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries"),
     Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries"),
-    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry"),
-    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry"),
-    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|"),
+    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry", required=True),
+    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry", required=True),
+    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|", required=True),
     Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|"),
     Stat("zero_fraction", "zero fraction", FRACTION, GRADIENT,
          "fraction of the entries that are exactly zero"),
-    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN"),
-    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf"),
+    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN", required=True),
+    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf",
+         required=True),
     Stat("size", "entries", COUNT, GRADIENT,
-         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False),
+         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False,
+         required=True),
     Stat("weight_l2_norm", "weight L2 norm", LOG, WEIGHT,
          "L2 norm of the variable's values (before the update), over all entries"),
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
@@ -79,15 +85,49 @@ WEIGHT_STATS = tuple(s.name for s in STATS if s.group == WEIGHT)
 UPDATE_STATS = tuple(s.name for s in STATS if s.group == UPDATE)
 # name -> (numerator stat, denominator stat)
 DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
-# What every stats tag holds, whichever version wrote it: what readers and the analysis rely on.
-REQUIRED_STATS = tuple(s.name for s in STATS if s.group == GRADIENT and s.since == (1, 0))
+# What every stats tag holds, whichever version and writer wrote it: what readers and the
+# analysis may rely on. Format 1.0-1.2 writers logged all of `GRADIENT_STATS`; from 1.3 a writer
+# logs the ones it was asked for (`gradient_stats`), these always. A pass of squares and one of
+# extremes (min and max: one kernel in PyTorch) compute them all: a finite sum of squares proves
+# every entry finite (no NaN, no Inf), and abs_max is the larger of -min and max.
+REQUIRED_STATS = tuple(s.name for s in STATS if s.required)
 
 
-def stats_for(with_weights: bool, with_updates: bool) -> Tuple[str, ...]:
-    """The columns of a stats matrix, in order, for a writer that knows the variables' values
-    (``with_weights``) and sees the optimizer's update (``with_updates``)."""
+def gradient_stats(requested=None) -> Tuple[str, ...]:
+    """The gradient stats a writer logs when asked for ``requested`` (the writers' ``stats=``
+    argument): None for all of `GRADIENT_STATS` (the default everywhere), else an iterable of
+    their names, to which `REQUIRED_STATS` are added; in `GRADIENT_STATS` order.
+
+    Fewer stats are fewer passes over the gradients (``("l2_norm",)``: three instead of six,
+    see `statistics.passes_for`); the tab, the CLI and the alerts show what was logged, and the
+    dead-unit rule needs ``zero_fraction``.
+
+    Raises:
+      ValueError: a name that is not a gradient stat (the message lists them), or not strings.
+    """
+    if requested is None:
+        return GRADIENT_STATS
+    if isinstance(requested, str):
+        requested = (requested,)
+    try:
+        names = set(requested)
+    except TypeError:
+        raise ValueError(f"stats must be names of gradient stats, got {requested!r}") from None
+    unknown = sorted(repr(n) for n in names if n not in GRADIENT_STATS)
+    if unknown:
+        raise ValueError(
+            f"stats: {', '.join(unknown)} not among the gradient stats {list(GRADIENT_STATS)}")
+    return tuple(s for s in GRADIENT_STATS if s in names or s in REQUIRED_STATS)
+
+
+def stats_for(with_weights: bool, with_updates: bool,
+              gradient: Sequence[str] = GRADIENT_STATS) -> Tuple[str, ...]:
+    """The columns of a stats matrix, in order, for a writer that logs the ``gradient`` stats
+    (`gradient_stats`), knows the variables' values (``with_weights``) and sees the optimizer's
+    update (``with_updates``)."""
     return (
-        GRADIENT_STATS + (WEIGHT_STATS if with_weights else ()) + (UPDATE_STATS if with_updates else ())
+        tuple(gradient) + (WEIGHT_STATS if with_weights else ())
+        + (UPDATE_STATS if with_updates else ())
     )
 
 

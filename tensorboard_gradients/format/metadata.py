@@ -25,7 +25,7 @@ of that name.
 
 Metadata ``content`` is small UTF-8 JSON::
 
-    {"format_version": [1, 2], "kind": "stats" | "histograms" | "epochs" | "digest",
+    {"format_version": [1, 3], "kind": "stats" | "histograms" | "epochs" | "digest",
      "name": "gradients",
      "variables": [...], "layers": [...], "shapes": [[...], ...],
      "stats": [...]                      # kind == "stats"
@@ -46,7 +46,9 @@ statistics they describe step for step, and read the statistics otherwise; a rea
 not know the digest reads the statistics.
 
 History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l2_norm`` stat;
-1.2 adds the ``digest`` kind.
+1.2 adds the ``digest`` kind; 1.3 lets ``stats`` hold a subset of the gradient stats (the ones
+a writer was asked for, always including `columns.REQUIRED_STATS`; 1.0-1.2 writers wrote them
+all). A 1.2 reader refuses a 1.3 tag that lacks a stat it requires, naming the stat.
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -76,7 +78,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 DIGEST_PLUGIN_NAME = "gradients_digest"
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"
@@ -241,7 +243,8 @@ def parse_plugin_data(content: bytes) -> PluginData:
     Every fact a reader relies on is checked here: the version is ``[major, minor]`` (integers,
     ``1 <= major``), ``kind`` and ``name`` are strings, ``variables`` are unique strings with as
     many ``layers`` (strings) and ``shapes`` (null or lists of sizes); a stats tag's ``stats`` are
-    unique strings including every name of `columns.REQUIRED_STATS`; a histograms tag has
+    unique strings including every name of `columns.REQUIRED_STATS` (other gradient stats are
+    optional from format 1.3); a histograms tag has
     `HISTOGRAM_BINS` string ``bins`` and increasing finite ``log10_edges`` around them. Names
     must be valid Unicode (no lone surrogates), so they can be printed and served.
 

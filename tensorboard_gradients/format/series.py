@@ -82,6 +82,13 @@ class GradientSeries:
         return self.stat_names + derived
 
     @property
+    def unlogged_stats(self) -> Tuple[str, ...]:
+        """The gradient stats (`columns.GRADIENT_STATS`) this tag does not hold: from format 1.3
+        a writer logs only those it was asked for (`columns.gradient_stats`, never fewer than
+        `columns.REQUIRED_STATS`); () for a tag that holds them all, as every earlier one does."""
+        return tuple(name for name in columns.GRADIENT_STATS if name not in self.stat_names)
+
+    @property
     def missing(self) -> np.ndarray:
         """``[steps, variables]``: True where the variable had no gradient at that step."""
         return np.isnan(self.stat("size"))

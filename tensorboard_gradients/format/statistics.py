@@ -92,16 +92,19 @@ class ArrayOps:
         return cls.take_rows(cls.concat(parts), np.argsort(order))
 
     @classmethod
-    def fast_reduction_rows(cls, values):
-        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array."""
+    def fast_reduction_rows(cls, values, passes):
+        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array, from the
+        `MATRIX_REDUCTIONS` named in ``passes`` (`passes_for`)."""
         return _fast_reductions(cls, cls.grouped_rows(
-            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix), axis=1)))
+            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix, passes), axis=1)),
+            passes)
 
     @classmethod
-    def matrix_reductions(cls, matrix):
-        """`MATRIX_REDUCTIONS` of each row of a ``[k, n]`` matrix, each a ``[k]`` vector (see
-        `_matrix_reductions`); an adapter with fused kernels for some of them overrides this."""
-        return _matrix_reductions(cls, matrix)
+    def matrix_reductions(cls, matrix, passes):
+        """The `MATRIX_REDUCTIONS` named in ``passes`` (in that order) of each row of a ``[k, n]``
+        matrix, each a ``[k]`` vector (see `_matrix_reductions`); an adapter with fused kernels
+        for some of them overrides this."""
+        return _matrix_reductions(cls, matrix, passes)
 
     @classmethod
     def sum_of_squares(cls, matrix, axes):
@@ -215,58 +218,98 @@ def _column(reductions, name):
     return reductions[:, _REDUCTION_INDEX[name]]
 
 
-# The reductions that read the entries, one ``[k]`` vector each per group (`_matrix_reductions`);
-# `_fast_reductions` derives the rest once for all arrays.
-MATRIX_REDUCTIONS = ("count", "sum", "min", "max", "m2", "sum_abs", "zeros")
+# The reductions of the fast pass, one ``[k]`` vector each per group (`_matrix_reductions`): the
+# entry count, then one pass over the entries each. `passes_for` picks the ones the logged stats
+# need; `_fast_reductions` derives the rest once for all arrays.
+MATRIX_REDUCTIONS = ("count", "sum", "min", "max", "m2", "sum_abs", "zeros", "sum_squares")
+# What each gradient stat needs (the counts and size need none: see `columns.REQUIRED_STATS`).
+_PASSES_OF_STAT = {
+    "l2_norm": ("sum_squares",), "abs_max": ("min", "max"), "mean": ("sum",), "std": ("sum", "m2"),
+    "min": ("min",), "max": ("max",), "mean_abs": ("sum_abs",), "zero_fraction": ("zeros",),
+}
 
 
-def _matrix_reductions(ops, matrix):
-    """`MATRIX_REDUCTIONS` of each row of a ``[k, n]`` matrix (k arrays of n entries, or one
-    array with a leading axis): six passes over the entries, sum, min, max, the deviations from
-    the mean (two-pass M2), |x| and the zero count. No masking or scaling: any NaN/Inf entry or
-    overflowing sum shows up as a non-finite result, which `checked_fast_rows` checks."""
+@functools.lru_cache(maxsize=None)
+def passes_for(gradient_stats=columns.GRADIENT_STATS):
+    """The `MATRIX_REDUCTIONS` that compute the gradient stats ``gradient_stats`` (a tuple of
+    names; `columns.REQUIRED_STATS` always), in `MATRIX_REDUCTIONS` order.
+
+    All stats take six passes (sum, min, max, M2, |x|, zeros): the sum of squares is then
+    ``M2 + sum * mean`` (`_fast_reductions`). The required stats alone take three (squares, min,
+    max; min and max are one kernel in PyTorch), the cheapest set that is still exact: a finite
+    sum of squares proves that no entry was NaN or Inf, and abs_max is the larger of -min and
+    max.
+    """
+    stats = set(gradient_stats) | set(columns.REQUIRED_STATS)
+    wanted = {"count"} | {p for s in stats for p in _PASSES_OF_STAT.get(s, ())}
+    if "m2" in wanted:
+        wanted.discard("sum_squares")
+    return tuple(r for r in MATRIX_REDUCTIONS if r in wanted)
+
+
+def _matrix_reductions(ops, matrix, passes):
+    """The `MATRIX_REDUCTIONS` named in ``passes`` of each row of a ``[k, n]`` matrix (k arrays
+    of n entries, or one array with a leading axis), in that order: sum, min, max, the deviations
+    from the mean (two-pass M2), |x|, the zero count, squares. No masking or scaling:
+    any NaN/Inf entry or overflowing sum shows up as a non-finite result, which
+    `checked_fast_rows` checks."""
     rows = matrix.shape[0]
     axes = tuple(range(1, len(matrix.shape)))  # a [1, ...] array reduces over its own axes
     like = ops.constant(0, matrix)
     infinity = ops.constant(np.inf, like)
-    total = ops.sum(matrix, axis=axes)
     count = ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like)
-    mean = total / ops.maximum(count, ops.constant(1, like))
-    return (count, total,
-            ops.min(matrix, initial=infinity, axis=axes),
-            ops.max(matrix, initial=-infinity, axis=axes),
-            ops.sum_of_squares(matrix - ops.reshape(mean, (rows,) + (1,) * len(axes)), axes),
-            ops.sum(ops.abs(matrix), axis=axes),
-            ops.zero_count(matrix, axes, like))
+    found = {"count": count}
+    if "sum" in passes:
+        found["sum"] = ops.sum(matrix, axis=axes)
+    if "min" in passes:
+        found["min"] = ops.min(matrix, initial=infinity, axis=axes)
+    if "max" in passes:
+        found["max"] = ops.max(matrix, initial=-infinity, axis=axes)
+    if "m2" in passes:
+        mean = found["sum"] / ops.maximum(count, ops.constant(1, like))
+        found["m2"] = ops.sum_of_squares(
+            matrix - ops.reshape(mean, (rows,) + (1,) * len(axes)), axes)
+    if "sum_abs" in passes:
+        found["sum_abs"] = ops.sum(ops.abs(matrix), axis=axes)
+    if "zeros" in passes:
+        found["zeros"] = ops.zero_count(matrix, axes, like)
+    if "sum_squares" in passes:
+        found["sum_squares"] = ops.sum_of_squares(matrix, axes)
+    return tuple(found[name] for name in passes)
 
 
-def _fast_reductions(ops, raw):
-    """``[arrays, REDUCTIONS]`` from the ``[arrays, MATRIX_REDUCTIONS]`` of `_matrix_reductions`,
-    for the common step where every entry is finite; sums unscaled (`scaled_sums` divides them).
+def _fast_reductions(ops, raw, passes):
+    """``[arrays, REDUCTIONS]`` from the ``[arrays, passes]`` of `_matrix_reductions`, for the
+    common step where every entry is finite; sums unscaled (`scaled_sums` divides them).
+    Reductions no stat asked for (not in ``passes``) are 0: finite, and never logged.
 
-    ``abs_max`` comes from min and max, and the sum of squares from the two-pass M2 as
-    ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's rounding error
-    is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
+    ``abs_max`` comes from min and max and, without its own pass, the sum of squares from the
+    two-pass M2 as ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's
+    rounding error is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
     ``|sum| <= sqrt(n * sum_squares)``), and one pass fewer than squaring the entries again.
     """
-    column = dict(zip(MATRIX_REDUCTIONS, (raw[:, i] for i in range(len(MATRIX_REDUCTIONS)))))
-    count, total = column["count"], column["sum"]
+    column = dict(zip(passes, (raw[:, i] for i in range(len(passes)))))
+    count = column["count"]
     zero = ops.constant(0, count)
+    not_computed = zero * count
+    total = column.get("sum", not_computed)
     mean = total / ops.maximum(count, ops.constant(1, count))
+    m2 = column.get("m2", not_computed)
+    minimum, maximum = column["min"], column["max"]  # required: always computed
     return stack_reductions(
         ops,
         axis=1,
         present=count,
-        nan=zero * count,  # counted by the masked pass only
+        nan=not_computed,  # counted by the masked pass only
         finite=count,
-        abs_max=ops.maximum(ops.maximum(-column["min"], column["max"]), zero),  # empty rows: 0
+        abs_max=ops.maximum(ops.maximum(-minimum, maximum), zero),  # empty rows: 0
         sum=total,
-        sum_squares=column["m2"] + total * mean,
-        sum_abs=column["sum_abs"],
-        min=column["min"],
-        max=column["max"],
-        zeros=column["zeros"],
-        m2=column["m2"],
+        sum_squares=column["sum_squares"] if "sum_squares" in column else m2 + total * mean,
+        sum_abs=column.get("sum_abs", not_computed),
+        min=minimum,
+        max=maximum,
+        zeros=column.get("zeros", not_computed),
+        m2=m2,
     )
 
 
@@ -375,7 +418,7 @@ def combine_moments(ops, first, second):
     return count, mean, m2_a + m2_b + delta * delta * (count_a / divisor) * count_b
 
 
-def statistics_matrix(ops, gradients, weights, dtype):
+def statistics_matrix(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS):
     """The ``[variables, stats]`` matrix of one step, columns `columns.stats_for` (no update).
 
     Args:
@@ -386,47 +429,53 @@ def statistics_matrix(ops, gradients, weights, dtype):
       weights: per variable values in `dtype` for the `weight_l2_norm` column, or None.
         Unlike the gradient stats, the weight norm is over all entries: corrupted weights show.
       dtype: the computation dtype (`ArrayOps.computation_dtype`).
+      gradient_stats: the gradient stats to compute and return (`columns.gradient_stats`).
     """
-    reductions, sizes = reduction_matrix(ops, gradients, dtype)
+    reductions, sizes = reduction_matrix(ops, gradients, dtype, gradient_stats)
     # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
     weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
-    return statistics_from_reductions(ops, reductions, sizes, weight_norms)
+    return statistics_from_reductions(ops, reductions, sizes, weight_norms, gradient_stats)
 
 
-def reduction_matrix(ops, gradients, dtype):
+def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
     """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
     arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
-    rows, sizes = fast_reduction_matrix(ops, gradients, dtype)
-    scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype)
+    rows, sizes = fast_reduction_matrix(ops, gradients, dtype, gradient_stats)
+    scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype, gradient_stats)
     # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
     return ops.cond(trusted, lambda: scaled,
                     lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
 
 
-def fast_reduction_matrix(ops, gradients, dtype):
+def fast_reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
     """``([variables, REDUCTIONS], [variables] dense sizes)``: every variable's `_fast_reductions`
-    row (sums unscaled; a NaN row for a missing gradient), to be scaled and trusted only where
-    `checked_fast_rows` says so. A caller that wants no host sync on the device
-    (`reduction_matrix` takes a ``cond``) may copy them to the host and decide there."""
+    row (sums unscaled; a NaN row for a missing gradient) from the passes ``gradient_stats``
+    need (`passes_for`), to be scaled and trusted only where `checked_fast_rows` says so. A
+    caller that wants no host sync on the device (`reduction_matrix` takes a ``cond``) may copy
+    them to the host and decide there."""
     like = ops.to_float(0, dtype)
     given = [np.nan if g is None else g[1] for g in gradients]
     if _known_when_traced(given):
         sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
     else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
         sizes = ops.stack([ops.constant(size, like) for size in given])
-    return _rows_in_order(ops, gradients, ops.fast_reduction_rows,
+    passes = passes_for(tuple(gradient_stats))
+    return _rows_in_order(ops, gradients, lambda values: ops.fast_reduction_rows(values, passes),
                           ops.reshape(_missing_row(ops, like), (1, -1))), sizes
 
 
-def checked_fast_rows(ops, rows, sizes, dtype):
-    """``(scaled rows, trusted)``: `fast_reduction_matrix` rows computed in ``dtype`` with their
-    sums scaled (`scaled_sums`), and whether they are exact to rounding: no non-finite or
-    overflowing sum, no lost squares (`_no_square_underflows`); missing rows aside."""
+def checked_fast_rows(ops, rows, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``(scaled rows, trusted)``: `fast_reduction_matrix` rows (of ``gradient_stats``) computed
+    in ``dtype`` with their sums scaled (`scaled_sums`), and whether they are exact to rounding:
+    no non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
+    aside."""
     scaled = scaled_sums(ops, rows)
     checked = ops.stack([_column(scaled, name) for name in _CHECKED_REDUCTIONS], axis=1)
+    deviations = "m2" in passes_for(tuple(gradient_stats))
     return scaled, ops.all(
-        (ops.all(ops.isfinite(checked), axis=1) & _no_square_underflows(ops, rows, dtype))
+        (ops.all(ops.isfinite(checked), axis=1)
+         & _no_square_underflows(ops, rows, dtype, deviations))
         | ops.isnan(sizes))
 
 
@@ -443,34 +492,38 @@ def _missing_row(ops, like):
     return ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
 
 
-def _no_square_underflows(ops, rows, dtype):
+def _no_square_underflows(ops, rows, dtype, deviations=True):
     """``[variables]``: whether the unscaled squares of `_fast_reductions` lost nothing.
 
-    TensorFlow, XLA and GPUs flush results below the smallest normal float to zero, so squares of
-    entries under ~1e-19 (float32) vanish: a vanishing gradient would read as an exact 0. Flushed
-    squares are harmless while each is under ``u`` (unit roundoff) times the largest square
-    (abs_max^2, for the sum of squares) or the mean squared deviation (for M2): they then move
-    the sum by less than its own rounding. Rows of all-equal entries (min == max, M2 truly 0 and
-    all zeros included) need no check. The other rows take the masked pass, which scales by
-    abs_max first.
+    Squares of entries under ~1e-19 (float32) underflow to subnormals, which TensorFlow, XLA and
+    GPUs flush to zero, and under ~1e-23 to zero everywhere: a vanishing gradient would read as
+    an exact 0. The n squares of a sum lose less than ``n * tiny`` (tiny: the smallest normal
+    float) in all, which is below the sum's own rounding (``u``, unit roundoff, times the sum)
+    when the sum is at least ``n * tiny / u``: checked for the sum of squares (unless every entry
+    is 0: abs_max 0) and, when ``deviations`` (the M2 pass ran), for M2 (unless all entries are
+    equal: min == max, M2 truly 0). The other rows take the masked pass, which scales by abs_max
+    first.
     """
     info = np.finfo(numpy_float(dtype))
-    negligible = ops.constant(info.tiny / (info.eps / 2), _column(rows, "m2"))
     column = lambda name: _column(rows, name)  # noqa: E731
-    constant = column("min") == column("max")
-    squares_kept = column("abs_max") * column("abs_max") >= negligible
-    deviations_kept = column("m2") >= column("present") * negligible
-    return constant | (squares_kept & deviations_kept)
+    zero = ops.constant(0, column("m2"))
+    least_sum = column("present") * ops.constant(info.tiny / (info.eps / 2), zero)
+    kept = (column("sum_squares") >= least_sum) | (column("abs_max") == zero)
+    if deviations:
+        kept = kept & ((column("m2") >= least_sum) | (column("min") == column("max")))
+    return kept
 
 
-def statistics_from_reductions(ops, reductions, sizes, weight_norms=None):
+def statistics_from_reductions(ops, reductions, sizes, weight_norms=None,
+                               gradient_stats=columns.GRADIENT_STATS):
     """The ``[variables, stats]`` matrix from `reduction_matrix` rows (or `combine_shards`'),
-    the dense sizes and, when known, each variable's weight norm."""
+    the dense sizes and, when known, each variable's weight norm; gradient columns
+    ``gradient_stats``."""
     stats = _finalize(ops, reductions, sizes)
     if weight_norms is not None:
         nan = ops.constant(np.nan, sizes)
         stats["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, nan)  # missing: all NaN
-    names = columns.stats_for(with_weights=weight_norms is not None, with_updates=False)
+    names = columns.stats_for(weight_norms is not None, False, gradient_stats)
     return ops.stack([stats[name] for name in names], axis=1)
 
 

@@ -83,10 +83,15 @@ class GradientWriter:
       digest: also write each stats tag's digest (see the module); it costs a background thread
         about 0.2-0.3 ms of CPU per step for 1,000 variables, and 2.5 bytes per variable and step
         on disk (benchmarks/NOTES.md).
+      stats: the gradient statistics `write` logs (`columns.gradient_stats`): None for all, or
+        some of their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient
+        instead of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always
+        logged.
     """
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
-                 digest: bool = True):
+                 digest: bool = True, stats=None):
+        self._gradient_stats = columns.gradient_stats(stats)
         self._events = event_files.EventFileWriter(run_directory(logdir))
         self._name = name
         self._strict = bool(strict)
@@ -151,7 +156,8 @@ class GradientWriter:
             (weight_arrays[n].shape if weight_arrays else None) if arrays[n] is None else arrays[n].shape
             for n in names
         ]
-        layout = Layout.create(names, shapes, with_weights=weights is not None)
+        layout = Layout.create(names, shapes, with_weights=weights is not None,
+                               gradient_stats=self._gradient_stats)
         entries = [
             None if arrays[n] is None else (arrays[n].astype(dtype, copy=False), arrays[n].size)
             for n in names
@@ -163,6 +169,7 @@ class GradientWriter:
                 entries,
                 None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
                 dtype,
+                self._gradient_stats,
             )
             counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
         return self.write_statistics(step, layout, stats, counts)

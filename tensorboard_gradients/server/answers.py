@@ -38,7 +38,8 @@ MAX_JSON_CELLS = 1_000_000
 
 def runs_overview(data: GradientData, ctx, experiment) -> dict:
     """``{run: {tag: overview}}`` of every stats tag: sizes, stat names and which extras
-    (histograms, epochs) exist.
+    (histograms, epochs) exist; ``"not_logged"`` lists the gradient stats its writer left out
+    (`GradientSeries.unlogged_stats`), only when it left some out.
 
     A tag that cannot be read (metadata this version cannot read, data that cannot be decoded)
     is listed with an ``"error"`` message; every other tag is served as usual.
@@ -65,6 +66,8 @@ def _tag_overview(data, ctx, experiment, run, tag, tags) -> dict:
         "epochs": 0 if series.epoch_starts is None else len(series.epoch_starts),
         "sampled": loaded.sampled,
     }
+    if series.unlogged_stats:  # like "error": only there when there are some
+        overview["not_logged"] = list(series.unlogged_stats)
     damage = _damage_fields(loaded)
     if damage["damaged"] or damage["damage"]:  # like "error": only there when there is some
         overview.update(damage)
@@ -105,8 +108,16 @@ class HeatmapQuery:
 
     def bounded(self, loaded: Loaded) -> "HeatmapQuery":
         """The same query with ``max_steps`` as answered for this series (`UnknownError` for a
-        stat it does not have). Idempotent."""
+        stat it does not have, a `ValueError` naming the logged ones for a gradient stat its
+        writer did not log). Idempotent."""
         series = loaded.series
+        if self.stat in series.unlogged_stats:
+            # A 400, not a 404: the stat exists, this tag's writer was asked for others.
+            raise ValueError(
+                f"stat {self.stat!r} was not logged in run {series.run!r}, tag {series.tag!r}: "
+                f"its writer logged only {', '.join(series.stat_names)} (a writer's stats= "
+                "chooses the gradient stats)"
+            )
         if self.stat not in series.available_stats:
             raise UnknownError(
                 f"no stat {self.stat!r} in run {series.run!r}, tag {series.tag!r}; "

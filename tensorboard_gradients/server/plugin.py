@@ -10,6 +10,7 @@ Routes (GET, under ``/data/plugin/gradients/``):
 * ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs", "sampled"}}}``
   (stats: the logged ones, then the derived ratios `columns.DERIVED_STATS` that can be computed;
   epochs: how many epoch marks, 0 without; sampled: null or why not every step is served). A tag
+  whose writer logged only some of the gradient stats adds ``"not_logged"`` (the others). A tag
   that cannot be read is listed with ``"error"``; a tag with logged steps left out as damaged
   adds ``"damaged"`` (how many) and ``"damage"`` (sentences saying why, also naming damaged
   event files of the run and what its histograms and epoch marks lost, e.g. histograms left out
@@ -41,7 +42,8 @@ so exploding gradients survive the trip. A missing gradient is ``"NaN"`` with cl
 Threshold overrides are the field names of `analysis.Thresholds` (e.g. ``&exploding_norm=100``).
 
 Errors: a missing or invalid parameter answers 400 (integers must fit in int64), a tag that
-cannot be read 400, an unknown run, tag, variable or stat 404, all as ``{"error": message}``.
+cannot be read 400, a gradient stat the tag's writer did not log 400 (naming those it logged),
+an unknown run, tag, variable or stat 404, all as ``{"error": message}``.
 Anything else is a bug: logged with its traceback and answered as a JSON 500, never a page.
 """
 

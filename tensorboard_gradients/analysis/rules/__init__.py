@@ -8,7 +8,7 @@ To add a rule: write ``rules/<name>.py`` with a `Rule` subclass (and its `Parame
 add one instance here.
 """
 
-from typing import Tuple
+from typing import Dict, Tuple
 
 from tensorboard_gradients.analysis.rule import Rule
 from tensorboard_gradients.analysis.rules import (
@@ -33,3 +33,11 @@ KINDS = tuple(dict.fromkeys(rule.kind for rule in RULES))
 def of_kind(kind: str) -> Tuple[Rule, ...]:
     """The rules whose alerts have this `Alert.kind` (e.g. ``spike``: the spike rule)."""
     return tuple(rule for rule in RULES if rule.kind == kind)
+
+
+def lacking(series) -> Dict[str, Tuple[str, ...]]:
+    """``{rule name: the stats it needs that series lacks}`` of each rule that cannot judge
+    ``series`` (`Rule.needs`), in rule order: what a report of its alerts must say was not
+    judged."""
+    return {rule.name: tuple(n for n in rule.needs if n not in series.available_stats)
+            for rule in RULES if not rule.judges(series)}

@@ -1,5 +1,10 @@
 """The dead rule: a gradient that is (almost) entirely exact zeros for a sustained stretch
 (warnings; the heatmap shows the zero fraction itself, so no cell class).
+
+It judges only a logged ``zero_fraction``, as the update-ratio rule judges only a logged update:
+a writer asked for fewer stats (format 1.3's ``stats=``) may leave it out, and no other stat
+gives the share of zero entries that ``dead_fraction`` bounds (a 99%-dead ReLU layer's norm and
+largest entry can be anything).
 """
 
 import numpy as np
@@ -15,6 +20,8 @@ A variable whose gradient is exactly zero in at least this fraction of its entri
 network can die at too high a learning rate; here 99% of the gradient is gone) or a
 disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
 rows get a gradient); raise this threshold or ignore those alerts for them.
+
+Needs ``zero_fraction`` (logged unless a writer's ``stats=`` left it out).
 """)
 
 
@@ -27,8 +34,11 @@ class Dead(Rule):
     name = "dead"
     kind = "dead"
     parameters = (DEAD_FRACTION,)
+    needs = ("zero_fraction",)
 
     def alerts(self, evidence, builder):
+        if not self.judges(evidence.series):
+            return  # not logged: nothing to judge (see the module)
         limits = evidence.thresholds
         zero_fraction = evidence.series.stat("zero_fraction")
         # A gradient with NaN/Inf entries is the nonfinite rule's finding, not also a dead one.

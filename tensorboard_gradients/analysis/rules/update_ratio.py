@@ -47,6 +47,7 @@ class UpdateRatio(Rule):
     name = "update_ratio"
     kind = "update_ratio"
     parameters = (UPDATE_RATIO_LOW, UPDATE_RATIO_HIGH)
+    needs = ("update_weight_ratio",)
 
     def check(self, thresholds):
         if thresholds.update_ratio_low >= thresholds.update_ratio_high:
@@ -61,7 +62,7 @@ class UpdateRatio(Rule):
         the kernels (variables ``rows``), ``[steps, len(rows)]`` in float32, NaN at
         non-finite steps; None when the series did not log it."""
         series = evidence.series
-        if "update_weight_ratio" not in series.available_stats:
+        if not self.judges(series):
             return None
         rows = np.array([row for row, shape in enumerate(series.shapes)
                          if shape is not None and len(shape) >= 2], dtype=np.int64)
