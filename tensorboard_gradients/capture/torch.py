@@ -176,8 +176,7 @@ class TorchOps(statistics.ArrayOps):
         # min and max in one pass (`aminmax`, 11 us for 65k entries) and its zero count
         # (`count_nonzero`); across the rows of a stack `amin`/`amax` (aminmax along a dimension
         # is 15x slower) and the zero count from the signs of |g| (count_nonzero and boolean sums
-        # along a dimension are 4-8x slower); one array's squares as a dot product (6 us, its
-        # norm 12 us), a stack's as norms along the rows (no temporary).
+        # along a dimension are 4-8x slower); squares by `sum_of_squares`.
         if matrix.numel() == 0:  # aminmax has no empty case; an empty shard is common (FSDP)
             return super().matrix_reductions(matrix, passes)
         rows, entries = matrix.shape
@@ -194,9 +193,9 @@ class TorchOps(statistics.ArrayOps):
                     found[name] = extreme(matrix, 1)
         if "m2" in passes:
             found["m2"] = (
-                # the norm of the deviations from the mean (two-pass), 3x faster on CPU than
+                # the squares of the deviations from the mean (two-pass), 3x faster on CPU than
                 # `torch.var`'s Welford pass; temporaries are cheap in host memory
-                torch.linalg.vector_norm(matrix - (found["sum"] / count)[:, None], dim=1) ** 2
+                cls.sum_of_squares(matrix - (found["sum"] / count)[:, None], 1)
                 if on_cpu else torch.var(matrix, dim=1, correction=0) * count)
         # Off the CPU: one kernel each, no gradient-sized temporary on the accelerator.
         magnitude = matrix.abs() if on_cpu and {"sum_abs", "zeros"} & set(passes) else None
@@ -209,13 +208,44 @@ class TorchOps(statistics.ArrayOps):
                 else magnitude.sign().sum(1) if on_cpu
                 else torch.count_nonzero(matrix, dim=1).to(count.dtype))
         if "sum_squares" in passes:
-            found["sum_squares"] = (torch.dot(matrix[0], matrix[0]).reshape(1) if rows == 1
-                                    else torch.linalg.vector_norm(matrix, dim=1) ** 2)
+            found["sum_squares"] = cls.sum_of_squares(matrix, 1)
         return tuple(found[name] for name in passes)
 
+    @staticmethod
+    def sum_of_squares(matrix, axes):
+        # One array's as a dot product (BLAS: 6 us for 65k float32 entries on CPU, its norm
+        # 12 us); a stack's as norms of its rows.
+        if matrix.shape[0] == 1:
+            flat = matrix.reshape(-1)
+            return torch.dot(flat, flat).reshape(1)
+        return torch.linalg.vector_norm(matrix, dim=axes) ** 2
+
     @classmethod
-    def square_sums(cls, arrays):
+    def pass_rows(cls, values, passes):
+        # The required stats alone (squares, min, max): one multi-tensor norm for all arrays and
+        # one `aminmax` each, stacked once: 0.4-0.5 ms for the benchmark MLP's 28 gradients on
+        # CPU, against 1.0-1.1 ms through the grouped path, whose fixed cost per group (a stack,
+        # a count, a concat) outweighs the passes there (benchmarks/NOTES.md "stats=").
+        if tuple(passes) != _REQUIRED_PASSES:
+            return super().pass_rows(values, passes)
+        like = values[0]
+        infinity = torch.tensor(float("inf"), dtype=like.dtype, device=like.device)
+        extremes = [torch.aminmax(v) if v.numel() else (infinity, -infinity) for v in values]
+        found = {
+            "count": torch.tensor([float(v.numel()) for v in values], dtype=like.dtype,
+                                  device=like.device),
+            "min": torch.stack([low for low, _ in extremes]),
+            "max": torch.stack([high for _, high in extremes]),
+            "sum_squares": torch.stack(torch._foreach_norm(values, 2)) ** 2,
+        }
+        return torch.stack([found[name] for name in passes], dim=1)
+
+    @staticmethod
+    def square_sums(arrays):
         return torch.stack(list(torch._foreach_norm(arrays, 2))) ** 2
+
+
+_REQUIRED_PASSES = statistics.passes_for(columns.REQUIRED_STATS)
 
 
 def _on(tensor, device, dtype):

@@ -95,9 +95,14 @@ class ArrayOps:
     def fast_reduction_rows(cls, values, passes):
         """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array, from the
         `MATRIX_REDUCTIONS` named in ``passes`` (`passes_for`)."""
-        return _fast_reductions(cls, cls.grouped_rows(
-            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix, passes), axis=1)),
-            passes)
+        return _fast_reductions(cls, cls.pass_rows(values, passes), passes)
+
+    @classmethod
+    def pass_rows(cls, values, passes):
+        """``[len(values), len(passes)]``: the `MATRIX_REDUCTIONS` named in ``passes`` of each
+        array, reduced in `size_groups` (an adapter with multi-array kernels overrides this)."""
+        return cls.grouped_rows(
+            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix, passes), axis=1))
 
     @classmethod
     def matrix_reductions(cls, matrix, passes):
