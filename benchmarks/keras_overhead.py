@@ -6,7 +6,8 @@ the ratios are robust to this machine's noise:
 * ``none``: plain ``model.fit``;
 * ``monitor``: ``GradientMonitor`` statistics every step;
 * ``monitor_norms``: the same with ``stats=("l2_norm",)``: the required stats only (norm, min,
-  max, max |g|, NaN/Inf counts), three passes per gradient instead of six;
+  max, max |g|, NaN/Inf counts), three passes per gradient instead of six, no weight or update
+  norms;
 * ``monitor_every_10``: statistics every 10th step;
 * ``monitor_histograms``: statistics and log10|g| histograms every step;
 * ``recipe``: the common hand-written callback: after every batch, a second forward/backward pass

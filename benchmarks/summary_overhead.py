@@ -5,7 +5,8 @@ step run interleaved in one process, so machine noise hits them alike:
 
   none          no gradient logging
   ours          tensorboard_gradients.summary.gradients: all stats of all variables, one summary
-  ours_norms    the same with stats=("l2_norm",): the required stats only, three passes, not six
+  ours_norms    the same with stats=("l2_norm",): the required stats only, three passes, not six,
+                no weight norms
   ours_every_10 the same under tf.summary.record_if(step % 10 == 0)
   histograms    tf.summary.histogram per variable (TensorBoard's Histograms tab)
   scalar_norms  tf.summary.scalar(tf.norm(g)) per variable (the hand-written callback recipe)

@@ -7,7 +7,7 @@ interleaved round by round in one process, so machine noise hits them alike:
   ours            tensorboard_gradients.torch.GradientMonitor, every statistic, every step
   ours_norms      the same with stats=("l2_norm",): the required stats only (norm, min, max,
                   max |g|, NaN/Inf counts), three passes per gradient instead of six (two
-                  kernels in PyTorch: a dot product and aminmax)
+                  kernels in PyTorch: a multi-tensor norm and aminmax), no weight norms
   ours_every_10   the same with every_n_steps=10
   ours_histograms every statistic and the log10|g| histograms, every step
   hook_histograms a hook per parameter computing a 64-bin `torch.histc` of its gradient between

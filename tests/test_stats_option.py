@@ -1,5 +1,6 @@
-"""``stats=``: every writer logs the gradient stats it was asked for, plus the required ones, and
-each logged number is the one the full set gives (same data, same formulas, fewer passes).
+"""``stats=``: every writer logs the stats it was asked for, plus the required ones, and each
+logged number is the one the full set gives (same data, same formulas, fewer passes); weight
+(and update) norms only when named.
 
 The Keras monitor's ``stats=`` is checked on all three backends by `keras_backend_training`
 (``fewer_stats``), against the gradients SGD applied.
@@ -45,6 +46,11 @@ def assert_same_columns(reduced, full, names):
 
 def test_gradient_stats_adds_the_required_ones_in_the_format_order():
     assert columns.gradient_stats() == columns.GRADIENT_STATS
+    assert columns.selected_stats() == columns.GRADIENT_STATS + ("weight_l2_norm",
+                                                                 "update_l2_norm")
+    assert columns.selected_stats(NORM_ONLY) == REQUIRED_IN_ORDER
+    assert columns.selected_stats(["update_l2_norm"]) == REQUIRED_IN_ORDER + ("update_l2_norm",)
+    assert columns.gradient_stats(["update_l2_norm"]) == REQUIRED_IN_ORDER
     assert columns.gradient_stats(NORM_ONLY) == REQUIRED_IN_ORDER
     assert columns.gradient_stats("zero_fraction") == (
         "l2_norm", "min", "max", "abs_max", "zero_fraction", "nan_count", "inf_count", "size")
@@ -52,7 +58,7 @@ def test_gradient_stats_adds_the_required_ones_in_the_format_order():
         "l2_norm", "mean", "std", "min", "max", "abs_max", "nan_count", "inf_count", "size")
 
 
-@pytest.mark.parametrize("bad", [("l2",), ("l2_norm", "weight_l2_norm"), 3, [["mean"]]])
+@pytest.mark.parametrize("bad", [("l2",), ("l2_norm", "grad_weight_ratio"), 3, [["mean"]]])
 def test_an_unknown_stat_is_refused_naming_the_known_ones(bad):
     with pytest.raises(ValueError, match="gradient stats"):
         columns.gradient_stats(bad)
@@ -62,14 +68,19 @@ def test_an_unknown_stat_is_refused_naming_the_known_ones(bad):
 
 def test_the_numpy_writer_logs_what_it_was_asked_for(tmp_path):
     steps = [gradients_with_trouble(seed) for seed in range(3)]
-    for name, stats in (("full", None), ("norms", NORM_ONLY)):
+    for name, stats in (("full", None), ("norms", NORM_ONLY), ("weights", ["weight_l2_norm"])):
         with GradientWriter(str(tmp_path), name=name, stats=stats) as writer:
             for step, gradients in enumerate(steps):
-                writer.write(step, gradients)
+                weights = {n: np.ones((3, 3)) if g is None else np.ones_like(g)
+                           for n, g in gradients.items()}
+                writer.write(step, gradients, weights=weights)
     run = tg.read_logdir(str(tmp_path))["."]
     full, norms = run["full"], run["norms"]
-    assert full.stat_names == columns.GRADIENT_STATS
-    assert norms.stat_names == REQUIRED_IN_ORDER
+    assert full.stat_names == columns.GRADIENT_STATS + ("weight_l2_norm",)
+    assert norms.stat_names == REQUIRED_IN_ORDER  # weights given, their norms not asked for
+    assert run["weights"].stat_names == REQUIRED_IN_ORDER + ("weight_l2_norm",)
+    np.testing.assert_array_equal(run["weights"].stat("weight_l2_norm"),
+                                  full.stat("weight_l2_norm"))
     assert_same_columns(norms.values, full.values, REQUIRED_IN_ORDER)
     broken = norms.variables.index("broken/kernel")
     assert norms.stat("nan_count")[0, broken] == 1 and norms.stat("inf_count")[0, broken] == 1
@@ -96,8 +107,10 @@ def test_the_tensorflow_summary_op_logs_what_it_was_asked_for(tmp_path):
 
     reduced, full = computed(("mean", "zero_fraction")).numpy(), computed(None).numpy()
     names = columns.gradient_stats(("mean", "zero_fraction"))
-    assert reduced.shape == (2, len(names) + 1)  # + weight_l2_norm
-    assert_same_columns(reduced[:, :-1], full[:, :-1], names)
+    assert reduced.shape == (2, len(names))  # no weight_l2_norm unless named
+    assert_same_columns(reduced, full[:, :-1], names)
+    with_weights = computed(("mean", "weight_l2_norm")).numpy()
+    np.testing.assert_array_equal(with_weights[:, -1], full[:, -1])
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
         assert summary.write_statistics(reduced, variables, step=1,
                                         logged_stats=("mean", "zero_fraction"))
@@ -108,8 +121,8 @@ def test_the_tensorflow_summary_op_logs_what_it_was_asked_for(tmp_path):
         assert summary.gradients(tape.gradient(loss, variables), variables, step=3,
                                  name="op", stats=NORM_ONLY)
     run = tg.read_logdir(str(tmp_path))["."]
-    assert run["gradients"].stat_names == names + ("weight_l2_norm",)
-    assert run["op"].stat_names == REQUIRED_IN_ORDER + ("weight_l2_norm",)
+    assert run["gradients"].stat_names == names
+    assert run["op"].stat_names == REQUIRED_IN_ORDER
 
 
 def test_the_pytorch_monitor_logs_what_it_was_asked_for(tmp_path):
@@ -120,7 +133,8 @@ def test_the_pytorch_monitor_logs_what_it_was_asked_for(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4),
                                 torch.nn.Linear(4, 4))  # the last one never used: missing
     monitors = [GradientMonitor(model, str(tmp_path), name=name, stats=stats)
-                for name, stats in (("full", None), ("norms", NORM_ONLY))]
+                for name, stats in (("full", None), ("norms", NORM_ONLY),
+                                    ("weights", ("weight_l2_norm", "zero_fraction")))]
     for _ in range(3):
         model.zero_grad(set_to_none=True)
         model[2](model[1](model[0](torch.randn(8, 16)))).square().mean().backward()
@@ -129,8 +143,12 @@ def test_the_pytorch_monitor_logs_what_it_was_asked_for(tmp_path):
     for monitor in monitors:
         monitor.close()
     run = tg.read_logdir(str(tmp_path))["."]
-    assert run["norms"].stat_names == REQUIRED_IN_ORDER + ("weight_l2_norm",)
-    assert_same_columns(run["norms"].values[..., :-1], run["full"].values, REQUIRED_IN_ORDER)
+    assert run["norms"].stat_names == REQUIRED_IN_ORDER
+    assert_same_columns(run["norms"].values, run["full"].values, REQUIRED_IN_ORDER)
+    weights = run["weights"]
+    assert weights.stat_names == columns.gradient_stats(["zero_fraction"]) + ("weight_l2_norm",)
+    np.testing.assert_array_equal(weights.stat("weight_l2_norm"),
+                                  run["full"].stat("weight_l2_norm"))
     with pytest.raises(ValueError, match="gradient stats"):
         GradientMonitor(model, str(tmp_path), stats=("norm",))
 
@@ -146,14 +164,16 @@ def test_jax_writers_log_what_they_were_asked_for(tmp_path):
         log_gradients(writer, grads, 0, params=params, stats=("std",))
         jax.jit(lambda g, s: log_gradients(writer, g, s, stats=NORM_ONLY))(grads, 1)
         jax.effects_barrier()
-    tx = optax.chain(gradient_monitor(None, stats=("mean_abs",)), optax.sgd(0.1))
+    tx = optax.chain(gradient_monitor(None, stats=("mean_abs", "weight_l2_norm")),
+                     optax.sgd(0.1))
     state = tx.init(params)
     _, state = jax.jit(tx.update)(grads, state, params)
     assert state[0].columns == columns.gradient_stats(("mean_abs",)) + ("weight_l2_norm",)
+    np.testing.assert_allclose(state[0].stat("weight_l2_norm"), [0, np.sqrt(24)])  # bias first
     np.testing.assert_array_equal(state[0].stat("mean_abs"), [0.25, 0.75])
     np.testing.assert_array_equal(state[0].stat("max"), [0.25, 0.75])
     series = tg.read_logdir(str(tmp_path))["."]
-    assert series["logged"].stat_names == columns.gradient_stats(("std",)) + ("weight_l2_norm",)
+    assert series["logged"].stat_names == columns.gradient_stats(("std",))  # params, no norms
     assert series["logged_varset2"].stat_names == REQUIRED_IN_ORDER
     with pytest.raises(ValueError, match="gradient stats"):
         gradient_monitor(None, stats=("variance",))

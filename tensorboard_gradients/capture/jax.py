@@ -293,9 +293,10 @@ def log_gradients(writer, grads, step, params=None, histograms=False, stats=None
       params: the parameter pytree of the same structure, for the ``weight_l2_norm`` column
         (and the gradient/weight ratio); optional.
       histograms: also write the log10|g| histograms at this step.
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Returns:
       The tag written to, on the writing process (process 0; the only one in a single-process
@@ -311,8 +312,10 @@ def log_gradients(writer, grads, step, params=None, histograms=False, stats=None
         raise ValueError("log_gradients needs a pytree with at least one gradient leaf")
     names = [name for name, _ in rows]
     gradients = [leaf for _, leaf in rows]
-    weights = None if params is None else _weights_for(names, params)
-    gradient_stats = columns.gradient_stats(stats)
+    selected = columns.selected_stats(stats)
+    gradient_stats = columns.gradient_stats(selected)
+    weights = (None if params is None or "weight_l2_norm" not in selected
+               else _weights_for(names, params))
     # Before the computation: a layout error is raised by every process, none left waiting in
     # a collective.
     layout = Layout.create(names, [g.shape for g in gradients], with_weights=weights is not None,
@@ -409,9 +412,10 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
       strict: raise when the event files cannot be written (a full disk, no permission); by
         default the step is dropped and counted, and training goes on (see
         `tensorboard_gradients.format.writer`). Only for a ``log_dir`` path.
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the parameters). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
@@ -428,7 +432,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         "histograms_every_n_steps", histograms_every_n_steps)
     name = options.non_empty_name(name)
     include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
-    gradient_stats = columns.gradient_stats(stats)
+    selected = columns.selected_stats(stats)
+    gradient_stats = columns.gradient_stats(selected)
+    logs_weights = "weight_l2_norm" in selected
     writer = _writer(log_dir, name, strict)
     if writer is None and histograms_every_n_steps is not None:
         raise ValueError("histograms_every_n_steps needs a log_dir: the state keeps only the "
@@ -443,7 +449,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             raise ValueError("gradient_monitor has no leaf to watch: the parameters are empty "
                              "or include/exclude leave none")
         layout = Layout.create([n for n, _ in rows], [leaf.shape for _, leaf in rows],
-                               with_weights=True, gradient_stats=gradient_stats)
+                               with_weights=logs_weights, gradient_stats=gradient_stats)
         dtype = JaxOps.computation_dtype([leaf.dtype for _, leaf in rows])
         return GradientMonitorState(
             count=jnp.zeros([], jnp.int32), step=jnp.full([], -1, jnp.int32),
@@ -454,7 +460,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         del extra_args  # the other members' of a chain
         rows = watched(updates)
         names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
-        weights = None if params is None else _weights_for(names, params)
+        weights = None if params is None or not logs_weights else _weights_for(names, params)
         layout = Layout.create(names, [g.shape for g in gradients],
                                with_weights=weights is not None, gradient_stats=gradient_stats)
         if layout.variables != state.variables:

@@ -173,10 +173,11 @@ class GradientMonitor(keras.callbacks.Callback):
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (``dropped_steps``) and
         reported, and later steps try again (see `tensorboard_gradients.format.writer`).
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged. The once-per-
-        epoch ``probe_data`` gradients log all.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm and update_l2_norm only when named. The once-per-epoch
+        ``probe_data`` gradients log all.
 
     Raises:
       ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow, JAX
@@ -196,7 +197,7 @@ class GradientMonitor(keras.callbacks.Callback):
         stats=None,
     ):
         super().__init__()
-        self._gradient_stats = columns.gradient_stats(stats)
+        self._stats = columns.selected_stats(stats)
         self.name = options.non_empty_name(name)
         self.log_dir = os.fspath(log_dir)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
@@ -268,17 +269,17 @@ class GradientMonitor(keras.callbacks.Callback):
                 self.histograms_every_n_steps,
                 steps_between_reads=int(model.steps_per_execution),
                 first_step_index=first_index,
-                gradient_stats=self._gradient_stats,
+                stats=self._stats,
             )
             self._recorder_key = key
             self._layout = Layout.create(
                 names,
                 [v.shape for v in watched],
-                with_weights=True,
+                with_weights=self._recorder.logs_weights,
                 with_updates=self._recorder.records_updates,
-                gradient_stats=self._gradient_stats,
+                gradient_stats=self._recorder.gradient_stats,
             )
-            if self._recorder.distributed:
+            if self._recorder.distributed and "update_l2_norm" in self._stats:
                 logger.info(
                     "GradientMonitor: update_l2_norm is not recorded with %d replicas (updates "
                     "run per device)",

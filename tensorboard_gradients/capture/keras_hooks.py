@@ -80,18 +80,21 @@ def scalar_names(clipping, loss_scaled):
 
 class Recorder:
     """What every backend's ``StepRecorder`` sets up the same way: the optimizers, the watched
-    variables, the schedules, the scalar and statistic names (the ``gradient_stats`` asked for,
-    `columns.gradient_stats`, and ``records_updates``, which a recorder sets before calling
+    variables, the schedules, the scalar and statistic names (of the ``stats`` asked for,
+    `columns.selected_stats`, and ``records_updates``, which a recorder sets before calling
     this) and the optimizer patches."""
 
-    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, gradient_stats):
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, stats):
         self._optimizer, self._inner, self._loss_scaled = optimizers(model)
         self.watched = list(watched)
         self._every = every_n_steps
         self._histogram_every = histograms_every_n_steps
         self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
-        self.gradient_stats = tuple(gradient_stats)
-        self.stat_names = columns.stats_for(True, self.records_updates, self.gradient_stats)
+        self.stats = columns.selected_stats(stats)
+        self.gradient_stats = columns.gradient_stats(self.stats)
+        self.logs_weights = "weight_l2_norm" in self.stats
+        self.stat_names = columns.stats_for(self.logs_weights, self.records_updates,
+                                            self.gradient_stats)
         self._patches = Patches()
 
 

@@ -62,12 +62,12 @@ class StepRecorder(Recorder):
     """
 
     distributed = False  # XLA reduces global arrays: one gradient, whatever the distribution
-    records_updates = True
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, gradient_stats=columns.GRADIENT_STATS):
+                 steps_between_reads, first_step_index, stats=None):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, gradient_stats)
+        self.records_updates = "update_l2_norm" in columns.selected_stats(stats)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
         self._model = model
         self._lock = threading.Lock()
         self._rows = []
@@ -170,11 +170,13 @@ class StepRecorder(Recorder):
 
     def _stats_and_scalars(self, optimizer_variables, grads, before, after):
         unscaled, entries, dtype = self._entries(optimizer_variables, grads)
-        weights = [before[i].astype(dtype) for i in self._positions]
+        weights = ([before[i].astype(dtype) for i in self._positions] if self.logs_weights
+                   else None)
         stats = statistics.statistics_matrix(JaxOps, entries, weights, dtype, self.gradient_stats)
-        updates = JaxOps.sqrt(JaxOps.square_sums(
-            [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions]))
-        stats = jnp.concatenate([stats, updates[:, None]], axis=1)
+        if self.records_updates:
+            updates = JaxOps.sqrt(JaxOps.square_sums(
+                [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions]))
+            stats = jnp.concatenate([stats, updates[:, None]], axis=1)
         return stats, self._scalars(grads, unscaled, stats, optimizer_variables, dtype)
 
     def _histogram_matrix(self, optimizer_variables, grads):

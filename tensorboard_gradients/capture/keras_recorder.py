@@ -67,15 +67,16 @@ class StepRecorder(Recorder):
       steps_between_reads: ``steps_per_execution``: the host can only read between executions, so
         the ring buffer holds RECORDED_STEPS_PER_READ recorded steps plus one execution's.
       first_step_index: the 0-based index of the next optimizer step.
-      gradient_stats: the gradient stats to record (`columns.gradient_stats`).
+      stats: the stats to record (`columns.selected_stats`; None: all).
     """
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, gradient_stats=columns.GRADIENT_STATS):
+                 steps_between_reads, first_step_index, stats=None):
         self._strategy = model.distribute_strategy
         self.distributed = self._strategy.num_replicas_in_sync > 1
-        self.records_updates = not self.distributed
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, gradient_stats)
+        self.records_updates = (not self.distributed
+                                and "update_l2_norm" in columns.selected_stats(stats))
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
         self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
         self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}
         self.stat_count = len(self.stat_names)
@@ -219,7 +220,7 @@ class StepRecorder(Recorder):
 
         def record_stats():
             stats = tf.cast(tensorflow_ops.gradient_statistics(
-                watched_grads, self.watched, stats=self.gradient_stats), self.dtype)
+                watched_grads, self.watched, stats=self.stats), self.dtype)
             if self.records_updates:
                 # Filled in by the update hooks as the optimizer applies this step.
                 stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)

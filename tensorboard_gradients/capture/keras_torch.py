@@ -45,12 +45,12 @@ class StepRecorder(Recorder):
     """
 
     distributed = False
-    records_updates = True
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, gradient_stats=columns.GRADIENT_STATS):
+                 steps_between_reads, first_step_index, stats=None):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, gradient_stats)
+        self.records_updates = "update_l2_norm" in columns.selected_stats(stats)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
         self._watched_ids = {id(v) for v in self.watched}
         self._completed = int(first_step_index)
         self._rows = []  # (step, stats, scalars) still on the device
@@ -98,7 +98,7 @@ class StepRecorder(Recorder):
     @torch.no_grad()
     def _before_update(self, grads, variables):
         """Records the statistics (and histograms) of this step; returns what `_after_update`
-        needs to add the update norms, or None when the step is not logged."""
+        needs to add the update norms, or None when the step is not logged or without them."""
         index = self._completed
         self._completed += 1
         stats_due = index % self._every == 0
@@ -121,13 +121,13 @@ class StepRecorder(Recorder):
         if not stats_due:
             return None
         weights = [w.to(device=device, dtype=dtype) for w in weights]
-        stats = statistics.statistics_matrix(ops, entries, weights, dtype, self.gradient_stats)
+        stats = statistics.statistics_matrix(
+            ops, entries, weights if self.logs_weights else None, dtype, self.gradient_stats)
         others = [g.to(device=device, dtype=dtype) for v, g in zip(variables, unscaled)
                   if g is not None and id(v) not in self._watched_ids]
         other_squares = ops.sum(ops.square_sums(others)) if others else torch.zeros(
             (), dtype=dtype, device=device)
-        scalars = [global_norm(ops, stats, columns.stats_for(True, False, self.gradient_stats),
-                               other_squares)]
+        scalars = [global_norm(ops, stats, self.stat_names, other_squares)]
         if SCALAR_GLOBAL_NORM_CLIPPED in self.scalar_names:
             clipped = self._inner._clip_gradients([g for g in unscaled if g is not None])
             scalars.append(ops.sqrt(ops.sum(ops.square_sums(
@@ -138,6 +138,9 @@ class StepRecorder(Recorder):
             scalars += [_tensor(self._optimizer.dynamic_scale), ~finite]
         scalars = torch.stack([torch.as_tensor(s).to(device=device, dtype=torch.float32)
                                for s in scalars])
+        if not self.records_updates:
+            self._rows.append((index + 1, stats, scalars))
+            return None
         # The weights as they are before `apply` changes them in place.
         before = [w.clone() for w in weights]
         return index + 1, stats, scalars, before, ops, dtype

@@ -123,9 +123,10 @@ class GradientMonitor(pl.Callback):
         (the LightningModule's, ``net.0.weight``), to watch part of a model.
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted and reported.
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Raises:
       ValueError: a bad argument; at the start of ``fit``, a trainer without TensorBoardLogger;
@@ -136,7 +137,7 @@ class GradientMonitor(pl.Callback):
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
                  stats=None):
         super().__init__()
-        self.stats = columns.gradient_stats(stats)
+        self.stats = columns.selected_stats(stats)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)

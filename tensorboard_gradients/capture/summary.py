@@ -109,8 +109,7 @@ def write_statistics(
       ValueError: ``stats`` has another width than ``logged_stats`` give.
     """
     variables = list(variables)
-    layout = tensorflow_ops.layout_of([None] * len(variables), variables,
-                                      columns.gradient_stats(logged_stats))
+    layout = tensorflow_ops.layout_of([None] * len(variables), variables, logged_stats)
     shape = tf.TensorShape(getattr(stats, "shape", None))
     width = shape[-1] if shape.rank == 2 else None
     if width is not None and width != len(layout.stats):
@@ -271,9 +270,10 @@ def gradients(
         TensorFlow writer `tf.summary.record_if` does not apply: call it on the steps to log.
         Under ``tf.distribute`` only global replica 0 (the chief's) writes; the other replicas
         and workers compute nothing and never touch the writer (see the module).
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Returns:
       True (a boolean tensor in graph mode) if the statistics were written, False if no default
@@ -284,11 +284,11 @@ def gradients(
       ValueError: gradients and variables differ in length, or are empty; an unknown stat.
     """
     gradients, variables = list(gradients), list(variables)
-    gradient_stats = columns.gradient_stats(stats)
-    layout = tensorflow_ops.layout_of(gradients, variables, gradient_stats)
+    stats = columns.selected_stats(stats)
+    layout = tensorflow_ops.layout_of(gradients, variables, stats)
     _MISSING.warn([v for g, v in zip(gradients, layout.variables) if g is None])
     compute = lambda: tensorflow_ops.gradient_statistics(  # noqa: E731
-        gradients, variables, stats=gradient_stats)
+        gradients, variables, stats=stats)
     if writer is not None:
         return _write_with(writer, layout, step, description, compute,
                            lambda: tensorflow_ops.histogram_counts(gradients, variables),

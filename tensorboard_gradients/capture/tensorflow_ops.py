@@ -99,7 +99,16 @@ def variable_shape(variable, gradient):
     return tuple(gradient.shape)
 
 
-def layout_of(gradients, variables, gradient_stats=columns.GRADIENT_STATS):
+def logs_weights(variables, stats=None):
+    """Whether the ``weight_l2_norm`` column is logged: the variables' values are known (not
+    names) and ``stats`` (`columns.selected_stats`) has it."""
+    return ("weight_l2_norm" in columns.selected_stats(stats)
+            and all(has_value(v) for v in variables))
+
+
+def layout_of(gradients, variables, stats=None):
+    """The `Layout` of ``variables``' matrices for the ``stats`` asked for (a writer's
+    ``stats=``)."""
     if len(gradients) != len(variables):
         raise ValueError(
             f"got {len(gradients)} gradients for {len(variables)} variables; pass them in the "
@@ -110,8 +119,8 @@ def layout_of(gradients, variables, gradient_stats=columns.GRADIENT_STATS):
     return Layout.create(
         [variable_name(v) for v in variables],
         [variable_shape(v, g) for v, g in zip(variables, gradients)],
-        with_weights=all(has_value(v) for v in variables),
-        gradient_stats=gradient_stats,
+        with_weights=logs_weights(variables, stats),
+        gradient_stats=columns.gradient_stats(stats),
     )
 
 
@@ -179,25 +188,25 @@ def gradient_statistics(gradients, variables, histograms=False, stats=None):
     dense gradients. Write the result with `write_statistics` (given the same ``stats`` as
     ``logged_stats``).
 
-    ``stats``: the gradient statistics to compute (`columns.gradient_stats`): None for all, or
-    some of their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient
-    instead of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always
-    computed.
+    ``stats``: the statistics to compute (`columns.selected_stats`): None for all, or some of
+    their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of
+    six, none over the variables). l2_norm, min, max, abs_max, nan_count, inf_count and size
+    are always computed; weight_l2_norm only when named.
 
     Returns:
       ``stats`` (``[variables, stats]``), or ``(stats, histogram_counts)`` if `histograms`.
     """
     gradients, variables = list(gradients), list(variables)
-    gradient_stats = columns.gradient_stats(stats)
-    layout_of(gradients, variables, gradient_stats)
+    layout_of(gradients, variables, stats)
     dtype = computation_dtype(gradients)
     entries = statistics_inputs(gradients, variables, dtype)
     weights = (
         [tf.cast(tf.convert_to_tensor(v), dtype) for v in variables]
-        if all(has_value(v) for v in variables)
+        if logs_weights(variables, stats)
         else None
     )
-    matrix = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype, gradient_stats)
+    matrix = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype,
+                                          columns.gradient_stats(stats))
     if not histograms:
         return matrix
     return matrix, histogram_matrix(entries, dtype)

@@ -520,9 +520,10 @@ class GradientMonitor:
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (`dropped_steps`) and reported,
         and later steps try again (see `tensorboard_gradients.format.writer`).
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Raises:
       ValueError: a bad argument, or no parameter left to watch.
@@ -533,7 +534,9 @@ class GradientMonitor:
                  stats=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self._gradient_stats = columns.gradient_stats(stats)
+        selected = columns.selected_stats(stats)
+        self._gradient_stats = columns.gradient_stats(selected)
+        self._logs_weights = "weight_l2_norm" in selected
         self.name = options.non_empty_name(name)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
@@ -558,7 +561,8 @@ class GradientMonitor:
                   else tuple(p.ds_shape) if self._zero_stage == 3 else tuple(p.shape)
                   for _, p in self._parameters]
         self._sizes = np.array([np.prod(shape) for shape in shapes], dtype=np.float64)
-        self._layout = Layout.create([n for n, _ in self._parameters], shapes, with_weights=True,
+        self._layout = Layout.create([n for n, _ in self._parameters], shapes,
+                                     with_weights=self._logs_weights,
                                      gradient_stats=self._gradient_stats)
         self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
@@ -754,12 +758,14 @@ class GradientMonitor:
             reductions, _ = statistics.reduction_matrix(ops, entries, dtype, self._gradient_stats)
         else:
             reductions = torch.full((len(entries), len(statistics.REDUCTIONS)), float("nan"))
-        weights = [w.to(device=device, dtype=dtype) for _, (w, _) in pieces]
+        # Without weight norms to log, zeros keep the gathered matrix's shape.
+        weight_squares = (ops.square_sums([w.to(device=device, dtype=dtype) for _, (w, _) in pieces])
+                          if self._logs_weights else torch.zeros(len(pieces), device=device))
         keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
                 for _, (_, key) in pieces]
         columns_sent = [torch.full((len(pieces), 1), float(step), dtype=torch.float64),
                         _exact_counts(reductions.to(torch.float64).cpu(), entries),
-                        ops.square_sums(weights).to(torch.float64).cpu()[:, None],
+                        weight_squares.to(torch.float64).cpu()[:, None],
                         torch.tensor(keys, dtype=torch.float64)]
         if histograms_due:
             columns_sent.append(
@@ -782,7 +788,8 @@ class GradientMonitor:
         absent = np.isnan(combined[:, statistics.REDUCTIONS.index("present")])
         self._missing.warn([n for (n, _), a in zip(self._parameters, absent) if a])
         sizes = np.where(absent, np.nan, self._sizes)
-        weight_norms = np.sqrt(np.where(counted, parts[:, :, width], 0.0).sum(axis=0))
+        weight_norms = (np.sqrt(np.where(counted, parts[:, :, width], 0.0).sum(axis=0))
+                        if self._logs_weights else None)
         stored = np.float64 if dtype == torch.float64 else np.float32
         counts = None
         if histograms_due:
@@ -818,9 +825,12 @@ class GradientMonitor:
         and a second copy only on the rare step that needs it) and finishes the small matrix."""
         device = ops.device
         rows, sizes = statistics.fast_reduction_matrix(ops, entries, dtype, self._gradient_stats)
-        weights = [_on(p, device, dtype) for _, p in self._parameters]  # under no_grad
-        host = torch.cat([rows, ops.square_sums(weights)[:, None]], 1).cpu().numpy()
-        rows, weight_norms = host[:, :-1], np.sqrt(host[:, -1])
+        if self._logs_weights:
+            weights = [_on(p, device, dtype) for _, p in self._parameters]  # under no_grad
+            rows = torch.cat([rows, ops.square_sums(weights)[:, None]], 1)
+        host = rows.cpu().numpy()
+        rows, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if self._logs_weights
+                              else (host, None))
         sizes = np.array([np.nan if e is None else e[1] for e in entries], dtype=host.dtype)
         # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

@@ -91,9 +91,10 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         (``transformer.h.0.attn.c_attn.weight``), to watch part of the model.
       strict: raise when the event files cannot be written; by default the step is dropped,
         counted and reported, and training goes on (see `tensorboard_gradients.format.writer`).
-      stats: the gradient statistics to log (`columns.gradient_stats`): None for all, or some of
-        their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead
-        of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
 
     Raises:
       ValueError: a bad argument; at ``on_train_begin``, a DeepSpeed run.
@@ -111,7 +112,7 @@ class GradientMonitorCallback(transformers.TrainerCallback):
                 "histograms_every_n_steps", histograms_every_n_steps),
             name=options.non_empty_name(name),
             include=include, exclude=exclude, strict=bool(strict),
-            stats=columns.gradient_stats(stats))
+            stats=columns.selected_stats(stats))
         options.patterns("include", include)  # checked now; the monitor compiles them again
         options.patterns("exclude", exclude)
         self._monitor = None  # made at the first logged step of each train()

@@ -9,7 +9,8 @@ counts positions. A new statistic is a row here (``since`` the next minor format
 
 Stats-matrix columns are, in order: the gradient stats a writer was asked for (`gradient_stats`:
 `GRADIENT_STATS` by default, never fewer than `REQUIRED_STATS`), `WEIGHT_STATS` (when the
-variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update).
+variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update); a
+writer given ``stats=`` logs the last two only when named there (`selected_stats`).
 `DERIVED_STATS` are ratios computed on read, never stored.
 """
 
@@ -93,31 +94,44 @@ DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
 REQUIRED_STATS = tuple(s.name for s in STATS if s.required)
 
 
-def gradient_stats(requested=None) -> Tuple[str, ...]:
-    """The gradient stats a writer logs when asked for ``requested`` (the writers' ``stats=``
-    argument): None for all of `GRADIENT_STATS` (the default everywhere), else an iterable of
-    their names, to which `REQUIRED_STATS` are added; in `GRADIENT_STATS` order.
+# What a writer's ``stats=`` may name (`selected_stats`).
+LOGGED_STATS = GRADIENT_STATS + WEIGHT_STATS + UPDATE_STATS
 
-    Fewer stats are fewer passes over the gradients (``("l2_norm",)``: three instead of six,
-    see `statistics.passes_for`); the tab, the CLI and the alerts show what was logged, and the
-    dead-unit rule needs ``zero_fraction``.
+
+def selected_stats(requested=None) -> Tuple[str, ...]:
+    """The stats a writer logs, where it can, when asked for ``requested`` (the writers'
+    ``stats=`` argument), in `LOGGED_STATS` order: None for all of them (the default
+    everywhere), else an iterable of their names, to which `REQUIRED_STATS` are added.
+
+    Fewer stats are less work each logged step: fewer passes over the gradients
+    (``("l2_norm",)``: three instead of six, see `statistics.passes_for`), and no pass over the
+    weights (``weight_l2_norm``) or the updates (``update_l2_norm``) unless named. The tab, the
+    CLI and the alerts show what was logged; the dead-unit rule needs ``zero_fraction``, the
+    update-ratio rule ``weight_l2_norm`` and ``update_l2_norm``.
 
     Raises:
-      ValueError: a name that is not a gradient stat (the message lists them), or not strings.
+      ValueError: a name that is not one of `LOGGED_STATS` (the message lists them), or not
+        strings.
     """
     if requested is None:
-        return GRADIENT_STATS
+        return LOGGED_STATS
     if isinstance(requested, str):
         requested = (requested,)
+    known = (f"the gradient stats {list(GRADIENT_STATS)} and "
+             f"{list(WEIGHT_STATS + UPDATE_STATS)}")
     try:
         names = set(requested)
     except TypeError:
-        raise ValueError(f"stats must be names of gradient stats, got {requested!r}") from None
-    unknown = sorted(repr(n) for n in names if n not in GRADIENT_STATS)
+        raise ValueError(f"stats must be names among {known}, got {requested!r}") from None
+    unknown = sorted(repr(n) for n in names if n not in LOGGED_STATS)
     if unknown:
-        raise ValueError(
-            f"stats: {', '.join(unknown)} not among the gradient stats {list(GRADIENT_STATS)}")
-    return tuple(s for s in GRADIENT_STATS if s in names or s in REQUIRED_STATS)
+        raise ValueError(f"stats: {', '.join(unknown)} not among {known}")
+    return tuple(s for s in LOGGED_STATS if s in names or s in REQUIRED_STATS)
+
+
+def gradient_stats(requested=None) -> Tuple[str, ...]:
+    """The gradient stats of `selected_stats` (``requested``), in `GRADIENT_STATS` order."""
+    return tuple(s for s in selected_stats(requested) if s in GRADIENT_STATS)
 
 
 def stats_for(with_weights: bool, with_updates: bool,

@@ -83,15 +83,15 @@ class GradientWriter:
       digest: also write each stats tag's digest (see the module); it costs a background thread
         about 0.2-0.3 ms of CPU per step for 1,000 variables, and 2.5 bytes per variable and step
         on disk (benchmarks/NOTES.md).
-      stats: the gradient statistics `write` logs (`columns.gradient_stats`): None for all, or
-        some of their names; ``("l2_norm",)`` is the cheapest (three passes over each gradient
-        instead of six). l2_norm, min, max, abs_max, nan_count, inf_count and size are always
-        logged.
+      stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
+        names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
+        none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
+        always logged; weight_l2_norm only when named.
     """
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
                  digest: bool = True, stats=None):
-        self._gradient_stats = columns.gradient_stats(stats)
+        self._stats = columns.selected_stats(stats)
         self._events = event_files.EventFileWriter(run_directory(logdir))
         self._name = name
         self._strict = bool(strict)
@@ -130,8 +130,8 @@ class GradientWriter:
           step: the optimizer step (an int).
           gradients: variable name -> gradient array, in model order (input side first). A None
             gradient is logged as missing (a row of NaN), not as zeros.
-          weights: variable name -> value, for the `weight_l2_norm` column; every variable of
-            `gradients` must have one.
+          weights: variable name -> value, for the `weight_l2_norm` column (unless the writer's
+            ``stats`` leave it out); every variable of `gradients` must have one.
           histograms: also write the log10|g| histograms under ``<tag>_histograms``.
 
         Returns:
@@ -156,8 +156,10 @@ class GradientWriter:
             (weight_arrays[n].shape if weight_arrays else None) if arrays[n] is None else arrays[n].shape
             for n in names
         ]
-        layout = Layout.create(names, shapes, with_weights=weights is not None,
-                               gradient_stats=self._gradient_stats)
+        if "weight_l2_norm" not in self._stats:
+            weight_arrays = None  # their shapes taken, their norms not asked for
+        layout = Layout.create(names, shapes, with_weights=weight_arrays is not None,
+                               gradient_stats=columns.gradient_stats(self._stats))
         entries = [
             None if arrays[n] is None else (arrays[n].astype(dtype, copy=False), arrays[n].size)
             for n in names
@@ -169,7 +171,7 @@ class GradientWriter:
                 entries,
                 None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
                 dtype,
-                self._gradient_stats,
+                columns.gradient_stats(self._stats),
             )
             counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
         return self.write_statistics(step, layout, stats, counts)
