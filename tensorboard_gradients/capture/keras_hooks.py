@@ -81,8 +81,11 @@ def scalar_names(clipping, loss_scaled):
 class Recorder:
     """What every backend's ``StepRecorder`` sets up the same way: the optimizers, the watched
     variables, the schedules, the scalar and statistic names (of the ``stats`` asked for,
-    `columns.selected_stats`, and ``records_updates``, which a recorder sets before calling
-    this) and the optimizer patches."""
+    `columns.selected_stats`), whether update norms are recorded (``records_updates``: asked for,
+    and ``updates_recordable``, which a recorder sets before calling this) and the optimizer
+    patches."""
+
+    updates_recordable = True
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, stats):
         self._optimizer, self._inner, self._loss_scaled = optimizers(model)
@@ -91,6 +94,7 @@ class Recorder:
         self._histogram_every = histograms_every_n_steps
         self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
         self.stats = columns.selected_stats(stats)
+        self.records_updates = self.updates_recordable and "update_l2_norm" in self.stats
         self.gradient_stats = columns.gradient_stats(self.stats)
         self.logs_weights = "weight_l2_norm" in self.stats
         self.stat_names = columns.stats_for(self.logs_weights, self.records_updates,

@@ -45,7 +45,7 @@ from tensorboard_gradients.capture.keras_hooks import (
     global_norm,
     optimizers,
 )
-from tensorboard_gradients.format import columns, statistics
+from tensorboard_gradients.format import statistics
 
 
 def _position(variables, variable):
@@ -66,7 +66,6 @@ class StepRecorder(Recorder):
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
                  steps_between_reads, first_step_index, stats=None):
         del steps_between_reads
-        self.records_updates = "update_l2_norm" in columns.selected_stats(stats)
         super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
         self._model = model
         self._lock = threading.Lock()

@@ -74,8 +74,7 @@ class StepRecorder(Recorder):
                  steps_between_reads, first_step_index, stats=None):
         self._strategy = model.distribute_strategy
         self.distributed = self._strategy.num_replicas_in_sync > 1
-        self.records_updates = (not self.distributed
-                                and "update_l2_norm" in columns.selected_stats(stats))
+        self.updates_recordable = not self.distributed
         super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
         self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
         self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}

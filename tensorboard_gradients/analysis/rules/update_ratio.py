@@ -27,7 +27,8 @@ Judged for kernels only (variables of 2+ dimensions), as Karpathy's plot does: b
 and normalisation scales start at 0 or 1, so their early ratios are large by
 construction and say nothing about the learning rate.
 
-Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both).
+Needs ``update_l2_norm`` and ``weight_l2_norm`` (the Keras monitor logs both unless its
+``stats=`` leaves them out).
 """)
 
 UPDATE_RATIO_HIGH = Parameter(
