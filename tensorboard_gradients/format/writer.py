@@ -91,7 +91,9 @@ class GradientWriter:
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
                  digest: bool = True, stats=None):
-        self._stats = columns.selected_stats(stats)
+        selected = columns.selected_stats(stats)
+        self._gradient_stats = columns.gradient_stats(selected)
+        self._logs_weights = "weight_l2_norm" in selected
         self._events = event_files.EventFileWriter(run_directory(logdir))
         self._name = name
         self._strict = bool(strict)
@@ -156,10 +158,10 @@ class GradientWriter:
             (weight_arrays[n].shape if weight_arrays else None) if arrays[n] is None else arrays[n].shape
             for n in names
         ]
-        if "weight_l2_norm" not in self._stats:
+        if not self._logs_weights:
             weight_arrays = None  # their shapes taken, their norms not asked for
         layout = Layout.create(names, shapes, with_weights=weight_arrays is not None,
-                               gradient_stats=columns.gradient_stats(self._stats))
+                               gradient_stats=self._gradient_stats)
         entries = [
             None if arrays[n] is None else (arrays[n].astype(dtype, copy=False), arrays[n].size)
             for n in names
@@ -171,7 +173,7 @@ class GradientWriter:
                 entries,
                 None if weight_arrays is None else [weight_arrays[n].astype(dtype, copy=False) for n in names],
                 dtype,
-                columns.gradient_stats(self._stats),
+                self._gradient_stats,
             )
             counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
         return self.write_statistics(step, layout, stats, counts)
