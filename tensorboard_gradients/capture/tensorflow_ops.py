@@ -69,6 +69,9 @@ class TensorFlowOps(statistics.ArrayOps):
             return tf.reshape(_fused_square_sum(matrix), [1])
         return tf.reduce_sum(tf.square(matrix), axes)
 
+    square_sum = staticmethod(lambda flat: _fused_square_sum(flat))
+    nonzero_count = staticmethod(lambda flat: _fused_square_sum(tf.sign(flat)))
+
     @classmethod
     def zero_count(cls, matrix, axes, like):
         return cls.numel(matrix) / matrix.shape[0] - cls.sum_of_squares(tf.sign(matrix), axes)

@@ -222,39 +222,14 @@ class TorchOps(statistics.ArrayOps):
 
     @classmethod
     def pass_rows(cls, values, passes):
-        # Arrays reduced on their own take one kernel per pass with nothing around it (no
-        # per-array stack, count or reshape): their results are stacked once per pass for all of
-        # them, and the `size_groups` stacks of small arrays join after. 4.1 ms -> 1.6 ms for
-        # the benchmark MLP's 28 gradients on CPU (benchmarks/NOTES.md "Overhead (issue 19)").
         if tuple(passes) == _REQUIRED_PASSES:
             return cls._required_pass_rows(values)
-        groups = statistics.size_groups([v.numel() for v in values], cls.groups_arrays)
-        alone = [group[0] for group in groups if len(group) == 1 and values[group[0]].numel()]
-        stacked = [group for group in groups if not (len(group) == 1 and values[group[0]].numel())]
-        blocks = []
-        if alone:
-            like = values[alone[0]]
-            found = [cls._array_reductions(values[index].reshape(-1), passes) for index in alone]
-            counts = torch.tensor([float(values[index].numel()) for index in alone],
-                                  dtype=like.dtype, device=like.device)
-            column = {name: counts if name == "count" else torch.stack([f[name] for f in found])
-                      for name in passes if name != "zeros"}
-            if "zeros" in passes:  # one subtraction for all arrays, not a scalar op for each
-                column["zeros"] = counts - torch.stack([f["nonzeros"] for f in found])
-            blocks.append(torch.stack([column[name] for name in passes], dim=1))
-        for group in stacked:
-            blocks.append(torch.stack(
-                cls.matrix_reductions(cls.rows_matrix([values[i] for i in group]), passes), dim=1))
-        rows = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-        order = alone + [index for group in stacked for index in group]
-        return rows if order == sorted(order) else cls.take_rows(rows, np.argsort(order))
+        return super().pass_rows(values, passes)
 
     @staticmethod
-    def _array_reductions(flat, passes):
-        """``{pass: 0-d tensor}``: the `statistics.MATRIX_REDUCTIONS` in ``passes`` of one
-        non-empty 1-D array, a kernel each, but the count and, for the zero count, "nonzeros"
-        (the caller subtracts them from the counts at once). On CPU: the deviations' squares and the sum of
-        |x| and the nonzero count as BLAS dot products (sign(x).x and sign(x).sign(x): exact
+    def array_reductions(flat, passes):
+        """`statistics.ArrayOps.array_reductions`, a kernel each. On CPU: the deviations'
+        squares and the sum of |x| and the nonzero count as BLAS dot products (sign(x).x and sign(x).sign(x): exact
         products, and the count an exact integer sum below 2**24 in float32; 8 us each for 65k
         entries, where abs().sum() takes 31 us and count_nonzero 42)."""
         on_cpu = flat.device.type == "cpu"

@@ -100,9 +100,72 @@ class ArrayOps:
     @classmethod
     def pass_rows(cls, values, passes):
         """``[len(values), len(passes)]``: the `MATRIX_REDUCTIONS` named in ``passes`` of each
-        array, reduced in `size_groups` (an adapter with multi-array kernels overrides this)."""
-        return cls.grouped_rows(
-            values, lambda matrix: cls.stack(cls.matrix_reductions(matrix, passes), axis=1))
+        array. An array in a `size_groups` group of its own is reduced by `array_reductions`,
+        a reduction each with nothing around it, and the results of all of them are stacked
+        once per pass; the groups of small arrays are reduced as stacked matrices
+        (`matrix_reductions`). Per array that is a third of the operations a one-row matrix
+        takes (its reshape, count, stack and concatenation), which is what an eager library and
+        TensorFlow's graph executor pay a dispatch for (benchmarks/NOTES.md)."""
+        sizes = [cls.static_size(a) for a in values]
+        groups = size_groups(sizes, cls.groups_arrays)
+        # Known, non-empty sizes only: an empty array has no min or max to take.
+        alone = [group[0] for group in groups if len(group) == 1 and sizes[group[0]]]
+        stacked = [group for group in groups if not (len(group) == 1 and sizes[group[0]])]
+        blocks = [cls._rows_of_arrays_alone([values[i] for i in alone], passes)] if alone else []
+        blocks += [cls.stack(cls.matrix_reductions(cls.rows_matrix([values[i] for i in group]),
+                                                   passes), axis=1)
+                   for group in stacked]
+        rows = blocks[0] if len(blocks) == 1 else cls.concat(blocks)
+        order = alone + [index for group in stacked for index in group]
+        return rows if order == sorted(order) else cls.take_rows(rows, np.argsort(order))
+
+    @classmethod
+    def _rows_of_arrays_alone(cls, arrays, passes):
+        found = [cls.array_reductions(cls.reshape(a, (-1,)), passes) for a in arrays]
+        counts = cls.constant(np.array([cls.static_size(a) for a in arrays], dtype=np.float64),
+                              next(iter(found[0].values())))
+        column = {"count": counts}
+        for name in passes:
+            if name == "zeros":  # one subtraction for all arrays, not a scalar operation each
+                column[name] = counts - cls.stack([f["nonzeros"] for f in found])
+            elif name != "count":
+                column[name] = cls.stack([f[name] for f in found])
+        return cls.stack([column[name] for name in passes], axis=1)
+
+    @classmethod
+    def array_reductions(cls, flat, passes):
+        """``{reduction: scalar}``: the `MATRIX_REDUCTIONS` named in ``passes`` of one non-empty
+        1-D array, but the count, and instead of the zero count "nonzeros" (`pass_rows`
+        subtracts them from the counts for all arrays at once); the deviations' squares
+        two-pass, as `_matrix_reductions`. An adapter with fused kernels overrides this."""
+        like = cls.constant(0, flat)
+        found = {}
+        if "sum" in passes:
+            found["sum"] = cls.sum(flat)
+        if "min" in passes:
+            found["min"] = cls.min(flat, initial=cls.constant(np.inf, like))
+        if "max" in passes:
+            found["max"] = cls.max(flat, initial=cls.constant(-np.inf, like))
+        if "m2" in passes:
+            found["m2"] = cls.square_sum(flat - found["sum"] / cls.static_size(flat))
+        if "sum_abs" in passes:
+            found["sum_abs"] = cls.sum(cls.abs(flat))
+        if "zeros" in passes:
+            found["nonzeros"] = cls.nonzero_count(flat)
+        if "sum_squares" in passes:
+            found["sum_squares"] = cls.square_sum(flat)
+        return found
+
+    @classmethod
+    def square_sum(cls, flat):
+        """The sum of the squares of a 1-D array (an adapter with a fused kernel overrides)."""
+        return cls.sum(flat * flat)
+
+    @classmethod
+    def nonzero_count(cls, flat):
+        """The entries of a 1-D array that are not 0, in its dtype (NaN ones may count
+        either way: the fast pass is then rejected anyway)."""
+        return cls.count(flat != cls.constant(0, flat), like=flat)
 
     @classmethod
     def matrix_reductions(cls, matrix, passes):
