@@ -344,8 +344,8 @@ def test_an_empty_shard_among_others_keeps_the_fast_reductions():
     values = [torch.randn(100), torch.zeros(0), torch.randn(7), torch.randn(7)]
     for stats in (columns.GRADIENT_STATS, columns.REQUIRED_STATS):  # all passes, the fewest
         passes = statistics.passes_for(stats)
-        fast = TorchOps.fast_reduction_rows(values, passes).double()
-        reference = torch.from_numpy(statistics.NumpyOps.fast_reduction_rows(
+        fast = TorchOps.pass_rows(values, passes).double()
+        reference = torch.from_numpy(statistics.NumpyOps.pass_rows(
             [v.double().numpy() for v in values], passes))
         # float32 sums of <= 100 entries against float64 ones: <= 100 u relative to the sum of
         # |terms| (Higham 4.4), and |terms| <= 5 for standard normal entries here (squares <= 25).

@@ -860,16 +860,19 @@ class GradientMonitor:
         go to the host, which decides whether they can be trusted (a masked pass on the device
         and a second copy only on the rare step that needs it) and finishes the small matrix."""
         device = ops.device
-        rows, sizes = statistics.fast_reduction_matrix(ops, entries, dtype, self._gradient_stats)
+        passes, _ = statistics.pass_matrix(ops, entries, dtype, self._gradient_stats)
         if self._logs_weights:
             weights = [_on(p, device, dtype) for _, p in self._parameters]  # under no_grad
-            rows = torch.cat([rows, ops.square_sums(weights)[:, None]], 1)
-        host = rows.cpu().numpy()
-        rows, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if self._logs_weights
-                              else (host, None))
+            passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)
+        host = passes.cpu().numpy()
+        passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if self._logs_weights
+                                else (host, None))
         sizes = np.array([np.nan if e is None else e[1] for e in entries], dtype=host.dtype)
         # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            # On the host: a few dozen operations on [variables] vectors, each a dispatch (and
+            # on an accelerator a launch) on the device.
+            rows = statistics.fast_reductions(statistics.NumpyOps, passes, self._gradient_stats)
             scaled, trusted = statistics.checked_fast_rows(
                 statistics.NumpyOps, rows, sizes, host.dtype, self._gradient_stats)
             if trusted:

@@ -92,12 +92,6 @@ class ArrayOps:
         return cls.take_rows(cls.concat(parts), np.argsort(order))
 
     @classmethod
-    def fast_reduction_rows(cls, values, passes):
-        """``[len(values), REDUCTIONS]``: the `_fast_reductions` row of each array, from the
-        `MATRIX_REDUCTIONS` named in ``passes`` (`passes_for`)."""
-        return _fast_reductions(cls, cls.pass_rows(values, passes), passes)
-
-    @classmethod
     def pass_rows(cls, values, passes):
         """``[len(values), len(passes)]``: the `MATRIX_REDUCTIONS` named in ``passes`` of each
         array. An array in a `size_groups` group of its own is reduced by `array_reductions`,
@@ -509,19 +503,20 @@ def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STAT
     """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
     arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
-    rows, sizes = fast_reduction_matrix(ops, gradients, dtype, gradient_stats)
+    passes, sizes = pass_matrix(ops, gradients, dtype, gradient_stats)
+    rows = fast_reductions(ops, passes, gradient_stats)
     scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype, gradient_stats)
     # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
     return ops.cond(trusted, lambda: scaled,
                     lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
 
 
-def fast_reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
-    """``([variables, REDUCTIONS], [variables] dense sizes)``: every variable's `_fast_reductions`
-    row (sums unscaled; a NaN row for a missing gradient) from the passes ``gradient_stats``
-    need (`passes_for`), to be scaled and trusted only where `checked_fast_rows` says so. A
-    caller that wants no host sync on the device (`reduction_matrix` takes a ``cond``) may copy
-    them to the host and decide there."""
+def pass_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``([variables, passes], [variables] dense sizes)``: the `MATRIX_REDUCTIONS` that
+    ``gradient_stats`` need (`passes_for`) of every variable, a NaN row for a missing gradient:
+    all the work over the entries. `fast_reductions` derives the rest from this small matrix,
+    on the device or, for a caller that copies it to the host anyway (the PyTorch monitor:
+    one copy, no host sync deciding the masked pass on the device), there."""
     like = ops.to_float(0, dtype)
     given = [np.nan if g is None else g[1] for g in gradients]
     if _known_when_traced(given):
@@ -529,12 +524,19 @@ def fast_reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT
     else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
         sizes = ops.stack([ops.constant(size, like) for size in given])
     passes = passes_for(tuple(gradient_stats))
-    return _rows_in_order(ops, gradients, lambda values: ops.fast_reduction_rows(values, passes),
-                          ops.reshape(_missing_row(ops, like), (1, -1))), sizes
+    missing = ops.reshape(ops.stack([ops.constant(np.nan, like)] * len(passes)), (1, -1))
+    return _rows_in_order(ops, gradients, lambda values: ops.pass_rows(values, passes),
+                          missing), sizes
+
+
+def fast_reductions(ops, passes, gradient_stats=columns.GRADIENT_STATS):
+    """``[variables, REDUCTIONS]`` (sums unscaled) from a `pass_matrix` of ``gradient_stats``,
+    to be scaled and trusted only where `checked_fast_rows` says so."""
+    return _fast_reductions(ops, passes, passes_for(tuple(gradient_stats)))
 
 
 def checked_fast_rows(ops, rows, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
-    """``(scaled rows, trusted)``: `fast_reduction_matrix` rows (of ``gradient_stats``) computed
+    """``(scaled rows, trusted)``: `fast_reductions` rows (of ``gradient_stats``) computed
     in ``dtype`` with their sums scaled (`scaled_sums`), and whether they are exact to rounding:
     no non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
     aside."""
