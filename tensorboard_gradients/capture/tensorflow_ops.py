@@ -56,6 +56,7 @@ class TensorFlowOps(statistics.ArrayOps):
         return tf.raw_ops.DenseBincount(input=tf.reshape(indices, [-1]), size=length,
                                         weights=tf.zeros([0], like.dtype))
 
+    indicator = staticmethod(lambda mask, like: tf.cast(mask, like.dtype))
     stack = staticmethod(tf.stack)
     all = staticmethod(tf.reduce_all)
     cond = staticmethod(tf.cond)

@@ -179,6 +179,13 @@ class ArrayOps:
         allowed (the fast pass is then rejected anyway)."""
         return cls.count(matrix == like, like=like, axis=axes)
 
+    @staticmethod
+    def indicator(mask, like):
+        """``mask`` as 0 and 1 that add to the integers ``like``: the booleans themselves in
+        numpy, PyTorch and JAX, which add them as they are (a `where` on PyTorch's CPU costs
+        twice the addition: 80 us for 65k entries)."""
+        return mask
+
     @classmethod
     def square_sums(cls, arrays):
         """``[len(arrays)]``: the plain sum of squares of each array (NaN/Inf propagate)."""
@@ -711,8 +718,7 @@ def histogram_rows(ops, matrix):
     bits = ops.magnitude_bits(matrix)
     keys = ops.shift_right(bits, key_shift)
     past_edge = bits >= ops.gather(ops.constant(edge, bits), keys)
-    bins = ops.gather(ops.constant(first_bin, bits), keys) + ops.where(
-        past_edge, ops.constant(1, bits), ops.constant(0, bits))
+    bins = ops.gather(ops.constant(first_bin, bits), keys) + ops.indicator(past_edge, bits)
     rows = matrix.shape[0]
     if rows > 1:  # each row counts into its own HISTOGRAM_BINS slots of one count
         offsets = np.arange(rows) * columns.HISTOGRAM_BINS
