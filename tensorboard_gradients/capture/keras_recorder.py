@@ -321,19 +321,23 @@ class StepRecorder(Recorder):
         return hooked
 
     def _update_delta(self, watched, variable, value, sign):
-        """``w_after - w_before`` of this step's update to `variable` (dense or IndexedSlices)."""
+        """``w_after - w_before`` of this step's update to `variable` (dense or IndexedSlices),
+        or its negative: only its norm is taken. So ``assign_sub``'s value is used as it is,
+        not negated (a pass over the entries saved) unless weight decay is added to it."""
         dtype = self.dtype
         current = tf.cast(tf.convert_to_tensor(_tf_variable(variable)), dtype)
+        inner = self._inner
+        decayed = inner.weight_decay is not None and inner._use_weight_decay(watched)
         if sign is None:  # assign(variable, new_value)
             if isinstance(value, tf.IndexedSlices):
                 value = tf.convert_to_tensor(value)
             delta = tf.cast(value, dtype) - current
-        elif isinstance(value, tf.IndexedSlices):
-            delta = tf.IndexedSlices(sign * tf.cast(value.values, dtype), value.indices, value.dense_shape)
         else:
-            delta = sign * tf.cast(value, dtype)
-        inner = self._inner
-        if inner.weight_decay is not None and inner._use_weight_decay(watched):
+            signed = (lambda x: sign * x) if decayed else (lambda x: x)  # noqa: E731
+            delta = (tf.IndexedSlices(signed(tf.cast(value.values, dtype)), value.indices,
+                                      value.dense_shape)
+                     if isinstance(value, tf.IndexedSlices) else signed(tf.cast(value, dtype)))
+        if decayed:
             # The optimizer already scaled the weights by (1 - c) this step (c = lr * decay) before
             # calling us, so w_before = current / (1 - c) and the decay moved them by -c/(1-c) * current.
             c = tf.cast(inner.learning_rate, dtype) * tf.cast(inner.weight_decay, dtype)
