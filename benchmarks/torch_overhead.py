@@ -43,9 +43,9 @@ HOW_TO_READ = """\
 How to read this: each cell is the median time of one training step and, in brackets, its ratio
 to `none`. "ours vs ..." divides our step time by the peer's (below 1: cheaper). Target (issue 19):
 at most 5% over `none` with statistics every step, 15% with histograms too. On a CPU the
-statistics are six passes over every gradient (small tensors of one size reduced together) and
-the histograms seven elementwise operations and a count per tensor, a fixed cost per step that a
-short step shows most. "per round" is the spread of ours/none over the rounds: differences
+statistics are six passes over every gradient (a kernel each; small tensors of one size reduced
+together) and the histograms five elementwise operations (two of them table lookups) and a count
+per tensor, a fixed cost per step that a short step shows most. "per round" is the spread of ours/none over the rounds: differences
 inside it are noise."""
 
 

@@ -70,8 +70,8 @@ class TensorFlowOps(statistics.ArrayOps):
             return tf.reshape(_fused_square_sum(matrix), [1])
         return tf.reduce_sum(tf.square(matrix), axes)
 
-    square_sum = staticmethod(lambda flat: _fused_square_sum(flat))
-    nonzero_count = staticmethod(lambda flat: _fused_square_sum(tf.sign(flat)))
+    square_sum = staticmethod(lambda array: _fused_square_sum(array))
+    nonzero_count = staticmethod(lambda array: _fused_square_sum(tf.sign(array)))
 
     @classmethod
     def zero_count(cls, matrix, axes, like):

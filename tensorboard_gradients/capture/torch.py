@@ -171,13 +171,12 @@ class TorchOps(statistics.ArrayOps):
 
     @classmethod
     def matrix_reductions(cls, matrix, passes):
-        # `statistics._matrix_reductions` with the kernels PyTorch's CPU build runs fast,
-        # measured on the benchmark MLP (benchmarks/NOTES.md "Overhead (issue 19)"): one array's
-        # min and max in one pass (`aminmax`, 11 us for 65k entries) and its zero count
-        # (`count_nonzero`); across the rows of a stack `amin`/`amax` (aminmax along a dimension
-        # is 15x slower) and the zero count from the signs of |g| (count_nonzero and boolean sums
-        # along a dimension are 4-8x slower); squares by `sum_of_squares`.
-        if matrix.numel() == 0:  # aminmax has no empty case; an empty shard is common (FSDP)
+        # `statistics._matrix_reductions` of a stack of small arrays (an array reduced alone
+        # goes to `array_reductions`) with the kernels PyTorch's CPU build runs fast along a
+        # dimension, measured on the benchmark MLP (benchmarks/NOTES.md "Overhead (issue 19)"):
+        # `amin`/`amax` (aminmax along a dimension is 15x slower) and the zero count from the
+        # signs of |g| (count_nonzero and boolean sums along a dimension are 4-8x slower).
+        if matrix.numel() == 0:  # amin has no empty case; an empty shard is common (FSDP)
             return super().matrix_reductions(matrix, passes)
         rows, entries = matrix.shape
         on_cpu = matrix.device.type == "cpu"
@@ -185,12 +184,9 @@ class TorchOps(statistics.ArrayOps):
         found = {"count": count}
         if "sum" in passes:
             found["sum"] = matrix.sum(1)
-        if rows == 1 and {"min", "max"} <= set(passes):
-            found["min"], found["max"] = (m.reshape(1) for m in torch.aminmax(matrix))
-        else:
-            for name, extreme in (("min", torch.amin), ("max", torch.amax)):
-                if name in passes:
-                    found[name] = extreme(matrix, 1)
+        for name, extreme in (("min", torch.amin), ("max", torch.amax)):
+            if name in passes:
+                found[name] = extreme(matrix, 1)
         if "m2" in passes:
             found["m2"] = (
                 # the squares of the deviations from the mean (two-pass), 3x faster on CPU than
@@ -203,22 +199,15 @@ class TorchOps(statistics.ArrayOps):
             found["sum_abs"] = (magnitude.sum(1) if on_cpu
                                 else torch.linalg.vector_norm(matrix, 1, dim=1))
         if "zeros" in passes:
-            found["zeros"] = count - (
-                torch.count_nonzero(matrix).to(count.dtype).reshape(1) if rows == 1
-                else magnitude.sign().sum(1) if on_cpu
-                else torch.count_nonzero(matrix, dim=1).to(count.dtype))
+            found["zeros"] = count - (magnitude.sign().sum(1) if on_cpu
+                                      else torch.count_nonzero(matrix, dim=1).to(count.dtype))
         if "sum_squares" in passes:
             found["sum_squares"] = cls.sum_of_squares(matrix, 1)
         return tuple(found[name] for name in passes)
 
     @staticmethod
     def sum_of_squares(matrix, axes):
-        # One array's as a dot product (BLAS: 6 us for 65k float32 entries on CPU, its norm
-        # 12 us); a stack's as norms of its rows.
-        if matrix.shape[0] == 1:
-            flat = matrix.reshape(-1)
-            return torch.dot(flat, flat).reshape(1)
-        return torch.linalg.vector_norm(matrix, dim=axes) ** 2
+        return torch.linalg.vector_norm(matrix, dim=axes) ** 2  # no squared temporary
 
     @classmethod
     def pass_rows(cls, values, passes):
@@ -227,11 +216,13 @@ class TorchOps(statistics.ArrayOps):
         return super().pass_rows(values, passes)
 
     @staticmethod
-    def array_reductions(flat, passes):
+    def array_reductions(array, passes):
         """`statistics.ArrayOps.array_reductions`, a kernel each. On CPU: the deviations'
-        squares and the sum of |x| and the nonzero count as BLAS dot products (sign(x).x and sign(x).sign(x): exact
-        products, and the count an exact integer sum below 2**24 in float32; 8 us each for 65k
-        entries, where abs().sum() takes 31 us and count_nonzero 42)."""
+        squares, the sum of |x| and the nonzero count as BLAS dot products (sign(x).x and
+        sign(x).sign(x): exact products, and the count an exact integer sum up to 2**24 entries
+        in float32; 8 us each for 65k entries, where abs().sum() takes 31 us and
+        count_nonzero 42)."""
+        flat = array.reshape(-1)  # a view of a contiguous gradient
         on_cpu = flat.device.type == "cpu"
         entries = flat.numel()
         found = {}

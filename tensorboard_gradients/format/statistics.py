@@ -115,7 +115,7 @@ class ArrayOps:
 
     @classmethod
     def _rows_of_arrays_alone(cls, arrays, passes):
-        found = [cls.array_reductions(cls.reshape(a, (-1,)), passes) for a in arrays]
+        found = [cls.array_reductions(a, passes) for a in arrays]
         counts = cls.constant(np.array([cls.static_size(a) for a in arrays], dtype=np.float64),
                               next(iter(found[0].values())))
         column = {"count": counts}
@@ -127,39 +127,40 @@ class ArrayOps:
         return cls.stack([column[name] for name in passes], axis=1)
 
     @classmethod
-    def array_reductions(cls, flat, passes):
+    def array_reductions(cls, array, passes):
         """``{reduction: scalar}``: the `MATRIX_REDUCTIONS` named in ``passes`` of one non-empty
-        1-D array, but the count, and instead of the zero count "nonzeros" (`pass_rows`
+        array of any shape (not flattened: a JAX array sharded over a mesh would be gathered),
+        but the count, and instead of the zero count "nonzeros" (`pass_rows`
         subtracts them from the counts for all arrays at once); the deviations' squares
         two-pass, as `_matrix_reductions`. An adapter with fused kernels overrides this."""
-        like = cls.constant(0, flat)
+        like = cls.constant(0, array)
         found = {}
         if "sum" in passes:
-            found["sum"] = cls.sum(flat)
+            found["sum"] = cls.sum(array)
         if "min" in passes:
-            found["min"] = cls.min(flat, initial=cls.constant(np.inf, like))
+            found["min"] = cls.min(array, initial=cls.constant(np.inf, like))
         if "max" in passes:
-            found["max"] = cls.max(flat, initial=cls.constant(-np.inf, like))
+            found["max"] = cls.max(array, initial=cls.constant(-np.inf, like))
         if "m2" in passes:
-            found["m2"] = cls.square_sum(flat - found["sum"] / cls.static_size(flat))
+            found["m2"] = cls.square_sum(array - found["sum"] / cls.static_size(array))
         if "sum_abs" in passes:
-            found["sum_abs"] = cls.sum(cls.abs(flat))
+            found["sum_abs"] = cls.sum(cls.abs(array))
         if "zeros" in passes:
-            found["nonzeros"] = cls.nonzero_count(flat)
+            found["nonzeros"] = cls.nonzero_count(array)
         if "sum_squares" in passes:
-            found["sum_squares"] = cls.square_sum(flat)
+            found["sum_squares"] = cls.square_sum(array)
         return found
 
     @classmethod
-    def square_sum(cls, flat):
-        """The sum of the squares of a 1-D array (an adapter with a fused kernel overrides)."""
-        return cls.sum(flat * flat)
+    def square_sum(cls, array):
+        """The sum of the squares of all entries (an adapter with a fused kernel overrides)."""
+        return cls.sum(array * array)
 
     @classmethod
-    def nonzero_count(cls, flat):
-        """The entries of a 1-D array that are not 0, in its dtype (NaN ones may count
-        either way: the fast pass is then rejected anyway)."""
-        return cls.count(flat != cls.constant(0, flat), like=flat)
+    def nonzero_count(cls, array):
+        """The entries that are not 0, in the array's dtype (NaN ones may count either way: the
+        fast pass is then rejected anyway)."""
+        return cls.count(array != cls.constant(0, array), like=array)
 
     @classmethod
     def matrix_reductions(cls, matrix, passes):
