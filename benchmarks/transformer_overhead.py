@@ -12,6 +12,10 @@ process:
 * Keras (TensorFlow backend), ``model.fit``: ``none``; ``monitor`` (`GradientMonitor`, every
   step); ``floor`` (``optimizer.apply`` wrapped to store ``tf.linalg.global_norm`` of the
   gradients in a variable inside the traced step).
+* Own time per logged step, where step-time differences drown in noise: PyTorch, the logging
+  call itself timed inside every training step; Keras, the traced statistics of one batch's
+  gradients called on their own (grouped, ungrouped, and ``tf.linalg.global_norm`` as the floor).
+  The per-tensor slopes are fitted to these.
 * Work per logged step: PyTorch operators the profiler records in one ``monitor.step()`` (each is
   at least one kernel launch on a GPU) and TensorFlow operations in the traced statistics of
   the Keras model's gradients, grouped and ungrouped.
@@ -54,7 +58,10 @@ norms' worth of work every statistic of every tensor costs. "per extra tensor" i
 "ours - none" over the depths (least squares; each block adds 12 PyTorch or 16 Keras tensors and
 their parameters, so it includes the passes over the added entries). `ours_ungrouped` reduces
 every tensor on its own (as before the grouped reductions): the difference is what grouping
-saves. Operator counts are exact; times are medians on a noisy 2-core VM (see the spread)."""
+saves. "own time" is the logging call alone (PyTorch: timed inside each training step; Keras:
+the traced statistics of one batch's gradients called on their own): its slope over the depths
+is the cost per added tensor, free of the step-time noise. Operator counts are exact; times are
+medians on a noisy 2-core VM (see the spread)."""
 
 
 # ----------------------------------------------------------------------------------------- PyTorch
@@ -111,6 +118,15 @@ def foreach_floor(model):
     return lambda: torch.stack(torch._foreach_norm(gradients())).cpu()
 
 
+def timed(call, seconds):
+    """``call``, appending the seconds of each of its calls to ``seconds``."""
+    def timed_call():
+        start = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - start)
+    return timed_call
+
+
 def torch_variants(model, log_dir):
     from tensorboard_gradients.torch import GradientMonitor
 
@@ -138,12 +154,12 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCABULARY, (BATCH, TOKENS + 1))
     names = ("none", "ours", "ours_ungrouped", "floor")
-    trainers = {}
+    trainers, own = {}, {name: [] for name in names}
     for name in names:
         torch.manual_seed(0)
         model = Decoder(depth)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        log = torch_variants(model, f"{log_root}/torch_{depth}_{name}")[name]
+        log = timed(torch_variants(model, f"{log_root}/torch_{depth}_{name}")[name], own[name])
 
         def train_step(model=model, optimizer=optimizer, log=log):
             optimizer.zero_grad()
@@ -162,6 +178,7 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": {name: stats.median(t) for name, t in times.items()},
         "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
+        "own_seconds": {name: stats.median(own[name]) for name in names[1:]},
         "operators": {
             "grouped": torch_operators(model, f"{log_root}/ops_{depth}_g", True),
             "ungrouped": torch_operators(model, f"{log_root}/ops_{depth}_u", False),
@@ -247,26 +264,54 @@ def keras_depth(depth, rounds, steps, log_root):
         "ours_per_round": [m / n for m, n in zip(times["monitor"], times["none"])],
         "operations": {"grouped": traced_operations(models["none"], True),
                        "ungrouped": traced_operations(models["none"], False)},
+        "own_seconds": statistics_alone_seconds(models["none"], x[:BATCH], y[:BATCH], rounds),
     }
 
 
-def traced_operations(model, grouped):
-    """Operations (constants and inputs aside) in the traced statistics of the model's
-    gradients: what the monitor adds to each logged step."""
+def traced_statistics(variables, grouped):
+    """The monitor's statistics of ``variables``' gradients as a traced function, grouped or
+    not (the grouping is decided when it traces)."""
     import tensorflow as tf
 
     from tensorboard_gradients.capture import tensorflow_ops
     from tensorboard_gradients.format import statistics
 
-    variables = model.trainable_variables
     specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
     saved = statistics.GROUPED_ARRAY_MAX_ENTRIES
     statistics.GROUPED_ARRAY_MAX_ENTRIES = saved if grouped else 0
     try:
-        graph = tf.function(lambda *g: tensorflow_ops.gradient_statistics(
-            list(g), variables)).get_concrete_function(*specs).graph
+        return tf.function(lambda *g: tensorflow_ops.gradient_statistics(
+            list(g), variables)).get_concrete_function(*specs)
     finally:
         statistics.GROUPED_ARRAY_MAX_ENTRIES = saved
+
+
+def statistics_alone_seconds(model, x, y, rounds, calls_per_round=20):
+    """Median seconds of one call of the traced statistics (grouped, ungrouped) and of the floor
+    (``tf.linalg.global_norm``) on one batch's gradients, interleaved round by round."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        loss = model.loss(y, model(x, training=True))
+    gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+    functions = {
+        "monitor": traced_statistics(variables, True),
+        "ungrouped": traced_statistics(variables, False),
+        "floor": tf.function(lambda *g: tf.linalg.global_norm(list(g))).get_concrete_function(
+            *specs),
+    }
+    calls = {name: (lambda f=f: tf.nest.map_structure(lambda t: t.numpy(), f(*gradients)))
+             for name, f in functions.items()}
+    return {name: stats.median(t) for name, t in _common.interleaved_step_times(
+        calls, rounds, calls_per_round).items()}
+
+
+def traced_operations(model, grouped):
+    """Operations (constants and inputs aside) in the traced statistics of the model's
+    gradients: what the monitor adds to each logged step."""
+    graph = traced_statistics(model.trainable_variables, grouped).graph
     return sum(1 for op in graph.get_operations()
                if op.type not in ("Const", "Placeholder", "NoOp", "Identity"))
 
@@ -340,10 +385,21 @@ def render(result):
                 + [ms(_extra(r, ours)), _cost_ratio(r, ours, "floor"),
                    _common.ratio_range(r["ours_per_round"])])
 
+    def own(r, variants):
+        return " / ".join(ms(r["own_seconds"][v]) for v in variants)
+
+    def own_slopes(rows, variants):
+        return ", ".join(f"{label} {_slope(rows, lambda r, v=v: r['own_seconds'][v])}"
+                         for label, v in variants)
+
+    torch_own = (("ours", "ours"), ("ungrouped", "ours_ungrouped"), ("floor", "floor"))
+    keras_own = (("monitor", "monitor"), ("ungrouped", "ungrouped"), ("floor", "floor"))
     torch_cells = [cells(r, ("ours", "ours_ungrouped", "floor"), "ours") + [
+        own(r, [v for _, v in torch_own]),
         f"{r['operators']['grouped']} / {r['operators']['ungrouped']} / {r['operators']['floor']}"]
         for r in result["torch"]]
     keras_cells = [cells(r, ("monitor", "floor"), "monitor") + [
+        own(r, [v for _, v in keras_own]),
         f"{r['operations']['grouped']} / {r['operations']['ungrouped']}"]
         for r in result["keras"]]
     per_epoch = result["fit_per_epoch"]
@@ -355,11 +411,13 @@ def render(result):
         _common.table(
             ["blocks", "tensors", "parameters", "none", "ours", "ours_ungrouped", "floor",
              "ours - none", "ours / floor", "ours / none per round",
+             "own time, ms (ours / ungrouped / floor)",
              "operators per logged step (ours / ungrouped / floor)"], torch_cells, text_columns=0),
         "",
         f"Per extra tensor (slope over the depths): ours {_slope(result['torch'], lambda r: _extra(r, 'ours'))}, "
         f"ungrouped {_slope(result['torch'], lambda r: _extra(r, 'ours_ungrouped'))}, "
-        f"floor {_slope(result['torch'], lambda r: _extra(r, 'floor'))}.",
+        f"floor {_slope(result['torch'], lambda r: _extra(r, 'floor'))}. Own time per extra "
+        f"tensor: {own_slopes(result['torch'], torch_own)}.",
         "",
         f"Keras `model.fit` (TensorFlow backend), {c['keras_steps']} steps per `fit`, median over "
         f"{c['rounds']} rounds after one untimed round. Step time in ms:",
@@ -367,10 +425,12 @@ def render(result):
         _common.table(
             ["blocks", "tensors", "parameters", "none", "monitor", "floor", "monitor - none",
              "monitor / floor", "monitor / none per round",
+             "statistics alone, ms (grouped / ungrouped / floor)",
              "traced statistics ops (grouped / ungrouped)"], keras_cells, text_columns=0),
         "",
         f"Per extra tensor: monitor {_slope(result['keras'], lambda r: _extra(r, 'monitor'))}, "
-        f"floor {_slope(result['keras'], lambda r: _extra(r, 'floor'))}.",
+        f"floor {_slope(result['keras'], lambda r: _extra(r, 'floor'))}. Statistics alone per "
+        f"extra tensor: {own_slopes(result['keras'], keras_own)}.",
         "",
         f"`fit` once per epoch (keras_overhead's 14-layer MLP, 60-step epochs, {c['epochs']} `fit` "
         f"calls each, one monitor kept across them): seconds per `fit`, none "
