@@ -47,7 +47,9 @@ setup(
         # integrations are tested against pinned versions (lightning, accelerate for the
         # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist;
         # IPython gives the notebook extension's (%tensorboard) output for the proxy test.
-        "test": ["pytest>=7", "setuptools>=61", "wheel", "playwright>=1.40", "scikit-learn>=1.3",
+        # pytest-xdist: `./dev test` runs pytest in two workers (most tests wait on processes).
+        "test": ["pytest>=7", "pytest-xdist>=3", "setuptools>=61", "wheel", "playwright>=1.40",
+                 "scikit-learn>=1.3",
                  "torch==2.13.0", "jax==0.10.2", "deepspeed==0.19.8", "transformers==5.18.0",
                  "accelerate==1.15.0", "lightning==2.6.6", "flax==0.12.8", "optax==0.2.8",
                  "tensorboardX==2.6.5", "build>=1.2", "twine>=5", "ipython>=8"],
