@@ -27,6 +27,7 @@ process:
 """
 
 import argparse
+import contextlib
 import os
 import statistics as stats
 import tempfile
@@ -100,16 +101,23 @@ class Decoder(torch.nn.Module):
         return self.head(self.ln_f(x))
 
 
-def ungrouped(step):
+@contextlib.contextmanager
+def grouping(grouped):
+    """Small arrays of one size reduced together (the default) or every array on its own."""
     from tensorboard_gradients.format import statistics
 
+    saved = statistics.GROUPED_ARRAY_MAX_ENTRIES
+    statistics.GROUPED_ARRAY_MAX_ENTRIES = saved if grouped else 0
+    try:
+        yield
+    finally:
+        statistics.GROUPED_ARRAY_MAX_ENTRIES = saved
+
+
+def ungrouped(step):
     def call():
-        saved = statistics.GROUPED_ARRAY_MAX_ENTRIES
-        statistics.GROUPED_ARRAY_MAX_ENTRIES = 0
-        try:
+        with grouping(False):
             step()
-        finally:
-            statistics.GROUPED_ARRAY_MAX_ENTRIES = saved
     return call
 
 
@@ -268,22 +276,22 @@ def keras_depth(depth, rounds, steps, log_root):
     }
 
 
+def traced(function, variables):
+    """``function(*gradients)`` traced for ``variables``' gradients."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+    return tf.function(function).get_concrete_function(*specs)
+
+
 def traced_statistics(variables, grouped):
     """The monitor's statistics of ``variables``' gradients as a traced function, grouped or
     not (the grouping is decided when it traces)."""
-    import tensorflow as tf
-
     from tensorboard_gradients.capture import tensorflow_ops
-    from tensorboard_gradients.format import statistics
 
-    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-    saved = statistics.GROUPED_ARRAY_MAX_ENTRIES
-    statistics.GROUPED_ARRAY_MAX_ENTRIES = saved if grouped else 0
-    try:
-        return tf.function(lambda *g: tensorflow_ops.gradient_statistics(
-            list(g), variables)).get_concrete_function(*specs)
-    finally:
-        statistics.GROUPED_ARRAY_MAX_ENTRIES = saved
+    with grouping(grouped):
+        return traced(lambda *g: tensorflow_ops.gradient_statistics(list(g), variables),
+                      variables)
 
 
 def statistics_alone_seconds(model, x, y, rounds, calls_per_round=20):
@@ -295,12 +303,10 @@ def statistics_alone_seconds(model, x, y, rounds, calls_per_round=20):
     with tf.GradientTape() as tape:
         loss = model.loss(y, model(x, training=True))
     gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
-    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
     functions = {
         "monitor": traced_statistics(variables, True),
         "ungrouped": traced_statistics(variables, False),
-        "floor": tf.function(lambda *g: tf.linalg.global_norm(list(g))).get_concrete_function(
-            *specs),
+        "floor": traced(lambda *g: tf.linalg.global_norm(list(g)), variables),
     }
     calls = {name: (lambda f=f: tf.nest.map_structure(lambda t: t.numpy(), f(*gradients)))
              for name, f in functions.items()}
