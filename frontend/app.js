@@ -207,10 +207,12 @@ export class App {
     let body;
     let alerts;
     let other = null; // the compared run's heatmap, or {error}
+    let loss;
     try {
-      [body, alerts, other] = await Promise.all([getJson("heatmap", heatmapParams), getJson("alerts", common),
+      [body, alerts, other, loss] = await Promise.all([getJson("heatmap", heatmapParams), getJson("alerts", common),
         // The compared run: the same tag, stat, axis, rows, columns and thresholds.
-        compare && getJson("heatmap", { ...heatmapParams, run: compare }).catch((error) => ({ error }))]);
+        compare && getJson("heatmap", { ...heatmapParams, run: compare }).catch((error) => ({ error })),
+        this.fetchLoss(this.state.run)]);
     } catch (error) {
       if (token === this.loadToken) this.showError(error);
       return;
@@ -225,9 +227,8 @@ export class App {
     const rowSeverity = rowSeverities(this.alerts, rowsOf, (severity) => vocabulary.severityRank(severity));
     const scale = makeScale(matrix.values, vocabulary.statScale(matrix.stat),
       vocabulary.scaleCeiling(matrix.stat, this.thresholds()));
-    this.view.setData(matrix, scale, rowSeverity, matrix.epochs);
+    this.view.setData(matrix, scale, rowSeverity, matrix.epochs, loss);
     const compareNote = this.showComparison(matrix, other, compare);
-    this.loadLoss(token);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
     renderAlerts(this.alertsPanel, {
       alerts: this.alerts, groups: alerts.groups, vocabulary,
@@ -289,16 +290,17 @@ export class App {
     }
   }
 
-  /** The run's training loss from the Scalars plugin, drawn above the heatmap when it exists. */
-  async loadLoss(token) {
+  /**
+   * The run's training loss from the Scalars plugin ({points, tag}), or null where it has none
+   * or the Scalars plugin does not answer: the heatmap is drawn without a curve then.
+   */
+  async fetchLoss(run) {
     try {
       const tags = await getJson("../scalars/tags");
-      const runTags = Object.keys(tags[this.state.run] || {});
-      const tag = lossTag(runTags);
-      const points = tag ? await getJson("../scalars/scalars", { run: this.state.run, tag }) : null;
-      if (token === this.loadToken) this.view.setLoss(points, tag);
+      const tag = lossTag(Object.keys(tags[run] || {}));
+      return tag ? { points: await getJson("../scalars/scalars", { run, tag }), tag } : null;
     } catch {
-      if (token === this.loadToken) this.view.setLoss(null); // no Scalars data: no curve
+      return null;
     }
   }
 

@@ -681,6 +681,43 @@ def test_a_diverging_loss_is_drawn_on_a_log_scale_beside_its_range(browser, serv
     tab.close()
 
 
+def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
+    """The loss curve sits above the cells. Drawn when the Scalars plugin answered, after the
+    heatmap, it pushed the cells down under a pointer already on them (a hover at a cell measured
+    at the first draw fell on the curve and showed no tooltip). With the Scalars answers held back
+    a second, the cells are where they first appeared once the curve is there."""
+    held = []
+
+    def hold(route):
+        held.append(route)
+
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step",
+              routes=[("**/data/plugin/scalars/**", hold)])
+    # Every frame from now on, the top of the cells as the page shows them while drawn.
+    tab.page.evaluate("""() => {
+        window.cellTops = new Set();
+        const record = () => {
+            const app = window.gradientsApp;
+            const cells = document.querySelector('[data-testid=heatmap-canvas]');
+            if (app && app.drawn && cells) window.cellTops.add(cells.getBoundingClientRect().top);
+            requestAnimationFrame(record);
+        };
+        record();
+    }""")
+    released = 0
+    for _ in range(200):  # tags, then the loss's points: each held, then let through
+        tab.page.wait_for_timeout(1000 if not released else 50)
+        for route in held[released:]:
+            route.continue_()
+        released = len(held)
+        if tab.page.locator("[data-testid=loss-curve]").is_visible():
+            break
+    assert released == 2, released
+    tab.wait_drawn()
+    assert tab.page.evaluate("[...window.cellTops]") == [tab.canvas_box()["y"]]
+    tab.close()
+
+
 def test_the_legend_explains_the_row_dots(browser, server):
     tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients")
     tab.wait_drawn()
