@@ -29,6 +29,10 @@ const REFRESH_MS = 30000;
 // again this often, so the whole run replaces the partial view without a reload.
 const READING_POLL_MS = 3000;
 const HOVER_STATS_DELAY_MS = 150;
+// How long the heatmap waits for the loss curve drawn above it (the Scalars plugin's answers), so
+// that both appear in one frame and the cells never move under the pointer; a slower Scalars
+// plugin gets its curve drawn when it answers, and one that never does cannot hold the tab back.
+const LOSS_WAIT_MS = 3000;
 // Where the run the user last picked is kept: TensorBoard reloads the tab's frame without its
 // hash, and the user's run should outlast that.
 const REMEMBERED_RUN_KEY = "tensorboard-gradients.run";
@@ -207,12 +211,12 @@ export class App {
     let body;
     let alerts;
     let other = null; // the compared run's heatmap, or {error}
-    let loss;
+    const loss = this.fetchLoss(this.state.run);
     try {
-      [body, alerts, other, loss] = await Promise.all([getJson("heatmap", heatmapParams), getJson("alerts", common),
+      [body, alerts, other] = await Promise.all([getJson("heatmap", heatmapParams), getJson("alerts", common),
         // The compared run: the same tag, stat, axis, rows, columns and thresholds.
         compare && getJson("heatmap", { ...heatmapParams, run: compare }).catch((error) => ({ error })),
-        this.fetchLoss(this.state.run)]);
+        Promise.race([loss, new Promise((resolve) => { setTimeout(resolve, LOSS_WAIT_MS); })])]);
     } catch (error) {
       if (token === this.loadToken) this.showError(error);
       return;
@@ -227,7 +231,9 @@ export class App {
     const rowSeverity = rowSeverities(this.alerts, rowsOf, (severity) => vocabulary.severityRank(severity));
     const scale = makeScale(matrix.values, vocabulary.statScale(matrix.stat),
       vocabulary.scaleCeiling(matrix.stat, this.thresholds()));
-    this.view.setData(matrix, scale, rowSeverity, matrix.epochs, loss);
+    this.view.setData(matrix, scale, rowSeverity, matrix.epochs);
+    // Already there unless the Scalars plugin was slow: then drawn before the next frame.
+    loss.then(({ points, tag }) => { if (token === this.loadToken) this.view.setLoss(points, tag); });
     const compareNote = this.showComparison(matrix, other, compare);
     this.drawn = true; // the latest data is on screen (browser tests wait for it)
     renderAlerts(this.alertsPanel, {
@@ -291,17 +297,18 @@ export class App {
   }
 
   /**
-   * The run's training loss from the Scalars plugin ({points, tag}), or null where it has none
-   * or the Scalars plugin does not answer: the heatmap is drawn without a curve then.
+   * The run's training loss from the Scalars plugin: {points, tag}, both null where the run has
+   * none or the Scalars plugin does not answer (the heatmap is drawn without a curve then).
    */
   async fetchLoss(run) {
     try {
       const tags = await getJson("../scalars/tags");
       const tag = lossTag(Object.keys(tags[run] || {}));
-      return tag ? { points: await getJson("../scalars/scalars", { run, tag }), tag } : null;
+      if (tag) return { points: await getJson("../scalars/scalars", { run, tag }), tag };
     } catch {
-      return null;
+      // no Scalars data: no curve
     }
+    return { points: null, tag: null };
   }
 
   /** The rule thresholds in force: the plugin's defaults with the URL's overrides. */

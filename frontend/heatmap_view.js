@@ -83,19 +83,20 @@ export class HeatmapView {
     this.onZoom([this.matrix.steps[first[1]], this.matrix.lastSteps[last[1]]]);
   }
 
-  /**
-   * New data: a decoded matrix, its colour scale, alert severity per row, epoch start steps, and
-   * the run's loss curve to align above the step axis ({points: [[wall_time, step, value], ...],
-   * tag} or null), drawn in the same frame so that the cells never move under the pointer.
-   */
-  setData(matrix, scale, rowSeverity, epochs, loss) {
+  /** New data: a decoded matrix, its colour scale, alert severity per row, epoch start steps. */
+  setData(matrix, scale, rowSeverity, epochs) {
     // Outlined rows of another run, tag or kind of row would outline the wrong cells.
     const previous = this.matrix;
     if (!previous || ["run", "tag", "rowsBy"].some((key) => previous[key] !== matrix[key])) this.highlight = null;
     Object.assign(this, { matrix, scale, rowSeverity, epochs: epochs || [] });
     this.hover = null;
-    this.axes.setLoss(loss ? loss.points : null, loss ? loss.tag : null);
     this.draw();
+  }
+
+  /** A loss curve to align above the step axis: [[wall_time, step, value], ...] or null. */
+  setLoss(points, tag) {
+    this.axes.setLoss(points, tag);
+    this.axes.drawLoss(this.matrix, this.plotWidth(), window.devicePixelRatio || 1);
   }
 
   /** Extra tooltip lines for `cell` (key stats fetched by the app), if it is still hovered. */

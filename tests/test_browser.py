@@ -718,6 +718,30 @@ def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
     tab.close()
 
 
+def test_a_scalars_plugin_that_does_not_answer_holds_nothing_back(browser, server):
+    """The heatmap waits a few seconds for its loss curve, not for ever: with the Scalars answers
+    held, the cells are drawn without a curve; the curve comes when the answers do."""
+    held = []
+
+    def hold(route):
+        held.append(route)
+
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step",
+              routes=[("**/data/plugin/scalars/**", hold)])
+    tab.wait_drawn()
+    loss = tab.page.locator("[data-testid=loss-curve]")
+    assert len(held) == 1 and loss.is_hidden()  # the tags asked, never answered
+    held[0].continue_()
+    for _ in range(100):  # then the loss's points are asked
+        if len(held) == 2:
+            break
+        tab.page.wait_for_timeout(50)
+    held[1].continue_()
+    loss.wait_for(state="visible")
+    assert (tab.pixels("[data-testid=loss-curve]")[..., 3] > 0).sum() > 100
+    tab.close()
+
+
 def test_the_legend_explains_the_row_dots(browser, server):
     tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients")
     tab.wait_drawn()
