@@ -681,11 +681,9 @@ def test_a_diverging_loss_is_drawn_on_a_log_scale_beside_its_range(browser, serv
     tab.close()
 
 
-def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
-    """The loss curve sits above the cells. Drawn when the Scalars plugin answered, after the
-    heatmap, it pushed the cells down under a pointer already on them (a hover at a cell measured
-    at the first draw fell on the curve and showed no tooltip). With the Scalars answers held back
-    a second, the cells are where they first appeared once the curve is there."""
+def _tab_with_scalars_held(browser, server):
+    """The diverged run's tab, with every request to the Scalars plugin (the loss curve's) held
+    in the returned list until the test lets it through (``route.continue_()``)."""
     held = []
 
     def hold(route):
@@ -693,6 +691,15 @@ def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
 
     tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step",
               routes=[("**/data/plugin/scalars/**", hold)])
+    return tab, held
+
+
+def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
+    """The loss curve sits above the cells. Drawn when the Scalars plugin answered, after the
+    heatmap, it pushed the cells down under a pointer already on them (a hover at a cell measured
+    at the first draw fell on the curve and showed no tooltip). With the Scalars answers held back
+    a second, the cells are where they first appeared once the curve is there."""
+    tab, held = _tab_with_scalars_held(browser, server)
     # Every frame from now on, the top of the cells as the page shows them while drawn.
     tab.page.evaluate("""() => {
         window.cellTops = new Set();
@@ -721,13 +728,7 @@ def test_the_cells_stay_put_when_a_slow_loss_curve_arrives(browser, server):
 def test_a_scalars_plugin_that_does_not_answer_holds_nothing_back(browser, server):
     """The heatmap waits a few seconds for its loss curve, not for ever: with the Scalars answers
     held, the cells are drawn without a curve; the curve comes when the answers do."""
-    held = []
-
-    def hold(route):
-        held.append(route)
-
-    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step",
-              routes=[("**/data/plugin/scalars/**", hold)])
+    tab, held = _tab_with_scalars_held(browser, server)
     tab.wait_drawn()
     loss = tab.page.locator("[data-testid=loss-curve]")
     assert len(held) == 1 and loss.is_hidden()  # the tags asked, never answered
