@@ -12,6 +12,23 @@ test("runs sort in natural order", () => {
   assert.deepEqual([...names].sort(naturalCompare), ["a/b9", "a/b10", "Run1", "run2", "run2/eval", "run10"]);
 });
 
+test("a run's path reads as a path: a run before the runs its name begins", () => {
+  // The demo's runs: a locale's collation ranks "_" before "/", which listed the clipped run first.
+  const demo = ["vanishing_fixed/train", "exploding_clipped/train", "healthy/train", "exploding/train",
+    "custom_loop/train", "vanishing/train"];
+  assert.deepEqual([...demo].sort(naturalCompare), ["custom_loop/train", "exploding/train",
+    "exploding_clipped/train", "healthy/train", "vanishing/train", "vanishing_fixed/train"]);
+  assert.deepEqual(["lr_10/train", "lr_9_warm/train", "lr_9/train"].sort(naturalCompare),
+    ["lr_9/train", "lr_9_warm/train", "lr_10/train"]);
+});
+
+test("numbers compare by value at any length, and equal names by code point", () => {
+  assert.deepEqual(["step_100000000000000000001", "step_99999999999999999999", "step_007", "step_7"].sort(naturalCompare),
+    ["step_007", "step_7", "step_99999999999999999999", "step_100000000000000000001"]);
+  assert.deepEqual(["run", "Run", "RUN"].sort(naturalCompare), ["RUN", "Run", "run"]);
+  assert.equal(naturalCompare("same", "same"), 0);
+});
+
 test("the most severe tag: its worst alert first, then the most alerts, then the name", () => {
   const found = [
     ["run2", "gradients", [info, info, info]],
