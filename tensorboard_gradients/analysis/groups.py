@@ -83,6 +83,13 @@ def group(alerts: Sequence[Alert], variables: Sequence[str],
     return sorted(found, key=lambda g: (rank[g.severity], g.first_step, g.alerts[0]))
 
 
+def subject_name(unit: str, name: str) -> str:
+    """A group's subject as its message names it: a tensor by its name, a layer as "layer
+    <name>", as each alert's own message names it (an ``nn.Sequential``'s layers are "0", "1"...:
+    "first 0." read as a number)."""
+    return f"layer {name}" if unit == "layer" else name
+
+
 def _group(alerts, members, variable_count, layer_count) -> AlertGroup:
     chosen = [alerts[i] for i in members]
     head = chosen[0]  # `diagnose` order: the earliest, then model order
@@ -101,7 +108,8 @@ def _group(alerts, members, variable_count, layer_count) -> AlertGroup:
             threshold=head.threshold, rule=head.rule)
         steps = (f"at step {first_step}" if first_step == last_step
                  else f"at steps {first_step}-{last_step}")
-        message = f"{len(chosen)} of {of} {unit}s {phrase} {steps}, first {first_name}."
+        message = (f"{len(chosen)} of {of} {unit}s {phrase} {steps}, "
+                   f"first {subject_name(unit, first_name)}.")
     return AlertGroup(
         kind=head.kind, rule=head.rule, severity=head.severity, first_step=first_step,
         last_step=last_step, subjects=len(chosen), of=of, unit=unit, first=first_name,
