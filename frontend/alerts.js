@@ -1,6 +1,8 @@
 // The alerts' place in the heatmap (pure, no DOM): which rows an alert or a group of alerts is
 // about, in the rows the heatmap shows (variables or layers), each row's most urgent severity
-// (the dots beside the labels), and the earliest alert of a kind.
+// (the dots beside the labels), the earliest alert of a kind, and the panel's heading.
+
+import { counted, formatStep } from "./format.js";
 
 /**
  * A function from an alert to the heatmap rows it is about. By variable: its variable's row when
@@ -24,6 +26,16 @@ export function alertRowFinder(matrix) {
  */
 export function alertSpans(alerts, rowsOf) {
   return alerts.map((alert) => ({ rows: rowsOf(alert), firstStep: alert.first_step, lastStep: alert.last_step }));
+}
+
+/**
+ * The alerts panel's heading: "No alerts", "Alerts (1)", "Alerts (3)" when each alert is its own
+ * finding, else "Alerts (1,000, in 1 finding)".
+ */
+export function alertsTitle(alertCount, groupCount) {
+  if (!alertCount) return "No alerts";
+  const count = formatStep(alertCount);
+  return groupCount === alertCount ? `Alerts (${count})` : `Alerts (${count}, in ${counted(groupCount, "finding")})`;
 }
 
 /** The alerts of `group` (an entry of the `alerts` route's `groups`), from its indices. */

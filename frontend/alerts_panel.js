@@ -3,7 +3,7 @@
 // several alerts expands to them (built on first opening: a diverging run can have a thousand);
 // clicking a group outlines all its cells, clicking an alert its own.
 
-import { firstAlertOf, groupAlerts } from "./alerts.js";
+import { alertsTitle, firstAlertOf, groupAlerts } from "./alerts.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatStep, formatStepRange } from "./format.js";
 
@@ -42,9 +42,7 @@ export function renderAlerts(panel, { alerts, groups, vocabulary, onPick }) {
     groupContent(group, groupAlerts(group, alerts)));
   const nonfinite = vocabulary.nonfiniteClass;
   const callout = nonfinite && firstAlertOf(alerts, nonfinite.name);
-  const title = !alerts.length ? "No alerts"
-    : groups.length === alerts.length ? `Alerts (${alerts.length})`
-      : `Alerts (${alerts.length}, in ${groups.length} findings)`;
+  const title = alertsTitle(alerts.length, groups.length);
   replaceChildren(panel,
     el("h2", {}, title),
     callout ? el("p", {

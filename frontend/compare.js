@@ -6,7 +6,7 @@
 // of both runs' rows (A's model order, then B's leftovers), each matched or only in one run;
 // columns are A's, each matched to the column of B that holds the same epoch or A's first step.
 
-import { formatValue } from "./format.js";
+import { counted, formatValue } from "./format.js";
 import { columnOfStep } from "./layout.js";
 
 export const COMPARE_MODES = Object.freeze(["side", "ratio"]); // side by side, or A / B
@@ -277,14 +277,14 @@ export function rowLabel(row, runA, runB) {
   return row.name;
 }
 
-/** One line saying how the rows matched: "" when every row is in both runs. */
-export function unmatchedSummary(rows, runA, runB, unit = "rows") {
+/** One line saying how the rows (each a `unit`) matched: "" when every row is in both runs. */
+export function unmatchedSummary(rows, runA, runB, unit = "row") {
   const onlyA = rows.filter((row) => row.status === "a").length;
   const onlyB = rows.filter((row) => row.status === "b").length;
   const parts = [];
   if (onlyA) parts.push(`${onlyA} only in ${runA}`);
   if (onlyB) parts.push(`${onlyB} only in ${runB}`);
-  return parts.length ? `Of ${rows.length} ${unit}, ${parts.join(", ")} (hatched grey).` : "";
+  return parts.length ? `Of ${counted(rows.length, unit)}, ${parts.join(", ")} (hatched grey).` : "";
 }
 
 /**

@@ -12,7 +12,7 @@ import {
   hatchRows, rasterizeRatio, rowLabel, unmatchedRows, unmatchedSummary,
 } from "./compare.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { ellipsize, formatStepRange, formatValue } from "./format.js";
+import { counted, ellipsize, formatStepRange, formatValue } from "./format.js";
 import { gridLayout } from "./layout.js";
 import { classPaints, rasterize } from "./raster.js";
 
@@ -103,9 +103,11 @@ export class CompareView {
     const sides = this.mode === "ratio" ? ["ratio"] : ["a", "b"];
     replaceChildren(this.panes, sides.map((side) => this.#pane(side, width, height, ratio)));
     this.#drawLabels(height, ratio);
-    const summary = unmatchedSummary(c.rows, c.runA, c.runB, c.rowsBy === "layers" ? "layers" : "variables");
-    const columnsNote = c.matchedColumns < c.columnCount
-      ? `${c.columnCount - c.matchedColumns} of ${c.columnCount} ${c.epochIndex ? "epochs" : "columns"} have no counterpart in ${c.runB}.`
+    const summary = unmatchedSummary(c.rows, c.runA, c.runB, c.rowsBy === "layers" ? "layer" : "variable");
+    const unmatchedColumns = c.columnCount - c.matchedColumns;
+    const columnsNote = unmatchedColumns
+      ? `${unmatchedColumns} of ${counted(c.columnCount, c.epochIndex ? "epoch" : "column")} `
+        + `${unmatchedColumns === 1 ? "has" : "have"} no counterpart in ${c.runB}.`
       : "";
     replaceChildren(this.note,
       el("strong", {}, this.mode === "ratio" ? `${c.runA} / ${c.runB}` : `${c.runA} | ${c.runB}`),

@@ -7,7 +7,7 @@ import { rowContext, statRows } from "./cells.js";
 import { ACCENT } from "./colormap.js";
 import { toNumber } from "./decode.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { formatStep, formatStepRange, formatValue } from "./format.js";
+import { counted, formatStep, formatStepRange, formatValue } from "./format.js";
 import { chartRange, niceTicks } from "./layout.js";
 
 const MAX_CHART_WIDTH = 560;
@@ -32,7 +32,7 @@ export function renderDetails(panel, {
   const title = el("h3", { class: "details-title" }, series.variable);
   // A layer's `shape` is its variables' entries, counted as one flat tensor.
   const size = !series.shape ? "shape unknown"
-    : rowsBy === "layers" ? `${formatStep(series.shape.reduce((a, b) => a * b, 1))} entries`
+    : rowsBy === "layers" ? counted(series.shape.reduce((a, b) => a * b, 1), "entry", "entries")
       : `shape [${series.shape.join(", ")}]`;
   const subtitle = el("div", { class: "details-subtitle", "data-testid": "details-cell" },
     `${rowContext(rowsBy, series.layer)} · ${size} · ` +

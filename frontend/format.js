@@ -23,6 +23,11 @@ export function formatStep(step) {
   return Math.round(step).toLocaleString("en-US");
 }
 
+/** "1 finding", "3 findings", "1,000 alerts": a count and its noun, singular or plural. */
+export function counted(count, noun, plural = `${noun}s`) {
+  return `${formatStep(count)} ${count === 1 ? noun : plural}`;
+}
+
 /** "step 120" or "steps 120–129" for a merged column. */
 export function formatStepRange(first, last) {
   return first === last ? `step ${formatStep(first)}` : `steps ${formatStep(first)}–${formatStep(last)}`;

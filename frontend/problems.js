@@ -2,6 +2,8 @@
 // and logged steps left out as damaged, from the plugin's `runs` answer. One bad file must be
 // named, never silently missing, while every other run is shown as usual.
 
+import { counted } from "./format.js";
+
 /**
  * `[{run, tag, severity, text}]` from a `runs` answer: one "error" per tag that cannot be read,
  * one "warning" per sentence of a tag's `damage`. A sentence about a damaged file is repeated
@@ -36,7 +38,7 @@ export function problemsSummary(problems) {
   const unreadable = count("error");
   const damaged = count("warning");
   const parts = [];
-  if (unreadable) parts.push(`${unreadable} ${unreadable === 1 ? "tag cannot" : "tags cannot"} be read`);
-  if (damaged) parts.push(`${damaged} ${damaged === 1 ? "tag has" : "tags have"} damaged data`);
+  if (unreadable) parts.push(`${counted(unreadable, "tag")} cannot be read`);
+  if (damaged) parts.push(`${counted(damaged, "tag")} ${damaged === 1 ? "has" : "have"} damaged data`);
   return parts.join("; ");
 }

@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { alertRowFinder, alertSpans, firstAlertOf, groupAlerts, rowSeverities } from "../alerts.js";
+import {
+  alertRowFinder, alertSpans, alertsTitle, firstAlertOf, groupAlerts, rowSeverities,
+} from "../alerts.js";
 
 const MATRIX = { variables: ["a/kernel", "a/bias", "b/kernel"], layers: ["a", "a", "b"] };
 const alert = (fields) => ({ variable: null, layer: null, ...fields });
@@ -70,4 +72,12 @@ test("the earliest alert of a kind, the first listed among equals", () => {
   ];
   assert.equal(firstAlertOf(alerts, "nan").id, 2);
   assert.equal(firstAlertOf(alerts, "dead"), null);
+});
+
+test("the panel's heading counts alerts and findings in the singular or plural", () => {
+  assert.equal(alertsTitle(0, 0), "No alerts");
+  assert.equal(alertsTitle(1, 1), "Alerts (1)");
+  assert.equal(alertsTitle(3, 3), "Alerts (3)");
+  assert.equal(alertsTitle(3, 1), "Alerts (3, in 1 finding)");
+  assert.equal(alertsTitle(1000, 2), "Alerts (1,000, in 2 findings)");
 });

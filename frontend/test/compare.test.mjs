@@ -226,6 +226,7 @@ test("which rows each side lacks, their labels and the summary line", () => {
   assert.equal(rowLabel(rows[0], "run1", "run2"), "x");
   assert.equal(unmatchedSummary(rows, "run1", "run2"), "Of 3 rows, 1 only in run1, 1 only in run2 (hatched grey).");
   assert.equal(unmatchedSummary(alignRows(["x"], ["x"]), "a", "b"), "");
+  assert.equal(unmatchedSummary(alignRows(["x"], []), "a", "b", "layer"), "Of 1 layer, 1 only in a (hatched grey).");
 });
 
 test("the tooltip shows both values and their ratio, and says when a row is only in one run", () => {

@@ -1,7 +1,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ellipsize, formatStep, formatStepRange, formatValue } from "../format.js";
+import { counted, ellipsize, formatStep, formatStepRange, formatValue } from "../format.js";
+
+test("counts read in the singular for one and the plural otherwise", () => {
+  assert.equal(counted(1, "finding"), "1 finding");
+  assert.equal(counted(3, "finding"), "3 findings");
+  assert.equal(counted(0, "finding"), "0 findings");
+  assert.equal(counted(1000, "alert"), "1,000 alerts");
+  assert.equal(counted(1, "entry", "entries"), "1 entry");
+  assert.equal(counted(2, "entry", "entries"), "2 entries");
+});
 
 test("values read like gradient statistics", () => {
   assert.equal(formatValue(0.12345), "0.1235");
