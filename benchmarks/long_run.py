@@ -389,7 +389,9 @@ def measure_diagnose(logdir, planted, timeout, workdir):
     """`tensorboard-gradients diagnose LOGDIR --json` in its own process group: wall time, peak
     resident memory, and the plants its alerts miss."""
     row = {"measurement": "diagnose"}
-    command = [sys.executable, "-m", "tensorboard_gradients", "diagnose", logdir, "--json"]
+    # --fail-on none: the planted NaN is a finding, not a failure of the measurement.
+    command = [sys.executable, "-m", "tensorboard_gradients", "diagnose", logdir, "--json",
+               "--fail-on", "none"]
     start = time.perf_counter()
     # cwd: not the checkout, whose package `python -m` would put first on sys.path.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

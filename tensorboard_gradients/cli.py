@@ -1,10 +1,11 @@
 """``tensorboard-gradients diagnose LOGDIR``: the alerts of a logdir, without a browser.
 
     tensorboard-gradients diagnose runs/ [--run R] [--tag T] [--json] [--every-alert]
-        [--fail-on nonfinite,exploding] [--threshold exploding_norm=100 ...]
+        [--fail-on critical|warning|KINDS|any|none] [--threshold exploding_norm=100 ...]
 
-Prints one line per finding: the alerts of one rule over one stretch of steps ("17 of 18
-tensors exploded ... at steps 31-32, first dense_00/kernel", `analysis.groups`); with
+Prints one row per finding: the alerts of one rule over one stretch of steps ("16 of 18
+tensors exploded ... at steps 31-32, first dense_00/kernel", `analysis.groups`), the table as
+wide as the terminal (the message column wraps; piped into a file or a pager, a row per line); with
 ``--every-alert`` one line per alert; with ``--json`` a JSON document (``alerts``, ``groups``
 whose ``alerts`` index that list, and ``problems``). A tag whose writer logged only some of the
 gradient stats (``stats=``) gets a line after the table saying which were not logged and which
@@ -21,30 +22,42 @@ was read) is a warning; an "unreadable" one (nothing of a file or tag could be r
 answer may be incomplete, and the exit status says so. Names read from the logdir are printed
 with control characters escaped (ESC as \\x1b), so a crafted name cannot drive the terminal.
 
-Exit status:
-  0  no alert of a --fail-on kind; everything selected was read (damaged records aside)
-  1  an alert of a --fail-on kind was found
-  2  bad arguments, no such LOGDIR, or --run / --tag names a run or tag that is missing or
+Exit status (a CI gate: tensorboard-gradients diagnose runs/ || exit 1):
+  0  nothing of a --fail-on kind or severity was found, and everything selected was read
+     (damaged records aside)
+  1  an alert of a --fail-on kind or severity was found (default: critical, i.e. nonfinite and
+     exploding gradients fail the gate without any flag)
+  2  bad arguments, no such LOGDIR, or --run / --tag names a run or tag that is not there or
      could not be read at all
-  3  no alert of a --fail-on kind was found, but a selected run, file or tag could not be read,
+  3  nothing of a --fail-on kind was found, but a selected run, file or tag could not be read,
      so there may be one in what was not read
+  4  nothing was judged: the selection holds no gradient data (a wrong path, or a job whose
+     monitor was never attached); the message names what was found there instead
+Piped into a command that stops reading (| head), it stops quietly with status 0.
 """
 
 import argparse
 import json
 import math
 import os
+import shutil
 import sys
+import textwrap
 from typing import List, Optional
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import groups
-from tensorboard_gradients.format import metadata, reader
+from tensorboard_gradients.format import inventory, metadata, reader
 
 EXIT_OK = 0
 EXIT_ALERT = 1
 EXIT_USAGE = 2  # also argparse's status for bad arguments
 EXIT_UNREADABLE = 3
+EXIT_NOTHING_JUDGED = 4
+
+# --fail-on's words beside the kinds: a severity fails on its alerts and every more severe one.
+FAIL_ON_ANY, FAIL_ON_NONE = "any", "none"
+DEFAULT_FAIL_ON = "critical"
 
 
 def _parser():
@@ -58,7 +71,7 @@ def _parser():
         help="print the gradient alerts of every run in LOGDIR",
         description="Print the gradient alerts of every run in LOGDIR (most severe first). "
         "Runs, files and tags that cannot be read are reported on stderr and skipped.",
-        epilog=__doc__[__doc__.index("Exit status:"):],
+        epilog=__doc__[__doc__.index("Exit status"):],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     diagnose.add_argument("logdir", metavar="LOGDIR")
@@ -68,13 +81,16 @@ def _parser():
     diagnose.add_argument(
         "--every-alert", action="store_true",
         help="one line per alert (default: one per finding, the alerts of one rule over one "
-        "stretch of steps, e.g. '17 of 18 tensors exploded at steps 31-32')")
+        "stretch of steps, e.g. '16 of 18 tensors exploded at steps 31-32')")
     diagnose.add_argument(
         "--fail-on",
-        default="",
-        metavar="KINDS",
-        help="comma-separated alert kinds that make the exit status 1 "
-        f"({', '.join(analysis.KINDS)}, or 'any')",
+        default=DEFAULT_FAIL_ON,
+        metavar="WHAT",
+        help="comma-separated alert kinds and severities that make the exit status 1: a "
+        "severity counts its alerts and every more severe one "
+        f"(kinds: {', '.join(analysis.KINDS)}; severities: {', '.join(analysis.SEVERITIES)}); "
+        f"'{FAIL_ON_ANY}' for every alert, '{FAIL_ON_NONE}' to only report "
+        f"(default: {DEFAULT_FAIL_ON})",
     )
     diagnose.add_argument(
         "--threshold",
@@ -87,14 +103,22 @@ def _parser():
     return parser
 
 
-def _fail_kinds(text: str, parser) -> set:
-    kinds = {k.strip() for k in text.split(",") if k.strip()}
-    if "any" in kinds:
-        return set(analysis.KINDS)
-    unknown = kinds - set(analysis.KINDS)
-    if unknown:
-        parser.error(f"--fail-on: unknown kind(s) {', '.join(sorted(unknown))}")
-    return kinds
+def _fails(text: str, parser):
+    """The test --fail-on ``text`` puts to an alert: ``fails(alert) -> bool``."""
+    words = {w.strip() for w in text.split(",") if w.strip()}
+    valid = set(analysis.KINDS) | set(analysis.SEVERITIES) | {FAIL_ON_ANY, FAIL_ON_NONE}
+    unknown = words - valid
+    if unknown or not words:
+        named = ", ".join(sorted(unknown)) or repr(text)
+        parser.error(f"--fail-on: unknown kind or severity {named} (valid: {', '.join(analysis.KINDS)}; {', '.join(analysis.SEVERITIES)}; "
+                     f"{FAIL_ON_ANY}; {FAIL_ON_NONE})")
+    if FAIL_ON_NONE in words and len(words) > 1:
+        parser.error(f"--fail-on: '{FAIL_ON_NONE}' cannot be combined with "
+                     f"{', '.join(sorted(words - {FAIL_ON_NONE}))}")
+    rank = {severity: i for i, severity in enumerate(analysis.SEVERITIES)}
+    least_severe = max((rank[w] for w in words if w in rank), default=-1)
+    return lambda alert: (FAIL_ON_ANY in words or alert.kind in words
+                          or rank[alert.severity] <= least_severe)
 
 
 def _thresholds(pairs: List[str], parser) -> analysis.Thresholds:
@@ -131,8 +155,38 @@ def _span(first_step: int, last_step: int) -> str:
     return str(first_step) if first_step == last_step else f"{first_step}-{last_step}"
 
 
-def _table(lines) -> str:
-    """``lines``: (severity, kind, run, tag, where, first step, last step, message)."""
+# A column the table narrows (wrapping its cells) keeps at least this many characters.
+_NARROWEST_COLUMN = 8
+_GAP = "  "
+
+
+def _terminal_width() -> Optional[int]:
+    """The width to fit: the terminal's (or $COLUMNS); None (no wrapping) when the output is a
+    file or a pipe, where a row per line is what grep and scripts expect."""
+    if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _fitted_widths(natural: List[int], width: Optional[int]) -> List[int]:
+    """Column widths whose sum, gaps included, fits ``width``: the widest column is narrowed one
+    character at a time (the message first, being the widest), none below `_NARROWEST_COLUMN`."""
+    widths = list(natural)
+    if width is None:
+        return widths
+    room = width - len(_GAP) * (len(widths) - 1)
+    while sum(widths) > room:
+        widest = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[widest] <= _NARROWEST_COLUMN:
+            break  # a terminal too narrow for any table: let the lines run over
+        widths[widest] -= 1
+    return widths
+
+
+def _table(lines, width: Optional[int] = None) -> str:
+    """``lines``: (severity, kind, run, tag, where, first step, last step, message), as a table
+    that fits ``width`` characters (None: each row on one line), cells wrapped on their spaces
+    (long names broken where they must)."""
     if not lines:
         return "No gradient alerts."
     rows = [("SEVERITY", "KIND", "RUN", "TAG", "WHERE", "STEPS", "MESSAGE")]
@@ -140,10 +194,16 @@ def _table(lines) -> str:
         rows.append(tuple(_printable(cell) for cell in (
             severity, kind, run, tag, where, _span(first_step, last_step), message
         )))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
-             for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
+    widths = _fitted_widths([max(len(row[i]) for row in rows) for i in range(len(rows[0]))],
+                            width)
+    text = []
+    for row in rows:
+        cells = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+                 for cell, w in zip(row, widths)]
+        for line in range(max(len(c) for c in cells)):
+            parts = [(c[line] if line < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+            text.append(_GAP.join(parts).rstrip())
+    return "\n".join(text)
 
 
 def _is_selected(problem: reader.Problem, args) -> bool:
@@ -221,8 +281,28 @@ def _selected_problems(scan, args):
     return problems
 
 
+def _nothing_judged(args, scan, problems) -> int:
+    """The selection holds no gradient data: what was found instead, and the exit status (3
+    when something selected could not be read: the gradients may be in it)."""
+    if any(p.kind == reader.UNREADABLE for p in problems):
+        _complain("no gradient data could be read (see above)")
+        return EXIT_UNREADABLE
+    if args.run not in scan.inventory.runs:
+        message = scan.inventory.describe()
+    else:
+        message = (f"No gradient data in run {args.run!r} of {args.logdir} (runs with "
+                   f"gradients: {', '.join(sorted(scan.runs)) or 'none'}).")
+    if args.json:
+        print(json.dumps({"logdir": args.logdir, "alerts": [], "groups": [],
+                          "problems": [p.to_json() for p in problems],
+                          "no_gradient_data": message}, indent=1))
+    _complain(message)
+    print(inventory.hint(), file=sys.stderr)
+    return EXIT_NOTHING_JUDGED
+
+
 def diagnose_command(args, parser) -> int:
-    fail_on = _fail_kinds(args.fail_on, parser)
+    fails = _fails(args.fail_on, parser)
     thresholds = _thresholds(args.threshold, parser)
     try:
         scan = reader.scan_logdir_report(args.logdir)
@@ -230,9 +310,15 @@ def diagnose_command(args, parser) -> int:
         _complain(str(error))
         return EXIT_USAGE
     runs = scan.runs
+    if args.run is not None and args.run not in runs:
+        problems = _selected_problems(scan, args)
+        if args.run in scan.inventory.runs and not any(
+                p.kind == reader.UNREADABLE for p in problems):
+            return _nothing_judged(args, scan, problems)
+        return _absent("run", args.run, runs, problems, args.logdir)
+    if not runs:
+        return _nothing_judged(args, scan, _selected_problems(scan, args))
     if args.run is not None:
-        if args.run not in runs:
-            return _absent("run", args.run, runs, _selected_problems(scan, args), args.logdir)
         runs = {args.run: runs[args.run]}
     selected = [(run, tag, runs[run][tag]) for run in sorted(runs) for tag in sorted(runs[run])
                 if args.tag is None or tag == args.tag]
@@ -268,16 +354,16 @@ def diagnose_command(args, parser) -> int:
         if args.every_alert:
             print(_table([(a.severity, a.kind, run, tag,
                            a.variable or (f"layer {a.layer}" if a.layer else "(model)"),
-                           a.first_step, a.last_step, a.message) for run, tag, a in findings]))
+                           a.first_step, a.last_step, a.message) for run, tag, a in findings],
+                         _terminal_width()))
         else:
             print(_table([(g.severity, g.kind, run, tag,
                            g.first + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
-                           g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped]))
+                           g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped],
+                         _terminal_width()))
         for note in not_logged:
             print(_not_logged_line(*note))
-    if not runs:
-        _complain(f"no gradient summaries under {args.logdir}")
-    if any(alert.kind in fail_on for _, _, alert in findings):
+    if any(fails(alert) for _, _, alert in findings):
         return EXIT_ALERT
     if any(p.kind == reader.UNREADABLE for p in problems):
         return EXIT_UNREADABLE
@@ -293,10 +379,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         try:
-            return diagnose_command(args, parser)
-        except BrokenPipeError:  # piped into `head`: stop quietly, as Unix tools do
+            status = diagnose_command(args, parser)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return status
+        except BrokenPipeError:
+            # Piped into `head`, which read what it wanted: stop quietly, as Unix tools do (a
+            # cut-off table is not an alert), with stdout on devnull so the exit's flush is quiet.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
+            return EXIT_OK
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse catches it
 
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, metadata
+from tensorboard_gradients.format import event_files, inventory, metadata
 from tensorboard_gradients.format.series import (
     DamagedPointError,
     GradientSeries,
@@ -137,11 +137,13 @@ def _layout_summary(parsed: metadata.PluginData) -> str:
 class _RunReader:
     """Reads one run's event files in order, keeping what can be trusted, reporting the rest."""
 
-    def __init__(self, run: str, problems: List[Problem]):
+    def __init__(self, run: str, problems: List[Problem], other_tags: Dict[str, set]):
         self.run = run
         self.problems = problems
         self.tags: Dict[str, _Tag] = {}
         self.unreadable_tags = set()
+        # {plugin name: tags} that other plugins logged: what to name when there are no gradients.
+        self.other_tags = other_tags
 
     def report(self, kind: str, tag: Optional[str], path: str, message: str):
         self.problems.append(Problem(kind, self.run, tag, path, message))
@@ -176,7 +178,13 @@ class _RunReader:
         tag = self.tags.get(value.tag)
         if tag is None:
             if plugin_data.plugin_name != metadata.PLUGIN_NAME:
-                return  # another plugin's tag (or a value before any metadata: as TensorBoard)
+                # Another plugin's tag (or a value before any metadata: as TensorBoard); a bare
+                # simple_value is a legacy scalar (torch.utils.tensorboard writes them).
+                other = plugin_data.plugin_name or (
+                    "scalars" if value.HasField("simple_value") else None)
+                if other:
+                    self.other_tags.setdefault(other, set()).add(value.tag)
+                return
             try:
                 parsed = metadata.parse_plugin_data(plugin_data.content)
             except metadata.UnsupportedFormatError as error:
@@ -372,11 +380,13 @@ def read_logdir_report(logdir: str) -> LogdirReport:
 
 @dataclasses.dataclass(frozen=True)
 class LogdirScan:
-    """What `scan_logdir_report` found: ``{run: {tag: LoggedSeries}}`` and the problems so far
-    (reading the series back may add some: the list grows)."""
+    """What `scan_logdir_report` found: ``{run: {tag: LoggedSeries}}``, the problems so far
+    (reading the series back may add some: the list grows), and an `inventory.Inventory` of
+    everything under the logdir (for the message when no run holds gradients)."""
 
     runs: Dict[str, Dict[str, LoggedSeries]]
     problems: List[Problem]
+    inventory: inventory.Inventory
 
 
 def scan_logdir_report(logdir: str) -> LogdirScan:
@@ -398,17 +408,23 @@ def scan_logdir_report(logdir: str) -> LogdirScan:
                                 f"directory not listed: {error}"))
 
     runs = {}
+    all_runs, file_count, other_tags = [], 0, {}
     for directory, _, files in sorted(os.walk(logdir, onerror=unlisted)):
         event_file_names = [f for f in files if event_files.is_event_file(f)]
         if not event_file_names:
             continue
-        run = _RunReader(run_name(directory), problems)
+        file_count += len(event_file_names)
+        run = _RunReader(run_name(directory), problems, other_tags)
+        all_runs.append(run.run)
         for filename in sorted(event_file_names):
             run.read_file(os.path.join(directory, filename))
         series = run.collect_series()
         if series:
             runs[run.run] = series
-    return LogdirScan(runs=runs, problems=problems)
+    found = inventory.Inventory(
+        location=logdir, exists=True, event_files=file_count, runs=tuple(all_runs),
+        tags={plugin: tuple(sorted(tags)) for plugin, tags in other_tags.items()})
+    return LogdirScan(runs=runs, problems=problems, inventory=found)
 
 
 def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
