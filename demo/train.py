@@ -15,18 +15,26 @@ Every scenario is one run (``LOGDIR/<scenario>/train``) in one logdir, so the Gr
 The data is scikit-learn's bundled ``load_digits`` (1,797 8x8 images, shipped inside the
 package: nothing is downloaded). The Keras runs log with `GradientMonitor` plus Keras' own
 `TensorBoard` callback (whose ``batch_loss`` the tab draws above the heatmap). Afterwards the
-alerts of every run are printed, and ``--serve`` starts TensorBoard on the logdir until Ctrl-C.
+alerts of every run are printed, and ``--serve`` starts TensorBoard on the logdir until Ctrl-C:
+on ``--port`` (6006) or, when another program holds it, the next free port (checked before
+training, so the URL printed is this TensorBoard's). Flags after ``--`` go to TensorBoard. The
+exit status is TensorBoard's when it fails (e.g. a bad flag).
 
     python demo/train.py [--logdir runs/demo] [--epochs 20 | --quick] [--serve [--port 6006]]
+        [-- TENSORBOARD_FLAGS...]
 """
 
 import argparse
 import collections
 import dataclasses
+import errno
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -212,14 +220,73 @@ def summarize(logdir):
     return "\n".join(lines)
 
 
-def serve(logdir, port, bind_all):
-    options = ["--logdir", logdir, "--port", str(port)] + (["--bind_all"] if bind_all else [])
-    print(f"\n$ tensorboard {' '.join(options)}\n"
-          f"Open http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
+# Ports tried from --port on: a few servers of one's own (other TensorBoards, notebooks).
+PORTS_TRIED = 100
+# TensorBoard answers within seconds; a minute covers a loaded machine's first import.
+STARTUP_TIMEOUT_S = 120
+
+
+def port_is_free(port: int) -> bool:
+    """Whether no server holds ``port``: a bind to every interface fails while any address of
+    its family holds the port, so this covers localhost and --bind_all alike, IPv4 and IPv6."""
+    for family, wildcard in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind((wildcard, port))
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            if family == socket.AF_INET:  # no IPv6 on this machine is fine; no IPv4 is not
+                raise
+    return True
+
+
+def free_port(first: int) -> int:
+    """``first`` or the next port no server holds; SystemExit when none of `PORTS_TRIED` is."""
+    for port in range(first, min(first + PORTS_TRIED, 65536)):
+        if port_is_free(port):
+            return port
+    sys.exit(f"No free port in {first}-{first + PORTS_TRIED - 1}: pass --port to pick another.")
+
+
+def _serving(port: int) -> bool:
     try:
-        subprocess.run([sys.executable, "-m", "tensorboard.main"] + options, check=False)
-    except KeyboardInterrupt:
-        pass
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugins_listing", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def serve(logdir, port, bind_all, tensorboard_flags=()) -> int:
+    """Runs TensorBoard on ``logdir`` until Ctrl-C (0) or until it fails (its exit status, or 1
+    when it never answered); prints the tab's URL once TensorBoard answers on ``port``."""
+    options = (["--logdir", logdir, "--port", str(port)] + (["--bind_all"] if bind_all else [])
+               + list(tensorboard_flags))
+    print(f"\n$ tensorboard {' '.join(options)}", flush=True)
+    process = subprocess.Popen([sys.executable, "-m", "tensorboard.main"] + options)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while process.poll() is None and not _serving(port):
+            if time.monotonic() > deadline:
+                process.terminate()
+                process.wait()
+                print(f"TensorBoard did not answer on port {port} in {STARTUP_TIMEOUT_S} s.",
+                      file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        if process.poll() is None:
+            print(f"\nOpen http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
+            process.wait()
+    except KeyboardInterrupt:  # Ctrl-C reaches TensorBoard too (same process group)
+        process.wait()
+        return 0
+    if process.returncode != 0:
+        print(f"TensorBoard failed (exit status {process.returncode}); its messages are above.",
+              file=sys.stderr)
+        return process.returncode if process.returncode > 0 else 1
+    return 0
 
 
 def main(argv: Optional[list] = None):
@@ -231,16 +298,28 @@ def main(argv: Optional[list] = None):
     parser.add_argument("--only", default=",".join(SCENARIOS),
                         help="comma-separated scenarios (default: all)")
     parser.add_argument("--serve", action="store_true", help="then run TensorBoard until Ctrl-C")
-    parser.add_argument("--port", type=int, default=6006)
+    parser.add_argument("--port", type=int, default=6006,
+                        help="TensorBoard's port, or the next free one when it is taken "
+                        "(default 6006)")
     parser.add_argument("--bind_all", action="store_true",
                         help="serve on every network interface (for a remote machine)")
+    parser.add_argument("tensorboard_flags", nargs="*", metavar="-- TENSORBOARD_FLAGS",
+                        help="flags for TensorBoard with --serve, e.g. -- --load_fast=false")
     args = parser.parse_args(argv)
+    if args.tensorboard_flags and not args.serve:
+        parser.error("TensorBoard flags (after --) need --serve")
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port} is not a TCP port (1-65535)")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     epochs = QUICK_EPOCHS if args.quick else args.epochs
     logdir = os.path.abspath(args.logdir)
+    if args.serve:  # before training: the URL to expect, not another server's page
+        port = free_port(args.port)
+        if port != args.port:
+            print(f"Port {args.port} is in use: TensorBoard will serve on port {port}.")
 
     data = load_data()
     print(f"Training {len(names)} runs on scikit-learn's digits ({len(data[0]):,} images), "
@@ -254,8 +333,11 @@ def main(argv: Optional[list] = None):
     print(summarize(logdir))
     print(f"\nLogs written to {logdir}")
     if args.serve:
-        serve(logdir, args.port, args.bind_all)
+        # Checked again: a server may have taken the port while the demo trained.
+        return serve(logdir, free_port(port), args.bind_all,
+                     args.tensorboard_flags)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,8 +3,13 @@
 No browser here: `test_demo_end_to_end.py` checks the same runs in the Gradients tab.
 """
 
+import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 
 import tensorboard_gradients as tg
 from support import ROOT, run_demo
@@ -81,3 +86,54 @@ def test_an_unknown_scenario_is_refused_with_the_known_ones():
     )
     assert done.returncode == 2
     assert "unknown scenario(s) nope" in done.stderr and "exploding_clipped" in done.stderr
+
+
+def _demo_process(*args):
+    """`demo/train.py` as `./dev demo` runs it, in a process group of its own (Ctrl-C reaches
+    TensorBoard too, as from a terminal); stdout line-buffered for reading as it goes."""
+    return subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "demo" / "train.py"), *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs(tmp_path):
+    with socket.socket() as taken:  # another server on the port asked for
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        demo = _demo_process("--logdir", str(tmp_path), "--only", "healthy", "--epochs", "1",
+                             "--serve", "--port", str(port))
+        try:
+            lines = []
+            for line in demo.stdout:  # bounded: the demo exits when TensorBoard fails
+                lines.append(line.rstrip())
+                if line.startswith("Open http://"):
+                    break
+            text = "\n".join(lines)
+            assert f"Port {port} is in use" in text, text + demo.stderr.read()
+            assert text.index(f"Port {port} is in use") < text.index("== healthy")
+            url = lines[-1].split()[1]
+            served = int(url.split(":")[2].split("/")[0])
+            assert served != port and url == f"http://localhost:{served}/#gradients"
+            with urllib.request.urlopen(f"http://127.0.0.1:{served}/data/plugins_listing",
+                                        timeout=30) as answer:
+                assert json.load(answer)["gradients"]["enabled"]
+            os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
+            assert demo.wait(timeout=60) == 0
+        finally:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+
+
+def test_the_demo_exits_non_zero_when_tensorboard_fails(tmp_path):
+    demo = _demo_process("--logdir", str(tmp_path), "--only", "healthy", "--epochs", "1",
+                         "--serve", "--", "--load_fast=bogus")
+    try:
+        out, err = demo.communicate(timeout=600)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode != 0
+    assert "TensorBoard failed (exit status" in err and "Open http://" not in out
