@@ -1,13 +1,14 @@
 // The heatmap's surroundings, lined up with its rows and columns: the row labels (one variable
 // per row, or one layer per group of rows when rows are too thin to label) with a dot in the
 // colour of each row's most urgent alert, the step or epoch axis (labels thinned so none overlap)
-// under its title, and the run's training loss above the columns, its range and scale beside it.
+// under its title, and the run's training loss above the columns (on the epoch axis, each epoch's
+// mean), its range and scale beside it.
 
 import { thinLabels } from "./axis_labels.js";
 import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { ellipsize, formatStep, formatValue } from "./format.js";
-import { gridLayout, layerGroups, niceTicks, stepX, valueScale } from "./layout.js";
+import { columnMeans, gridLayout, layerGroups, niceTicks, stepX, valueScale } from "./layout.js";
 
 const LABEL_WIDTH = 240; // CSS px, as the stylesheet's first grid column
 const AXIS_HEIGHT = 28;
@@ -28,7 +29,7 @@ export class HeatmapAxes {
     this.lossPoints = null;
   }
 
-  /** A loss curve to align above the step axis: [[wall_time, step, value], ...] or null. */
+  /** A loss curve to align above the columns: [[wall_time, step, value], ...] or null. */
   setLoss(points, tag) {
     this.lossPoints = points && points.length ? points : null;
     this.lossTag = tag;
@@ -96,34 +97,52 @@ export class HeatmapAxes {
   }
 
   /**
-   * The loss curve over the step axis of a plot `width` CSS px wide (hidden on epoch columns):
-   * a log scale when the loss spans decades (`layout.valueScale`), its range and scale beside
-   * it, left of the plot, where they cover no part of the curve.
+   * The loss curve over the columns of a plot `width` CSS px wide: on the step axis each logged
+   * loss at its step, on the epoch axis each epoch's mean loss (`layout.columnMeans`) at its
+   * column's centre, dotted. A log scale when the loss spans decades (`layout.valueScale`), its
+   * range and scale beside it, left of the plot, where they cover no part of the curve.
    */
   drawLoss(matrix, width, ratio) {
     const points = this.lossPoints;
-    const shown = Boolean(points && matrix && matrix.columns && !matrix.epochIndex);
+    const shown = Boolean(points && matrix && matrix.columns);
     this.loss.hidden = !shown;
     replaceChildren(this.lossLabel);
+    this.drawnLoss = []; // [{x, value}] of the points drawn, kept for the browser tests
     if (!shown) return;
     const context = sizeCanvas(this.loss, width, LOSS_HEIGHT, ratio);
     context.clearRect(0, 0, width, LOSS_HEIGHT);
     const grid = gridLayout(matrix.rows, matrix.columns, width, 1);
-    const visible = points
-      .map(([, step, value]) => [stepX(matrix.steps, matrix.lastSteps, step, grid), Number(value)])
-      .filter(([x, v]) => x !== null && Number.isFinite(v));
+    const perEpoch = Boolean(matrix.epochIndex);
+    const visible = perEpoch
+      ? columnMeans(points.map(([, step, value]) => [step, Number(value)]), matrix.steps)
+        .map(({ column, value }) => [(grid.columnRange(column)[0] + grid.columnRange(column)[1]) / 2, value])
+      : points
+        .map(([, step, value]) => [stepX(matrix.steps, matrix.lastSteps, step, grid), Number(value)])
+        .filter(([x, v]) => x !== null && Number.isFinite(v));
     const scale = visible.length ? valueScale(visible.map(([, v]) => v)) : null;
     replaceChildren(this.lossLabel,
-      el("span", { class: "loss-name" }, this.lossTag, scale?.log ? " (log scale)" : null),
+      el("span", { class: "loss-name", "data-testid": "loss-name" }, this.lossTag,
+        perEpoch ? " (mean per epoch)" : null, scale?.log ? " (log scale)" : null),
       scale && el("span", { class: "loss-max", "data-testid": "loss-max" }, formatValue(scale.high)),
       scale && el("span", { class: "loss-min", "data-testid": "loss-min" }, formatValue(scale.low)));
     if (!scale) return;
     const y = (v) => 4 + (1 - scale.position(v)) * (LOSS_HEIGHT - 8);
     const style = getComputedStyle(this.loss);
-    context.strokeStyle = style.getPropertyValue("--accent") || ACCENT; // before the stylesheet loads
+    const color = style.getPropertyValue("--accent") || ACCENT; // before the stylesheet loads
+    context.strokeStyle = color;
     context.lineWidth = 1.5;
     context.beginPath();
     visible.forEach(([x, v], i) => (i ? context.lineTo(x, y(v)) : context.moveTo(x, y(v))));
     context.stroke();
+    if (perEpoch) { // a dot per epoch: one epoch's mean is no line
+      context.fillStyle = color;
+      const radius = Math.max(1, Math.min(2.5, grid.columnWidth / 3));
+      for (const [x, v] of visible) {
+        context.beginPath();
+        context.arc(x, y(v), radius, 0, 2 * Math.PI);
+        context.fill();
+      }
+    }
+    this.drawnLoss = visible.map(([x, value]) => ({ x, value }));
   }
 }

@@ -13,6 +13,10 @@ const VIRIDIS = [
 // viridis (the selection, a series); the stylesheet's --accent is the same blue in light mode.
 export const ACCENT = "#1a73e8";
 
+// The dashed line where an epoch starts, over the cells of the step axis (and its legend chip):
+// a translucent white that reads on every colour of the map.
+export const EPOCH_LINE = Object.freeze({ color: "rgba(255,255,255,0.7)", dash: Object.freeze([3, 3]) });
+
 /** viridis(t) for t in [0, 1] -> [r, g, b]. */
 export function viridis(t) {
   const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);

@@ -5,7 +5,7 @@
 
 import { HeatmapAxes } from "./axes.js";
 import { cellValueText, rowContext } from "./cells.js";
-import { ACCENT } from "./colormap.js";
+import { ACCENT, EPOCH_LINE } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { formatStepRange } from "./format.js";
 import { columnOfStep, gridLayout } from "./layout.js";
@@ -15,7 +15,6 @@ import { classPaints, rasterize } from "./raster.js";
 const MIN_DRAG = 5; // CSS px a drag must cover to zoom rather than click
 const HOVER_COLOR = "rgba(255,255,255,0.85)";
 const DRAG_COLOR = "rgba(26, 115, 232, 0.25)";
-const EPOCH_LINE_COLOR = "rgba(255,255,255,0.7)";
 
 export class HeatmapView {
   constructor(vocabulary, { onSelect, onHover, onZoom, onResize }) {
@@ -93,7 +92,7 @@ export class HeatmapView {
     this.draw();
   }
 
-  /** A loss curve to align above the step axis: [[wall_time, step, value], ...] or null. */
+  /** A loss curve to align above the columns: [[wall_time, step, value], ...] or null. */
   setLoss(points, tag) {
     this.axes.setLoss(points, tag);
     this.axes.drawLoss(this.matrix, this.plotWidth(), window.devicePixelRatio || 1);
@@ -140,11 +139,11 @@ export class HeatmapView {
     const pixelHeight = Math.round(height * ratio);
     const pixels = rasterize(matrix, this.scale, pixelWidth, pixelHeight, this.paints);
     context.putImageData(new ImageData(pixels, pixelWidth, pixelHeight), 0, 0);
-    this.#drawEpochs(context, width, height);
+    const epochLines = this.#drawEpochs(context, width, height);
     this.axes.drawLabels(matrix, this.rowSeverity, height, ratio);
     this.axes.drawAxis(matrix, width, ratio);
     this.axes.drawLoss(matrix, width, ratio);
-    this.legend.draw(this.scale, matrix.stat);
+    this.legend.draw(this.scale, matrix.stat, { epochLines });
     this.#drawOverlay();
     this.lastDrawMs = performance.now() - started;
     this.root.dataset.drawMs = this.lastDrawMs.toFixed(1);
@@ -245,13 +244,14 @@ export class HeatmapView {
     }
   }
 
-  // Dashed lines where epochs start, on the step axis.
+  // Dashed lines where epochs start, on the step axis; returns how many were drawn.
   #drawEpochs(context, width, height) {
     const m = this.matrix;
-    if (!this.epochs.length || m.epochIndex) return;
-    context.strokeStyle = EPOCH_LINE_COLOR;
-    context.setLineDash([3, 3]);
+    if (!this.epochs.length || m.epochIndex) return 0;
+    context.strokeStyle = EPOCH_LINE.color;
+    context.setLineDash(EPOCH_LINE.dash);
     const grid = gridLayout(m.rows, m.columns, width, height);
+    let drawn = 0;
     for (const start of this.epochs) {
       const column = columnOfStep(m.steps, m.lastSteps, start);
       if (column <= 0) continue;
@@ -260,7 +260,9 @@ export class HeatmapView {
       context.moveTo(x, 0);
       context.lineTo(x, height);
       context.stroke();
+      drawn += 1;
     }
     context.setLineDash([]);
+    return drawn;
   }
 }

@@ -65,6 +65,32 @@ export function stepX(firstSteps, lastSteps, step, grid) {
   return left + ((step - firstSteps[column] + 0.5) / span) * (right - left);
 }
 
+/**
+ * The mean of the finite values of `points` ([[step, value]], any order) in each column of the
+ * epoch axis, whose column c starts at step `columnStarts[c]` (its epoch's first step, ascending)
+ * and runs up to the next column's start: [{column, value}] in column order, a column without a
+ * finite value left out. Steps before the first column join it, as the plugin's epoch columns
+ * take the steps logged before the first epoch mark.
+ */
+export function columnMeans(points, columnStarts) {
+  const sums = new Float64Array(columnStarts.length);
+  const counts = new Uint32Array(columnStarts.length);
+  for (const [step, value] of points) {
+    if (!Number.isFinite(value) || !columnStarts.length) continue;
+    let low = 0;
+    let high = columnStarts.length - 1;
+    while (low < high) { // the last column starting at or before `step`, else the first
+      const middle = (low + high + 1) >> 1;
+      if (columnStarts[middle] <= step) low = middle;
+      else high = middle - 1;
+    }
+    sums[low] += value;
+    counts[low] += 1;
+  }
+  return Array.from(counts, (count, column) => ({ column, value: sums[column] / count }))
+    .filter(({ column }) => counts[column] > 0);
+}
+
 /** The index of the step nearest to `step` in a sorted array of steps. */
 export function nearestIndex(steps, step) {
   let best = 0;

@@ -1,15 +1,17 @@
 // The heatmap's legend under the plot: the colour bar labelled in the stat's own units, then a
 // chip per class the vocabulary puts in the legend, painted as its cells are (a hatched class over
 // the end of the colour map its values sit at, a filled class in its fill, the empty cell empty),
-// then the dots beside the row labels: one per severity, as a row with such an alert has it.
+// then the dots beside the row labels: one per severity, as a row with such an alert has it, and
+// the dashed epoch line while the cells show one.
 
-import { viridis } from "./colormap.js";
+import { EPOCH_LINE, viridis } from "./colormap.js";
 import { el, replaceChildren } from "./dom.js";
 import { formatValue } from "./format.js";
 
 const BAR_WIDTH = 200;
 const BAR_HEIGHT = 10;
 const CHIP_POSITION = { low: 0.1, high: 0.9 }; // where on the colour map a class's chip sits
+const EPOCH_CHIP_POSITION = 0.3; // the epoch line's chip: a dashed line on a dark cell colour
 
 export class Legend {
   constructor(vocabulary) {
@@ -26,10 +28,19 @@ export class Legend {
       "dot beside a row: its most urgent alert,",
       vocabulary.severities.map(({ name }) => el("span", { class: "legend-item" },
         el("span", { class: "dot", style: `background: ${vocabulary.severityVar(name)}` }), name)));
+    this.epochLine = el("span", { class: "legend-item", "data-testid": "legend-epochs" },
+      el("span", {
+        class: "chip chip-epoch",
+        style: `--epoch-line: ${EPOCH_LINE.color}; --epoch-dash: ${EPOCH_LINE.dash[0]}px; `
+          + `background-color: rgb(${viridis(EPOCH_CHIP_POSITION).join(",")})`,
+      }), "dashed line: an epoch starts");
   }
 
-  /** The legend of a colour scale (colormap.makeScale) of `stat`. */
-  draw(scale, stat) {
+  /**
+   * The legend of a colour scale (colormap.makeScale) of `stat`; `epochLines`: how many epoch
+   * lines the cells show (the dashed line is explained only then).
+   */
+  draw(scale, stat, { epochLines = 0 } = {}) {
     const unit = scale.kind === "log" ? " (log scale)" : "";
     replaceChildren(
       this.root,
@@ -38,6 +49,7 @@ export class Legend {
       el("span", { class: "colorbar-label" }, formatValue(scale.domain[1])),
       el("span", { class: "colorbar-unit" }, `${stat}${unit}`),
       this.chips,
+      epochLines ? this.epochLine : null,
       this.rowDots,
     );
   }

@@ -60,13 +60,18 @@ export class Toolbar {
         this.render(this.view);
       },
     }, "Thresholds");
+    // Controls that belong together wrap to the next line together, never one button alone.
+    const group = (...controls) => el("div", { class: "toolbar-group" }, controls);
     replaceChildren(this.root,
-      select("Run", state.run, runNames.map((r) => [r, r]), (run) => this.onChange({ run, tag: null, zoom: null }), "run-picker"),
-      select("Tag", state.tag, tags.map((t) => [t, t]), (tag) => this.onChange({ tag, zoom: null }), "tag-picker"),
-      // Only the stats logged are offered; those the writer left out are named on hover.
-      select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker",
-        info.not_logged && `not logged for this tag: ${info.not_logged.map((name) => vocabulary.statLabel(name)).join(", ")}`),
-      axisButtons, rowButtons, compareControls({ state, runNames, onChange: this.onChange }), zoom, thresholds, csv, png,
+      group(
+        select("Run", state.run, runNames.map((r) => [r, r]), (run) => this.onChange({ run, tag: null, zoom: null }), "run-picker"),
+        select("Tag", state.tag, tags.map((t) => [t, t]), (tag) => this.onChange({ tag, zoom: null }), "tag-picker"),
+        // Only the stats logged are offered; those the writer left out are named on hover.
+        select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker",
+          info.not_logged && `not logged for this tag: ${info.not_logged.map((name) => vocabulary.statLabel(name)).join(", ")}`)),
+      group(axisButtons, rowButtons),
+      group(...compareControls({ state, runNames, onChange: this.onChange })),
+      group(zoom, thresholds, csv, png),
       el("span", { class: "hint" }, axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
     this.#renderForm();
   }

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  chartRange, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX, valueScale,
+  chartRange, columnMeans, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX, valueScale,
 } from "../layout.js";
 
 test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
@@ -79,4 +79,17 @@ test("a positive series over more than two decades gets a log scale, others a li
   assert.equal(valueScale([1, 100]).log, false);
   assert.equal(valueScale([1, 101]).log, true);
   assert.equal(valueScale([5, 5]).position(5), 0.5);
+});
+
+test("the loss on the epoch axis: the mean of each epoch's steps, up to the next epoch's start", () => {
+  // Epochs start at steps 1, 21 and 41; the loss is logged at every step, the gradients perhaps not.
+  const points = Array.from({ length: 60 }, (_, i) => [i + 1, i < 20 ? 2 : i < 40 ? 1 : 0.5]);
+  assert.deepEqual(columnMeans(points, [1, 21, 41]), [
+    { column: 0, value: 2 }, { column: 1, value: 1 }, { column: 2, value: 0.5 }]);
+  // Steps before the first mark join the first epoch; after the last, the last; order is free.
+  assert.deepEqual(columnMeans([[30, 4], [0, 1], [5, 3], [12, 9]], [5, 10]),
+    [{ column: 0, value: 2 }, { column: 1, value: 6.5 }]);
+  // NaN and Inf losses are no point; an epoch with none has no mean; no columns, no means.
+  assert.deepEqual(columnMeans([[1, NaN], [2, Infinity], [11, 3]], [1, 11]), [{ column: 1, value: 3 }]);
+  assert.deepEqual(columnMeans([[1, 1]], []), []);
 });
