@@ -128,3 +128,34 @@ def test_sdist_and_wheel_build_cleanly_and_the_wheel_serves_the_tab_from_a_fresh
         assert tab.page.evaluate("window.gradientsApp.state.run") == "run1"
         assert not tab.errors, tab.errors
         tab.close()
+
+
+def test_the_framework_extras_keep_the_torch_a_user_already_has(tmp_path):
+    """A CPU user installs PyTorch's CPU wheel first (the install docs say so), then the extras:
+    pip's real resolver, asked for every framework extra beside that torch, must not replace it
+    (a CUDA build and its NVIDIA packages are several GB). The torch here is the test
+    environment's own CPU wheel, registered in a fresh virtualenv by its metadata (pip reads
+    nothing else to resolve; the 200 MB of the wheel are not needed for that)."""
+    import torch  # the CPU wheel the test extra installs
+
+    installed = pathlib.Path(torch.__file__).parents[1] / f"torch-{torch.__version__}.dist-info"
+    assert "+cpu" in torch.__version__ and installed.is_dir(), installed
+    fresh = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
+                   timeout=300)
+    python = fresh / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    registered = pathlib.Path(site) / installed.name
+    registered.mkdir(parents=True)
+    shutil.copy(installed / "METADATA", registered / "METADATA")
+    (registered / "RECORD").touch()
+    report = tmp_path / "report.json"
+    resolved = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--dry-run", "--quiet",
+         "--report", str(report), f"{ROOT}[torch,lightning,transformers]"],
+        capture_output=True, text=True, timeout=600)
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    names = [item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]]
+    assert "tensorboard-gradients" in names and "lightning" in names and "transformers" in names
+    assert not [n for n in names if n == "torch" or n.startswith("nvidia")], names
