@@ -15,10 +15,22 @@ def all_in_window(flags: np.ndarray, length: int) -> np.ndarray:
 
     Doubling the covered span each pass: O(log length) boolean passes, no integer cumsums.
     """
-    result, span = flags, 1
+    return _reduced_in_window(np.logical_and, flags, length)
+
+
+def min_in_window(values: np.ndarray, length: int) -> np.ndarray:
+    """``out[t] = min(values[t : t + length])`` along axis 0 (``length - 1`` shorter than
+    values; NaN wins), in O(log length) passes as `all_in_window`."""
+    return _reduced_in_window(np.minimum, values, length)
+
+
+def _reduced_in_window(ufunc, values: np.ndarray, length: int) -> np.ndarray:
+    """``ufunc`` (associative and idempotent: and, min, max) over each window of ``length``
+    rows: windows overlap as the covered span doubles, which such a ufunc does not mind."""
+    result, span = values, 1
     while span < length:
         shift = min(span, length - span)
-        result = result[:-shift] & result[shift:]
+        result = ufunc(result[:-shift], result[shift:])
         span += shift
     return result
 

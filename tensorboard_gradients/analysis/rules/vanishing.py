@@ -8,6 +8,12 @@ another normalisation gets almost no gradient by construction (the next layer su
 shift), while its gamma trains; a final bias is tiny next to its kernel.
 
 Both judge `Evidence.finite_norms`: a NaN/Inf gradient's norm says nothing about vanishing.
+
+A depth finding is an episode with hysteresis (see ``depth_ratio``): it begins when the layer
+falls below ``depth_ratio`` x the output side for ``sustain_steps``, and ends only when the
+layer itself recovers, not when the output side shrinks toward it. The episode's recovery level
+is state that reaches back to its first step, so a stream (`analysis.stream`) carries each
+layer's level to its next round; the rest looks back and ahead at most ``sustain_steps - 1``.
 """
 
 import dataclasses
@@ -43,6 +49,18 @@ orders of magnitude: healthy networks, including ones with normalisation layers 
 residual branches, keep layers within one or two orders of each other; the demo's
 12-layer sigmoid network drops below 1e-4 at its input side. Judged per layer, not per
 variable, so a legitimately tiny variable (a final bias next to its kernel) is not flagged.
+
+Once flagged, a layer stays flagged until it recovers by itself: the finding ends at the first
+of ``sustain_steps`` consecutive logged steps where the layer's own norm is back above
+``depth_ratio`` x the output side's norm at the step the finding began (its recovery level)
+and no longer below ``depth_ratio`` x the output side's current norm. The output side
+shrinking toward a layer whose own gradient stays where it was is not a recovery (its loss
+fell, or its layers converged, while the input side stays stalled). This is hysteresis, as a
+Schmitt trigger's separate on and off levels, or the recovery threshold of alerting systems
+(Datadog monitors' ``critical_recovery``; Oracle Cloud's metric alerts clear once the value
+has stayed back within the threshold for the alert's period): one noisy step is no more a
+recovery than it is an alert. A level fixed when the finding begins, not the output side's
+level at each step, is what makes it the layer's own recovery.
 """)
 
 DEPTH_REFERENCE_FRACTION = Parameter(
@@ -68,7 +86,15 @@ class DepthProfile:
     """Each layer's gradient norm relative to the output side's, at every step."""
 
     ratios: np.ndarray  # [steps, layers] layer norm / output-side reference norm
-    vanishing: np.ndarray  # [steps, layers] ratio below depth_ratio, sustained
+    vanishing: np.ndarray  # [steps, layers] in a depth episode (see DEPTH_RATIO), norm logged
+
+
+# What a stream carries to its next round under this key: the recovery level of each layer's
+# episode holding before the round's first fresh row (NaN: none), by variable (its layer's).
+_EPISODES = "depth_episodes"
+# Rows an episode scan looks at per column and pass: the scan loops per event and per this
+# many rows, never per step.
+_SCAN_ROWS = 256
 
 
 _ABSOLUTE = Wording.define("vanishing.absolute",
@@ -107,10 +133,30 @@ class Vanishing(Rule):
         with np.errstate(invalid="ignore"):
             healthy = np.where(output_side >= limits.exploding_norm, np.nan, output_side)
         reference = window.nanmedian(healthy)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ratios = layer_norms / reference[:, None]
-            vanishing = window.sustained(ratios < limits.depth_ratio, limits.sustain_steps)
-        return DepthProfile(ratios, vanishing)
+            below = ratios < limits.depth_ratio
+            # float32, so that a level a stream carries is the very level a whole series uses.
+            onset_levels = (limits.depth_ratio * reference).astype(np.float32)
+        # The layer's lowest norm over the sustain_steps steps from each one, when none of them
+        # is below the depth ratio or unlogged (-inf otherwise, and where fewer steps follow).
+        clear = np.where(below | np.isnan(layer_norms), -np.inf, layer_norms)
+        recovery = np.full(clear.shape, -np.inf)
+        lowest = window.min_in_window(clear, limits.sustain_steps)
+        recovery[:len(lowest)] = lowest
+        carried = evidence.kept(_EPISODES)
+        ongoing = np.full(len(names), np.nan, np.float32)
+        if carried is not None:
+            ongoing[rows] = carried[0]
+        levels = _episodes(window.sustained(below, limits.sustain_steps), onset_levels,
+                           recovery, ongoing, evidence.fresh)
+        if evidence.resume_row is not None:
+            resume = evidence.resume_row - evidence.first_row
+            holding = levels[resume - 1] if resume > evidence.fresh else ongoing
+            # `AnalysisStream.resumed` takes pairs of columns and this needs one: the second
+            # part is a one-element column that holds nothing.
+            evidence.keep(_EPISODES, (holding[rows], np.full(1, np.nan, np.float32)))
+        return DepthProfile(ratios, ~np.isnan(levels) & ~np.isnan(layer_norms))
 
     def cells(self, evidence):
         _, rows, _ = evidence.once(self._layers)
@@ -141,3 +187,48 @@ class Vanishing(Rule):
                 _DEPTH.bound(limit=limits.depth_ratio),
                 layer=names[position],
             )
+
+
+def _episodes(onsets, onset_levels, recovery, ongoing, first: int) -> np.ndarray:
+    """``float32[steps, layers]``: the recovery level of the episode holding each row (NaN:
+    none; rows before ``first`` are context and NaN).
+
+    An episode begins at a row of ``onsets`` (``bool[steps, layers]``) that no episode holds,
+    with that row's ``onset_levels`` (``[steps]``), and holds every row until the first row
+    whose ``recovery`` (``[steps, layers]``) reaches its level, which it does not hold.
+    ``ongoing`` (``[layers]``): the levels of the episodes holding before row ``first``.
+
+    An episode's end depends on where it began, so columns are scanned in step order; each pass
+    takes every live column's next `_SCAN_ROWS` rows at once and stops each at its next event.
+    """
+    steps, columns = onsets.shape
+    levels = np.full((steps, columns), np.nan, np.float32)
+    if first >= steps:
+        return levels
+    level = np.array(ongoing, np.float32)
+    row = np.full(columns, first)
+    # Past its last onset (-1: none) a column outside an episode has nothing left to find.
+    last_onset = np.where(onsets[first:].any(axis=0),
+                          steps - 1 - np.argmax(onsets[::-1], axis=0), -1)
+    offsets = np.arange(_SCAN_ROWS)
+    while True:
+        seeking = np.isnan(level)
+        live = np.flatnonzero((row < steps) & (~seeking | (row <= last_onset)))
+        if not live.size:
+            return levels
+        span = row[live, None] + offsets
+        inside = span < steps
+        span = np.minimum(span, steps - 1)
+        column = np.broadcast_to(live[:, None], span.shape)
+        searching = seeking[live, None]
+        current = level[live, None]
+        hits = inside & np.where(searching, onsets[span, column], recovery[span, column] >= current)
+        found = hits.any(axis=1)
+        reach = np.where(found, hits.argmax(axis=1), _SCAN_ROWS)
+        held = inside & ~searching & (offsets < reach[:, None])
+        levels[span[held], column[held]] = np.broadcast_to(current, span.shape)[held]
+        events = row[live] + reach
+        begins = found & seeking[live]
+        level[live[begins]] = onset_levels[events[begins]]
+        level[live[found & ~seeking[live]]] = np.nan
+        row[live] = events
