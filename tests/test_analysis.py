@@ -1,14 +1,19 @@
 """The diagnosis rules on synthetic series: what must alert, and what must not."""
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import groups
+from tensorboard_gradients.analysis.evidence import Evidence
+from tensorboard_gradients.analysis.layers import Layers
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.reader import GradientSeries
+
+from test_analysis_stream import random_series
 
 STEPS = 300
 
@@ -95,6 +100,137 @@ def test_input_side_layers_vanishing_by_depth_are_flagged_per_layer():
     classes = analysis.classify(series)
     assert (classes[100:140, :4] == analysis.VANISHING).all()
     assert (classes[:100] == analysis.OK).all() and (classes[140:] == analysis.OK).all()
+
+
+def layer_norms_and_reference(series, thresholds=analysis.Thresholds()):
+    """(``[steps, layers]`` layer norms, ``[steps]`` output-side reference), computed here as
+    `Thresholds` documents them: layers' finite norms together, the median of the last quarter
+    of the layers that are below ``exploding_norm``."""
+    layers = Layers.of(series.layers)
+    norms = layers.root_sum_squares(Evidence(series, thresholds, analysis.RULES).finite_norms)
+    output_side = norms[:, -max(1, int(np.ceil(len(layers.names)
+                                             * thresholds.depth_reference_fraction))):]
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN step has no reference
+        reference = np.nanmedian(np.where(output_side >= thresholds.exploding_norm, np.nan,
+                                          output_side), axis=1)
+    return norms, reference
+
+
+def shrink_output_side(norms, start=100, stop=200, factor=1e-2):
+    """The last three layers' (the output side's) norms times ``factor``, reached log-linearly
+    from step ``start`` to ``stop``: the output side converges while the input side stalls."""
+    fall = np.interp(np.arange(len(norms)), [start, stop], [0.0, np.log10(factor)])
+    norms[:, -6:] *= 10 ** fall[:, None]
+
+
+def depth_findings(alerts):
+    return [(a.layer, a.first_step, a.last_step, a.steps) for a in alerts
+            if (a.kind, a.rule) == ("vanishing", "depth")]
+
+
+def test_a_vanished_layer_stays_flagged_while_the_output_side_shrinks_toward_it():
+    norms, variables = deep_net()
+    norms[:, :2] *= 1e-5  # dense_00 vanished from the start, and stays where it is
+    shrink_output_side(norms)
+    series = make_series(norms, variables)
+    layer_norms, reference = layer_norms_and_reference(series)
+    ratios = layer_norms[:, 0] / reference
+    assert ratios[:100].max() < 1e-4 < ratios[200:].min()  # the output side came down to it
+    alerts = analysis.diagnose(series)
+    assert kinds(alerts) == [("vanishing", "depth")]
+    assert depth_findings(alerts) == [("dense_00", 0, (STEPS - 1) * 10, STEPS)]
+    classes = analysis.classify(series)
+    assert (classes[:, :2] == analysis.VANISHING).all() and (classes[:, 2:] == analysis.OK).all()
+
+
+def test_a_vanished_layer_that_recovers_by_itself_is_no_longer_flagged():
+    norms, variables = deep_net()
+    norms[:, :2] *= 1e-5
+    shrink_output_side(norms)
+    norms[250:, :2] *= 1e3  # dense_00 back above 1e-4 x the output side's norm at step 0
+    series = make_series(norms, variables)
+    layer_norms, reference = layer_norms_and_reference(series)
+    assert layer_norms[250:, 0].min() > 1e-4 * reference[0]
+    # It ends where the layer's recovery begins (held for sustain_steps).
+    assert depth_findings(analysis.diagnose(series)) == [("dense_00", 0, 2490, 250)]
+    classes = analysis.classify(series)
+    assert (classes[:250, :2] == analysis.VANISHING).all()
+    assert (classes[250:] == analysis.OK).all()
+
+
+def test_a_noisy_step_or_a_network_wide_rise_is_not_a_recovery():
+    norms, variables = deep_net()
+    norms[:, :2] *= 1e-5
+    # 3 steps (fewer than sustain_steps) far above its recovery level: a noisy batch.
+    norms[150:153, :2] *= 1e4
+    # Every layer's gradient 100x from step 200 (its loss grew): dense_00 is above the level
+    # where its finding began, but still 1e-5 of the output side's at the same step.
+    norms[200:] *= 100
+    series = make_series(norms, variables)
+    layer_norms, reference = layer_norms_and_reference(series)
+    assert (layer_norms[200:, 0] > 1e-4 * reference[0]).all()
+    assert depth_findings(analysis.diagnose(series)) == [
+        ("dense_00", 0, (STEPS - 1) * 10, STEPS)]
+    assert (analysis.classify(series)[:, :2] == analysis.VANISHING).all()
+    # Held for sustain_steps, the same 3 steps are a recovery (and the layer vanishes again).
+    assert depth_findings(analysis.diagnose(series, sustain_steps=3)) == [
+        ("dense_00", 0, (STEPS - 1) * 10, STEPS - 3)]
+    assert (analysis.classify(series, analysis.Thresholds(sustain_steps=3))[150:153, :2]
+            == analysis.OK).all()
+
+
+def in_long_runs(flags, length):
+    """``flags`` where a cell is in a run of at least ``length`` True cells down its column,
+    found one run at a time."""
+    found = np.zeros_like(flags)
+    for column in range(flags.shape[1]):
+        step = 0
+        while step < len(flags):
+            end = step
+            while end < len(flags) and flags[end, column]:
+                end += 1
+            found[step:end, column] = end - step >= length
+            step = max(end, step + 1)
+    return found
+
+
+def vanishing_step_by_step(series, thresholds):
+    """(``[steps, layers]`` below the floor, ``[steps, layers]`` in a depth finding), as
+    `Thresholds` documents the vanishing rule, one layer and one step at a time."""
+    norms, reference = layer_norms_and_reference(series, thresholds)
+    sustain = thresholds.sustain_steps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        floor = in_long_runs(norms < thresholds.vanishing_norm, sustain)
+        below = norms / reference[:, None] < thresholds.depth_ratio
+    onsets = in_long_runs(below, sustain)
+    depth = np.zeros_like(below)
+    for layer in range(norms.shape[1] if norms.shape[1] > 1 else 0):  # one layer: no depth
+        level = None
+        for step in range(len(norms)):
+            ahead = slice(step, step + sustain)
+            if (level is not None and step + sustain <= len(norms)
+                    and not below[ahead, layer].any() and (norms[ahead, layer] >= level).all()):
+                level = None  # the first of sustain_steps steps back above it
+            if level is None and onsets[step, layer]:
+                level = np.float32(thresholds.depth_ratio * reference[step])
+            depth[step, layer] = level is not None and not np.isnan(norms[step, layer])
+    return floor, depth
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_the_vanishing_rule_is_its_documented_definition_step_by_step(seed):
+    series, thresholds = random_series(seed)
+    floor, depth = vanishing_step_by_step(series, thresholds)
+    rule = next(rule for rule in analysis.RULES if rule.name == "vanishing")
+    cells = Evidence(series, thresholds, analysis.RULES).cells(rule)
+    rows = Layers.of(series.layers).rows
+    np.testing.assert_array_equal(cells, (floor | depth)[:, rows] & ~np.isnan(series.stat("size")))
+    names = Layers.of(series.layers).names
+    assert sorted(depth_findings(analysis.diagnose(series, thresholds))) == sorted(
+        (names[layer], int(series.steps[steps[0]]), int(series.steps[steps[-1]]), len(steps))
+        for layer, steps in ((layer, np.flatnonzero(depth[:, layer]))
+                             for layer in range(depth.shape[1])) if len(steps))
 
 
 def test_an_exploding_output_side_does_not_make_healthy_layers_vanish():

@@ -13,9 +13,9 @@ from tensorboard_gradients.format.series import GradientSeries
 
 
 def random_series(seed):
-    """A small series with every finding the rules know (spikes, vanishing stretches, dead and
-    non-finite steps, missing cells and columns, update ratios out of band), random thresholds
-    and irregular step numbers."""
+    """A small series with every finding the rules know (spikes, vanishing stretches, an output
+    side falling toward the rest, dead and non-finite steps, missing cells and columns, update
+    ratios out of band), random thresholds and irregular step numbers."""
     rng = np.random.default_rng(seed)
     variables, steps = int(rng.integers(1, 14)), int(rng.integers(0, 260))
     names = [f"layer_{int(rng.integers(0, variables // 2 + 1)):02d}/v{i}"
@@ -60,16 +60,22 @@ def random_series(seed):
         start = int(rng.integers(steps))
         missing[start:start + int(rng.integers(1, 60)), rng.integers(variables)] = True
     values[missing] = np.nan
-    series = GradientSeries(
-        run="run", tag="gradients", name="gradients", variables=layout.variables,
-        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
-        steps=np.cumsum(rng.integers(1, 5, size=steps)) + int(rng.integers(0, 100)),
-        wall_times=np.arange(steps, dtype=float), values=values,
-    )
+    step_numbers = np.cumsum(rng.integers(1, 5, size=steps)) + int(rng.integers(0, 100))
     thresholds = analysis.Thresholds(
         sustain_steps=int(rng.integers(1, 9)), spike_window=int(rng.integers(1, 41)),
         spike_zscore=float(rng.uniform(1, 6)), exploding_norm=float(10 ** rng.uniform(-3, 4)),
     ) if rng.random() < 0.7 else analysis.Thresholds()
+    if steps and rng.random() < 0.5:
+        # The output side converges: it falls toward layers it found vanishing, which stay
+        # flagged until they recover by themselves (or do, in a stretch above).
+        start = int(rng.integers(steps))
+        values[start:, -max(1, variables // 4):, column["l2_norm"]] *= 10 ** -np.linspace(
+            0, rng.uniform(1, 6), steps - start)[:, None]
+    series = GradientSeries(
+        run="run", tag="gradients", name="gradients", variables=layout.variables,
+        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
+        steps=step_numbers, wall_times=np.arange(steps, dtype=float), values=values,
+    )
     return series, thresholds
 
 
@@ -188,3 +194,57 @@ def test_a_stream_resumed_from_its_written_state_goes_on_as_if_never_stopped(see
             np.concatenate(decided + [resumed.provisional_classes()]),
             so_far.classes[final_rows:])
         assert _same_alerts(resumed.alerts(), so_far.alerts)
+
+
+def _stalled_layer_series():
+    """8 layers over 400 steps: layer dense_0 vanished (1e-5 of the others) until step 300,
+    the output side falling 100x from step 50 to 150 (toward it), then dense_0 recovers."""
+    rng = np.random.default_rng(5)
+    names = [f"dense_{i}/kernel" for i in range(8)]
+    layout = Layout.create(names, [(8, 8)] * len(names), with_weights=False)
+    norms = 0.1 * 10 ** rng.normal(scale=0.1, size=(400, len(names)))
+    norms[:300, 0] *= 1e-5
+    norms[:, -2:] *= 10 ** np.interp(np.arange(400), [50, 150], [0, -2])[:, None]
+    values = np.zeros(norms.shape + (len(layout.stats),), np.float32)
+    values[..., layout.stats.index("l2_norm")] = norms
+    values[..., layout.stats.index("size")] = 64
+    return GradientSeries(
+        run="run", tag="gradients", name="gradients", variables=layout.variables,
+        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
+        steps=np.arange(400), wall_times=np.arange(400.0), values=values)
+
+
+def test_a_finding_longer_than_a_round_keeps_its_recovery_level_from_round_to_round():
+    """The depth finding spans 300 steps, the stream keeps at most 17 rows: the level the
+    finding began with is carried round to round (and through a written state), so a stream
+    fed a step at a time, or resumed in the middle, ends it where the whole series does."""
+    series = _stalled_layer_series()
+    thresholds = analysis.Thresholds(spike_window=10, sustain_steps=4)
+    whole = analysis.analyze(series, thresholds)
+    assert [(a.kind, a.rule, a.layer, a.first_step, a.last_step) for a in whole.alerts] == [
+        ("vanishing", "depth", "dense_0", 0, 299)]
+    stream = analysis.AnalysisStream(series, thresholds)
+    decided, states = [], []
+    for row in range(400):
+        decided.append(stream.feed(series.steps[row:row + 1], series.wall_times[row:row + 1],
+                                   series.values[row:row + 1]))
+        assert stream.rows - stream._kept_from <= 10 + 2 * 3 + 1
+        if row == 199:
+            states.append(_through_a_record(stream.state(0)))
+    decided.append(stream.close())
+    np.testing.assert_array_equal(np.concatenate(decided), whole.classes)
+    assert _same_alerts(stream.alerts(), whole.alerts)
+
+    kept_from = int(states[0]["stream_kept_from"])
+    resumed = analysis.AnalysisStream.resumed(
+        series, thresholds, states,
+        dataclasses.replace(series, steps=series.steps[kept_from:200],
+                            wall_times=series.wall_times[kept_from:200],
+                            values=series.values[kept_from:200]),
+        series.steps[:200])
+    rest = [resumed.feed(series.steps[200:], series.wall_times[200:], series.values[200:],
+                         last=True)]
+    np.testing.assert_array_equal(
+        np.concatenate([np.concatenate(decided)[:int(states[0]["stream_final_rows"])]] + rest),
+        whole.classes)
+    assert _same_alerts(resumed.alerts(), whole.alerts)
