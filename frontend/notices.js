@@ -1,14 +1,9 @@
 // What the tab says besides its views (DOM): the status line, the list of tags that cannot be
-// read or lost steps (problems.js words them), and the empty state that shows how to log.
+// read or lost steps (problems.js words them), and the empty state: what the logdir holds and
+// how to log gradients.
 
 import { el, replaceChildren } from "./dom.js";
-import { dataProblems, problemLine, problemsSummary } from "./problems.js";
-
-const KERAS_SNIPPET = `from tensorboard_gradients.keras import GradientMonitor
-model.fit(x, y, callbacks=[GradientMonitor(log_dir="logs")])`;
-const LOOP_SNIPPET = `from tensorboard_gradients import summary
-with writer.as_default(step=step):
-    summary.gradients(grads, model.trainable_variables)`;
+import { dataProblems, logdirFinding, problemLine, problemsSummary } from "./problems.js";
 
 /** The status line: `text` styled as `kind` ("info", "loading", "warning" or "error"), or none. */
 export function renderStatus(node, text, kind = "info") {
@@ -24,14 +19,20 @@ export function renderProblems(panel, runs) {
       el("li", { class: `problem problem-${problem.severity}` }, problemLine(problem)))));
 }
 
-/** No tag has data yet: what is wrong with the ones there are, and how to log gradients. */
-export function renderEmpty(node, runs) {
+/**
+ * No tag has data yet: what TensorBoard's logdir holds (`inventory`, the plugin's `inventory`
+ * answer, or null when it did not answer), what is wrong with the tags there are, and each
+ * framework's way to log gradients.
+ */
+export function renderEmpty(node, runs, inventory) {
   replaceChildren(node, el("div", { class: "empty", "data-testid": "empty-state" },
     el("h2", {}, "No gradient data yet"),
+    inventory && el("p", { "data-testid": "logdir-finding" }, logdirFinding(inventory)),
     dataProblems(runs).map((problem) => el("p", { class: `status-${problem.severity}` }, problemLine(problem))),
-    el("p", {}, "Log per-layer gradient statistics and they appear here. From Keras model.fit:"),
-    el("pre", {}, KERAS_SNIPPET),
-    el("p", {}, "From a custom TensorFlow training loop:"),
-    el("pre", {}, LOOP_SNIPPET),
-    el("p", {}, "PyTorch, JAX or numpy: tensorboard_gradients.GradientWriter (see the README).")));
+    inventory && [
+      el("p", {}, "Attach a gradient writer to the training job, by its framework; what it logs appears here:"),
+      el("ul", { class: "entry-points", "data-testid": "entry-points" },
+        inventory.entry_points.map(({ framework, entry_point: entryPoint }) => el("li", {},
+          `${framework}: `, el("code", {}, entryPoint)))),
+      el("p", { class: "hint" }, "The README shows each one's call and options.")]));
 }

@@ -1,6 +1,7 @@
 // What the tab cannot show as it was logged, in words (pure, no DOM): tags that cannot be read
-// and logged steps left out as damaged, from the plugin's `runs` answer. One bad file must be
-// named, never silently missing, while every other run is shown as usual.
+// and logged steps left out as damaged, from the plugin's `runs` answer, and what TensorBoard's
+// logdir holds when it holds no gradient data. One bad file must be named, never silently
+// missing, while every other run is shown as usual; a mistyped logdir must read as one.
 
 import { counted } from "./format.js";
 
@@ -41,4 +42,13 @@ export function problemsSummary(problems) {
   if (unreadable) parts.push(`${counted(unreadable, "tag")} cannot be read`);
   if (damaged) parts.push(`${counted(damaged, "tag")} ${damaged === 1 ? "has" : "have"} damaged data`);
   return parts.join("; ");
+}
+
+/**
+ * What TensorBoard's logdir holds, from the plugin's `inventory` answer: "TensorBoard's logdir
+ * /x: 2 runs; scalars tags: loss.", or for a path that is no directory "TensorBoard's logdir
+ * /x: no such directory. Check the path given to --logdir."
+ */
+export function logdirFinding({ location, exists, found }) {
+  return `TensorBoard's logdir ${location}: ${found}.${exists ? "" : " Check the path given to --logdir."}`;
 }

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { dataProblems, problemLine, problemsSummary } from "../problems.js";
+import { dataProblems, logdirFinding, problemLine, problemsSummary } from "../problems.js";
 
 const RUNS = {
   good: { gradients: { variables: 2, steps: 10, stats: ["l2_norm"], histograms: false, epochs: 0, sampled: null } },
@@ -31,4 +31,11 @@ test("words each problem and the list's heading", () => {
   assert.equal(problemsSummary(problems), "1 tag cannot be read; 2 tags have damaged data");
   assert.equal(problemsSummary(problems.slice(1, 2)), "1 tag has damaged data");
   assert.equal(problemsSummary([]), "");
+});
+
+test("the logdir's finding names the path and what is there, and a wrong path as one", () => {
+  assert.equal(logdirFinding({ location: "/runs/mnist", exists: true, found: "2 runs; scalars tags: loss" }),
+    "TensorBoard's logdir /runs/mnist: 2 runs; scalars tags: loss.");
+  assert.equal(logdirFinding({ location: "/runs/mnsit", exists: false, found: "no such directory" }),
+    "TensorBoard's logdir /runs/mnsit: no such directory. Check the path given to --logdir.");
 });

@@ -16,6 +16,7 @@ import numpy as np
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import groups, heatmap, layers
+from tensorboard_gradients.format import inventory
 from tensorboard_gradients.server import encoding, vocabulary
 from tensorboard_gradients.server.data_access import (
     GradientData,
@@ -397,6 +398,22 @@ def histogram_answer(data: GradientData, ctx, experiment, run: str, tag: str, ro
         "log10_edges": list(histogram.log10_edges),
         "counts": encoding.floats(counts),
         "steps": histogram.steps.tolist(),
+    }
+
+
+def inventory_answer(data: GradientData, ctx, experiment, location: str, local: bool) -> dict:
+    """What TensorBoard's logdir holds, for the tab to say when no tag has gradient data (a
+    wrong path, or a job that never attached a writer): ``{"location", "exists", "found",
+    "entry_points": [{"framework", "entry_point"}]}``, ``found`` in the words of
+    `inventory.Inventory.found` (its runs and scalar tags), the entry points
+    `inventory.ENTRY_POINTS`. See `GradientData.inventory` for ``local``."""
+    found = data.inventory(ctx, experiment, location, local)
+    return {
+        "location": found.location,
+        "exists": found.exists,
+        "found": found.found(),
+        "entry_points": [{"framework": framework, "entry_point": entry_point}
+                         for framework, entry_point in inventory.ENTRY_POINTS],
     }
 
 

@@ -33,6 +33,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Dict, FrozenSet, Optional, Tuple
@@ -42,6 +43,7 @@ from tensorboard.data import provider
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
+from tensorboard_gradients.format.inventory import Inventory
 from tensorboard_gradients.format.series import (
     GradientHistograms,
     GradientSeries,
@@ -66,6 +68,8 @@ _SAMPLED_READ_BYTES = 200 * 1024 * 1024
 DEFAULT_CACHE_BYTES = 2 * 1024**3
 # Long tags whose digests are kept (each ~2-3 bytes per cell: 250 MB for 1,000 x 100,000).
 MAX_LONG_RUNS = 4
+# The plugin whose tags `GradientData.inventory` names: what a training job logs first (its loss).
+_INVENTORIED_PLUGIN = "scalars"
 
 
 class UnknownError(LookupError):
@@ -196,6 +200,20 @@ class GradientData:
                     info = TagInfo(None, signature, error=f"its metadata cannot be read ({error})")
                 result.setdefault(run, {})[tag] = info
         return result
+
+    def inventory(self, ctx, experiment, location: str, local: bool) -> Inventory:
+        """What TensorBoard found at ``location`` (its ``--logdir``, or its ``--logdir_spec``):
+        whether it is a directory, its runs and their scalar tags, as the data provider lists
+        them (it counts no event files). Only a ``local`` location is checked for being a
+        directory: a bucket (``gs://...``) or a spec of several logdirs counts as there, and its
+        runs say what was found."""
+        exists = not local or os.path.isdir(location)
+        runs = sorted(run.run_name
+                      for run in self._provider.list_runs(ctx, experiment_id=experiment))
+        scalars = self._provider.list_scalars(ctx, experiment_id=experiment,
+                                              plugin_name=_INVENTORIED_PLUGIN)
+        tags = sorted({tag for run_tags in scalars.values() for tag in run_tags})
+        return Inventory(location, exists, runs=tuple(runs), tags={_INVENTORIED_PLUGIN: tuple(tags)})
 
     @staticmethod
     def listed_tags(tags):

@@ -30,6 +30,8 @@ Routes (GET, under ``/data/plugin/gradients/``):
 * ``thresholds`` -> ``{"defaults": {name: value}, "vocabulary": {...}}`` (the overridable rule
   parameters, and what the tab calls and how it draws stats, classes, severities and
   thresholds: `vocabulary.vocabulary`)
+* ``inventory`` -> ``{"location", "exists", "found", "entry_points"}``: what TensorBoard's
+  logdir holds (`answers.inventory_answer`), which the tab shows when no tag has gradient data
 * ``static/<file>`` -> the Gradients tab's ES modules
 
 A variable is named by ``variable`` (its name) or ``variable_index`` (its row in the heatmap,
@@ -84,6 +86,11 @@ class GradientsPlugin(base_plugin.TBPlugin):
         self._data = data_access.GradientData(
             context.data_provider, logdir=context.logdir,
             digest_every=None if flags is None else getattr(flags, "reload_interval", 5))
+        # What the user gave TensorBoard: one logdir, checked for being a directory when it is a
+        # local path, or a --logdir_spec of several (then TensorBoard's context has no logdir).
+        spec = getattr(flags, "logdir_spec", "")
+        self._location = context.logdir or spec or ""
+        self._local_location = bool(context.logdir) and "://" not in context.logdir
 
     def get_plugin_apps(self):
         return {
@@ -94,6 +101,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
             "/histogram": self._serve_histogram,
             "/export": self._serve_export,
             "/thresholds": self._serve_thresholds,
+            "/inventory": self._serve_inventory,
             _STATIC_PREFIX + "*": self._serve_static,
         }
 
@@ -144,6 +152,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
     def _serve_thresholds(self, request, ctx, experiment):
         Query(request, ())
         return responses.json_response(request, answers.thresholds_answer())
+
+    @responses.route
+    def _serve_inventory(self, request, ctx, experiment):
+        Query(request, ())
+        return responses.json_response(request, answers.inventory_answer(
+            self._data, ctx, experiment, self._location, self._local_location))
 
     @responses.route
     def _serve_alerts(self, request, ctx, experiment):
