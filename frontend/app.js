@@ -90,7 +90,11 @@ export class App {
     const state = withRunAndTag(await this.openingState(asked), this.runs);
     if (!state) {
       this.setStatus("");
-      renderEmpty(this.main, this.runs);
+      const inventory = await getJson("inventory").catch((error) => {
+        this.setStatus(`Could not ask TensorBoard what its logdir holds: ${error.message}`, "error");
+        return null;
+      });
+      renderEmpty(this.main, this.runs, inventory);
       setTimeout(() => this.start(), REFRESH_MS); // training may not have logged anything yet
       return;
     }
@@ -309,6 +313,14 @@ export class App {
       // no Scalars data: no curve
     }
     return { points: null, tag: null };
+  }
+
+  /** The theme changed (index.js): what is drawn on canvas in the theme's colours, again. */
+  themeChanged() {
+    if (!this.drawn) return;
+    this.view.draw();
+    if (this.comparison) this.compareView.draw();
+    if (this.selected) this.reselect(this.matrix);
   }
 
   /** The rule thresholds in force: the plugin's defaults with the URL's overrides. */
