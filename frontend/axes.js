@@ -7,7 +7,7 @@
 import { thinLabels } from "./axis_labels.js";
 import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { ellipsize, formatStep, formatValue } from "./format.js";
+import { ellipsize, formatStep, formatValue, layerName, rowName } from "./format.js";
 import { columnMeans, gridLayout, layerGroups, niceTicks, stepX, valueScale } from "./layout.js";
 
 const LABEL_WIDTH = 240; // CSS px, as the stylesheet's first grid column
@@ -46,8 +46,8 @@ export class HeatmapAxes {
     const grid = gridLayout(matrix.rows, matrix.columns, 1, height);
     const measure = (text) => context.measureText(text).width;
     const perRow = grid.rowHeight >= MIN_LABEL_ROW;
-    const groups = perRow ? matrix.variables.map((v, row) => ({ text: v, first: row, last: row }))
-      : layerGroups(matrix.layers).map((g) => ({ text: g.layer, first: g.first, last: g.last }));
+    const groups = perRow ? matrix.variables.map((v, row) => ({ text: rowName(matrix.rowsBy, v), first: row, last: row }))
+      : layerGroups(matrix.layers).map((g) => ({ text: layerName(g.layer), first: g.first, last: g.last }));
     for (const group of groups) {
       const top = grid.rowRange(group.first)[0];
       const bottom = grid.rowRange(group.last)[1];

@@ -6,7 +6,7 @@
 // of both runs' rows (A's model order, then B's leftovers), each matched or only in one run;
 // columns are A's, each matched to the column of B that holds the same epoch or A's first step.
 
-import { counted, formatValue } from "./format.js";
+import { counted, formatValue, rowName } from "./format.js";
 import { columnOfStep } from "./layout.js";
 
 export const COMPARE_MODES = Object.freeze(["side", "ratio"]); // side by side, or A / B
@@ -270,11 +270,15 @@ export function unmatchedRows(rows, side) {
   return new Set(rows.flatMap((row, index) => (lacking.includes(row.status) ? [index] : [])));
 }
 
-/** A row's label in the comparison: its name, and which run alone has it. */
-export function rowLabel(row, runA, runB) {
-  if (row.status === "a") return `${row.name} (only in ${runA})`;
-  if (row.status === "b") return `${row.name} (only in ${runB})`;
-  return row.name;
+/**
+ * A row's label in the comparison of rows by `rowsBy` (format.rowName): its name, and which run
+ * alone has it.
+ */
+export function rowLabel(row, runA, runB, rowsBy = "variables") {
+  const name = rowName(rowsBy, row.name);
+  if (row.status === "a") return `${name} (only in ${runA})`;
+  if (row.status === "b") return `${name} (only in ${runB})`;
+  return name;
 }
 
 /** One line saying how the rows (each a `unit`) matched: "" when every row is in both runs. */
@@ -315,5 +319,5 @@ export function describeCell(comparison, row, column, { valueText, describeColum
       ? "ratio: none (a value is missing, zero or not finite)"
       : `ratio ${runA} / ${runB}: ${ratioText(ratio)} (log10 ${ratio.toFixed(2)})`);
   }
-  return { title: rowLabel(info, runA, runB), lines };
+  return { title: rowLabel(info, runA, runB, comparison.rowsBy), lines };
 }

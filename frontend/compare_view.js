@@ -154,7 +154,7 @@ export class CompareView {
       const matched = row.status === "both";
       context.font = `${matched ? "" : "italic "}12px ${style.fontFamily}`;
       context.fillStyle = matched ? style.color : style.getPropertyValue("--muted") || "#888";
-      const text = ellipsize(rowLabel(row, c.runA, c.runB), LABEL_WIDTH - 20, (t) => context.measureText(t).width);
+      const text = ellipsize(rowLabel(row, c.runA, c.runB, c.rowsBy), LABEL_WIDTH - 20, (t) => context.measureText(t).width);
       context.fillText(text, 14, (top + bottom) / 2);
     });
   }

@@ -7,7 +7,7 @@ import { rowContext, statRows } from "./cells.js";
 import { ACCENT } from "./colormap.js";
 import { toNumber } from "./decode.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { counted, formatStep, formatStepRange, formatValue } from "./format.js";
+import { counted, formatStep, formatStepRange, formatValue, rowName } from "./format.js";
 import { chartRange, niceTicks } from "./layout.js";
 
 const MAX_CHART_WIDTH = 560;
@@ -29,7 +29,7 @@ export function renderDetails(panel, {
   const step = series.steps[index];
   const merged = cell.first !== cell.last
     ? `${cell.epoch === null ? "" : `epoch ${cell.epoch} · `}${formatStepRange(cell.first, cell.last)}, worst at ` : "";
-  const title = el("h3", { class: "details-title" }, series.variable);
+  const title = el("h3", { class: "details-title" }, rowName(rowsBy, series.variable));
   // A layer's `shape` is its variables' entries, counted as one flat tensor.
   const size = !series.shape ? "shape unknown"
     : rowsBy === "layers" ? counted(series.shape.reduce((a, b) => a * b, 1), "entry", "entries")

@@ -1,4 +1,4 @@
-// Number and step formatting for labels, tooltips and the colour bar (pure, no DOM).
+// Number, step and name formatting for labels, tooltips and the colour bar (pure, no DOM).
 
 /** A value as people read gradient statistics: 3-4 significant digits, exponent when tiny/huge. */
 export function formatValue(value) {
@@ -46,4 +46,18 @@ export function ellipsize(text, maxWidth, measure) {
     else high = keep - 1;
   }
   return low === 0 ? "…" : "…" + text.slice(text.length - low);
+}
+
+// A layer's name that reads as a number: a PyTorch nn.Sequential names its layers "0", "1"...
+// (and "1.0" in a Sequential nested in one).
+const NUMBERED_LAYER = /^\d+(\.\d+)*$/;
+
+/** A layer's name as the tab shows it alone: "layer 0" for a numbered layer, else the name. */
+export function layerName(name) {
+  return NUMBERED_LAYER.test(name) ? `layer ${name}` : name;
+}
+
+/** A heatmap row's name as the tab shows it: a layer's (`rowsBy` "layers") by `layerName`. */
+export function rowName(rowsBy, name) {
+  return rowsBy === "layers" ? layerName(name) : name;
 }

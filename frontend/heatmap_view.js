@@ -7,7 +7,7 @@ import { HeatmapAxes } from "./axes.js";
 import { cellValueText, rowContext } from "./cells.js";
 import { ACCENT, EPOCH_LINE } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
-import { formatStepRange } from "./format.js";
+import { formatStepRange, rowName } from "./format.js";
 import { columnOfStep, gridLayout } from "./layout.js";
 import { Legend } from "./legend.js";
 import { classPaints, rasterize } from "./raster.js";
@@ -177,7 +177,7 @@ export class HeatmapView {
     const range = formatStepRange(m.steps[column], m.lastSteps[column]);
     replaceChildren(
       this.tooltip,
-      el("div", { class: "tip-variable" }, m.variables[row]),
+      el("div", { class: "tip-variable" }, rowName(m.rowsBy, m.variables[row])),
       el("div", {}, rowContext(m.rowsBy, m.layers[row])),
       el("div", {}, m.epochIndex ? `epoch ${m.epochIndex[column]} · ${range}` : range),
       el("div", { class: "tip-value" },

@@ -224,6 +224,10 @@ test("which rows each side lacks, their labels and the summary line", () => {
   assert.equal(rowLabel(rows[1], "run1", "run2"), "y (only in run1)");
   assert.equal(rowLabel(rows[2], "run1", "run2"), "z (only in run2)");
   assert.equal(rowLabel(rows[0], "run1", "run2"), "x");
+  // An nn.Sequential's layers, compared by layer, read as layers.
+  const layers = alignRows(["0", "2"], ["0"]);
+  assert.equal(rowLabel(layers[0], "run1", "run2", "layers"), "layer 0");
+  assert.equal(rowLabel(layers[1], "run1", "run2", "layers"), "layer 2 (only in run1)");
   assert.equal(unmatchedSummary(rows, "run1", "run2"), "Of 3 rows, 1 only in run1, 1 only in run2 (hatched grey).");
   assert.equal(unmatchedSummary(alignRows(["x"], ["x"]), "a", "b"), "");
   assert.equal(unmatchedSummary(alignRows(["x"], []), "a", "b", "layer"), "Of 1 layer, 1 only in a (hatched grey).");

@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { counted, ellipsize, formatStep, formatStepRange, formatValue } from "../format.js";
+import {
+  counted, ellipsize, formatStep, formatStepRange, formatValue, layerName, rowName,
+} from "../format.js";
 
 test("counts read in the singular for one and the plural otherwise", () => {
   assert.equal(counted(1, "finding"), "1 finding");
@@ -40,4 +42,16 @@ test("ellipsize keeps the end of a long variable path", () => {
   assert.equal(ellipsize("model/block_12/attention/query/kernel", 14, measure), "…/query/kernel");
   assert.equal(ellipsize("abc", 1, measure), "…");
   assert.ok(ellipsize("x".repeat(500), 40, measure).length <= 40);
+});
+
+test("a numbered layer (an nn.Sequential's) reads as a layer, any other name as it is", () => {
+  assert.equal(layerName("0"), "layer 0");
+  assert.equal(layerName("12"), "layer 12");
+  assert.equal(layerName("1.0"), "layer 1.0");
+  assert.equal(layerName("features.0"), "features.0");
+  assert.equal(layerName("dense_00"), "dense_00");
+  assert.equal(layerName("0.weight"), "0.weight");
+  assert.equal(rowName("layers", "2"), "layer 2");
+  assert.equal(rowName("variables", "2"), "2");
+  assert.equal(rowName("variables", "2.weight"), "2.weight");
 });
