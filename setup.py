@@ -37,6 +37,10 @@ setup(
         "jax": ["jax>=0.4.20", "optax>=0.1.7"],
         # The demo's data: scikit-learn's bundled digits (nothing downloaded at run time).
         "demo": ["tensorflow-cpu>=2.16", "scikit-learn>=1.3"],
+        # The documentation site (mkdocs.yml): `./dev docs` serves it, `./dev test` builds it
+        # with --strict. Pinned: the theme and the API pages' renderer change their output.
+        "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8",
+                 "mkdocstrings-python==2.0.11"],
         # Playwright drives the system's Chromium (Debian `chromium`); it downloads no browser.
         # The end-to-end test runs the demo.
         # torch pinned: on this project's machines 2.13.0 resolves to a CPU wheel on disk, where
@@ -48,10 +52,6 @@ setup(
         # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist;
         # IPython gives the notebook extension's (%tensorboard) output for the proxy test.
         # pytest-xdist: `./dev test` runs pytest in two workers (most tests wait on processes).
-        # The documentation site (mkdocs.yml): `./dev docs` serves it, `./dev test` builds it
-        # with --strict. Pinned: the theme and the API pages' renderer change their output.
-        "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8",
-                 "mkdocstrings-python==2.0.11"],
         "test": ["pytest>=7", "pytest-xdist>=3", "setuptools>=61", "wheel", "playwright>=1.40",
                  "scikit-learn>=1.3",
                  "torch==2.13.0", "jax==0.10.2", "deepspeed==0.19.8", "transformers==5.18.0",
