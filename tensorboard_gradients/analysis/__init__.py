@@ -56,14 +56,14 @@ from tensorboard_gradients.analysis.classes import (
     CLASS_DESCRIPTIONS, CLASSES, EXPLODING, MISSING, NONFINITE, OK, SPIKE, VANISHING,
 )
 from tensorboard_gradients.analysis.rule import Parameter, Rule
-from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES, lacking
+from tensorboard_gradients.analysis.rules import KINDS, PARAMETERS, RULES, RULES_REVISION, lacking
 from tensorboard_gradients.analysis.stream import AnalysisStream
 from tensorboard_gradients.analysis.thresholds import Thresholds
 
 __all__ = [
     "CLASSES", "CLASS_DESCRIPTIONS", "MISSING", "OK", "VANISHING", "SPIKE", "EXPLODING",
     "NONFINITE",
-    "SEVERITIES", "KINDS", "PARAMETERS", "RULES", "Parameter", "Rule", "Thresholds", "Alert",
+    "SEVERITIES", "KINDS", "PARAMETERS", "RULES", "RULES_REVISION", "Parameter", "Rule", "Thresholds", "Alert",
     "Analysis", "AnalysisStream", "classify", "diagnose", "analyze", "lacking",
 ]
 
@@ -73,7 +73,8 @@ def classify(series, thresholds: Optional[Thresholds] = None) -> np.ndarray:
 
     ``nonfinite`` (any NaN/Inf entry) > ``exploding`` (norm above ``exploding_norm``, or a spike
     against the running median) > ``vanishing`` (norm below ``vanishing_norm``, or the variable's
-    layer ``depth_ratio`` below the output side, for ``sustain_steps``) > ``ok``; ``missing`` =
+    layer ``depth_ratio`` below the output side, for ``sustain_steps``, until the layer itself
+    recovers) > ``ok``; ``missing`` =
     no gradient at that step. See `Thresholds` for the rules' sources.
     """
     return analyze(series, thresholds).classes

@@ -499,12 +499,13 @@ def chained(records, thresholds: analysis.Thresholds) -> int:
 
 
 def analysis_identity(thresholds: analysis.Thresholds) -> np.ndarray:
-    """What a digest's classes and alerts follow: this package's version (its rules) and the
-    thresholds, as a record's ``analysis`` array (a reader uses a record only if it matches)."""
+    """What a digest's classes and alerts follow: this package's version and its rules'
+    revision (`analysis.RULES_REVISION`) and the thresholds, as a record's ``analysis`` array (a
+    reader uses a record only if it matches)."""
     from tensorboard_gradients import __version__
 
-    text = json.dumps({"version": __version__, "thresholds": dataclasses.asdict(thresholds)},
-                      sort_keys=True)
+    text = json.dumps({"version": __version__, "rules": analysis.RULES_REVISION,
+                       "thresholds": dataclasses.asdict(thresholds)}, sort_keys=True)
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 

@@ -2,8 +2,9 @@
 bounded by the rules' windows, not by the run's length.
 
 Every rule looks back a bounded number of logged steps (a sustained stretch: ``sustain_steps``;
-the spike history: the previous block of ``spike_window`` steps, carried as its median and MAD)
-and ahead at most ``sustain_steps - 1`` (is this step the start of a sustained stretch?). So
+the spike history: the previous block of ``spike_window`` steps, carried as its median and MAD;
+a vanishing-by-depth finding, which lasts until its layer recovers: carried as each layer's
+recovery level) and ahead at most ``sustain_steps - 1`` (is this step the start of a sustained stretch?). So
 each round re-judges only the rows from the start of the spike block holding the first
 undecided row, with ``sustain_steps - 1`` rows of context before it; the rows that no later step
 can change become final, and only what the next round needs is kept. The last
@@ -266,9 +267,9 @@ class AnalysisStream:
                     raise ValueError("what the rules carried does not fit this series")
                 else:
                     carried[key] = int(value)
-        for value in carried.values():  # what rules keep: ints, or pairs of columns
+        for value in carried.values():  # what rules keep: ints, or tuples of columns
             if isinstance(value, list) and (
-                    sorted(index for index, _ in value) != [0, 1]
+                    sorted(index for index, _ in value) != list(range(len(value)))
                     or any(part.dtype != np.float32 or part.shape not in (
                         (len(like.variables),), (1,)) for _, part in value)):
                 raise ValueError("what the rules carried does not fit this series")

@@ -25,6 +25,11 @@ RULES: Tuple[Rule, ...] = (
     update_ratio.UpdateRatio(),
 )
 
+# Bumped whenever a rule judges the same series differently: a long run's digest written under
+# another revision is recomputed, not served (`digest.analysis_identity`). 2: a vanishing-by-depth
+# finding lasts until its layer recovers by itself (issue 33).
+RULES_REVISION = 2
+
 PARAMETERS = tuple(parameter for rule in RULES for parameter in rule.parameters)
 
 KINDS = tuple(dict.fromkeys(rule.kind for rule in RULES))

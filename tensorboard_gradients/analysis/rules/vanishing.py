@@ -153,9 +153,7 @@ class Vanishing(Rule):
         if evidence.resume_row is not None:
             resume = evidence.resume_row - evidence.first_row
             holding = levels[resume - 1] if resume > evidence.fresh else ongoing
-            # `AnalysisStream.resumed` takes pairs of columns and this needs one: the second
-            # part is a one-element column that holds nothing.
-            evidence.keep(_EPISODES, (holding[rows], np.full(1, np.nan, np.float32)))
+            evidence.keep(_EPISODES, (holding[rows],))
         return DepthProfile(ratios, ~np.isnan(levels) & ~np.isnan(layer_norms))
 
     def cells(self, evidence):
