@@ -131,13 +131,7 @@ class Tab:
 
     def pixels(self, selector="[data-testid=heatmap-canvas]"):
         """Every pixel of a canvas as an [height, width, 4] array."""
-        data = self.page.evaluate(
-            """(selector) => {
-                const c = document.querySelector(selector);
-                return [c.width, c.height, Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)];
-            }""", selector)
-        width, height, flat = data
-        return np.array(flat, dtype=np.uint8).reshape(height, width, 4)
+        return canvas_pixels(self.page, selector)
 
     def canvas_box(self):
         return self.page.locator("[data-testid=heatmap-canvas]").bounding_box()
@@ -145,6 +139,16 @@ class Tab:
     def close(self):
         assert self.errors == [], self.errors
         self.page.close()
+
+
+def canvas_pixels(document, selector):
+    """Every pixel of the canvas ``selector`` of a Playwright page or frame, [height, width, 4]."""
+    width, height, flat = document.evaluate(
+        """(selector) => {
+            const c = document.querySelector(selector);
+            return [c.width, c.height, Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)];
+        }""", selector)
+    return np.array(flat, dtype=np.uint8).reshape(height, width, 4)
 
 
 def has_color(pixels, rgb):

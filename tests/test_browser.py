@@ -1,13 +1,14 @@
 """The Gradients tab in a real Chromium, against a real `tensorboard` serving real training logs.
 
-Runs: the demo's (quick mode: its deep sigmoid net, whose input-side layers vanish, and its
-healthy ReLU net), a Keras model whose batch at optimizer step 3 holds a NaN (every gradient is
-NaN from there on), a run with a variable named like an XSS payload, a written run that diverges
-in the second of its two epochs (its loss from 2.1 to 2e16), a healthy one of 120 one-step
-epochs (the two named so that natural and code-point order differ) and one whose 1,000 variables
-all get a NaN gradient at one step (1,000 alerts, one finding). Screenshots go to
-$GRADIENTS_ARTIFACTS (default: the test's tmp dir). `test_demo_end_to_end.py` checks every demo
-scenario against the CLI.
+Runs: the demo's (quick mode: its deep sigmoid net, whose input-side layers vanish, the same net
+fixed, and its healthy ReLU net: "vanishing/train" and "vanishing_fixed/train" are in natural
+order as a path reads, a locale's collation swaps them), a Keras model whose batch at optimizer
+step 3 holds a NaN (every gradient is NaN from there on), a run with a variable named like an XSS
+payload, a written run that diverges in the second of its two epochs (its loss from 2.1 to
+2e16), a healthy one of 120 one-step epochs with its loss (the two named so that natural and
+code-point order differ) and one whose 1,000 variables all get a NaN gradient at one step (1,000
+alerts, one finding). Screenshots go to $GRADIENTS_ARTIFACTS (default: the test's tmp dir).
+`test_demo_end_to_end.py` checks every demo scenario against the CLI.
 """
 
 import json
@@ -22,7 +23,7 @@ import tensorboard_gradients as tg
 from tensorboard_gradients.server.vocabulary import CLASS_STYLES, SEVERITY_COLORS
 from support import (
     CHROMIUM, UNMATCHED_HATCH_RGB, UNMATCHED_RGB, EXPLODING_HATCH_RGB, NONFINITE_RGB, VANISHING_HATCH_RGB, Tab, TensorBoard,
-    boxes_overlap, get_json, has_color, ink_runs, natural_key, open_every_finding, row_band,
+    boxes_overlap, canvas_pixels, get_json, has_color, ink_runs, natural_key, open_every_finding, row_band,
 )
 
 pytest.importorskip("playwright.sync_api")
@@ -32,6 +33,7 @@ if CHROMIUM is None and not os.environ.get("GRADIENTS_REQUIRE_BROWSER"):
 XSS_NAME = "<img src=x onerror=window.__xss=1>/kernel"
 NAN_STEP = 3
 VANISHING = "vanishing%2Ftrain"
+DARK_BACKGROUND = "rgb(48, 48, 48)"  # TensorBoard's own dark grey
 HEALTHY = "healthy%2Ftrain"
 DIVERGED = "lr_9_diverged"
 MANY_EPOCHS = "lr_10_many_epochs"
@@ -62,6 +64,16 @@ def _train_nan_keras_model(run_dir):
               callbacks=[GradientMonitor(run_dir)])
 
 
+def _diverged_climb(step):
+    """How many steps the diverged run has been exploding at ``step`` (0 before)."""
+    return max(0, step - EXPLODING_STEP + 1)
+
+
+def _diverged_loss(step):
+    """The diverged run's loss at ``step`` (logged until NONFINITE_STEP, NaN from there on)."""
+    return 2.1 * 10.0 ** (3.2 * _diverged_climb(step))
+
+
 def _write_diverged_run(run_dir):
     """Two layers over 2 epochs of 20 steps that diverge (see EXPLODING_STEP), with their loss."""
     rng = np.random.default_rng(0)
@@ -69,13 +81,12 @@ def _write_diverged_run(run_dir):
         for step in range(1, 41):
             if step in (1, 21):
                 writer.write_epoch(step, (step - 1) // 20)
-            climb = max(0, step - EXPLODING_STEP + 1)
-            gradients = {f"dense_{i}/{part}": 10.0 ** (3 * climb) * rng.normal(size=shape)
+            gradients = {f"dense_{i}/{part}": 10.0 ** (3 * _diverged_climb(step)) * rng.normal(size=shape)
                          for i in range(2) for part, shape in (("kernel", (4, 4)), ("bias", 4))}
             if step >= NONFINITE_STEP:
                 gradients = {name: np.full(g.shape, np.nan) for name, g in gradients.items()}
             else:  # the loss is NaN from there on: not logged
-                writer.write_scalars(step, {"loss": 2.1 * 10.0 ** (3.2 * climb)})
+                writer.write_scalars(step, {"loss": _diverged_loss(step)})
             writer.write(step, gradients)
 
 
@@ -88,11 +99,16 @@ def _write_many_alerts_run(run_dir):
                                 for i in range(MANY_ALERTS_VARIABLES)})
 
 
+def _many_epochs_loss(step):
+    return 2.0 * 0.98 ** step
+
+
 def _write_many_epochs_run(run_dir):
     rng = np.random.default_rng(1)
     with tg.GradientWriter(run_dir) as writer:
         for step in range(MANY_EPOCHS_COUNT):
             writer.write_epoch(step, step)
+            writer.write_scalars(step, {"loss": _many_epochs_loss(step)})
             writer.write(step, {"dense/kernel": rng.normal(size=(4, 4)),
                                 "dense/bias": rng.normal(size=4)})
 
@@ -100,7 +116,7 @@ def _write_many_epochs_run(run_dir):
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, demo):
     root = tmp_path_factory.mktemp("browser_logs")
-    for run in ("vanishing", "healthy"):
+    for run in ("vanishing", "vanishing_fixed", "healthy"):
         shutil.copytree(demo[0] / run, root / run)
     _train_nan_keras_model(str(root / "nan_keras"))
     with tg.GradientWriter(str(root / "xss")) as writer:
@@ -327,16 +343,42 @@ def test_backend_errors_are_shown_not_blank(browser, server):
     tab.close()
 
 
-def test_an_empty_logdir_shows_how_to_log_gradients(browser, tmp_path):
+def _entry_points_shown(tab):
+    """The empty state's list of entry points: [(framework, entry point)]."""
+    return [tuple(text.split(": ", 1)) for text in
+            tab.page.locator("[data-testid=entry-points] li").all_inner_texts()]
+
+
+def test_an_empty_logdir_shows_what_it_holds_and_how_to_log_gradients(browser, tmp_path):
     from test_format import _write_future_format
+
+    from tensorboard_gradients.format.inventory import ENTRY_POINTS
 
     _write_future_format(str(tmp_path / "future"))  # unreadable data is named, not hidden
     with TensorBoard(tmp_path) as tensorboard:
         tab = Tab(browser, tensorboard.base)
         empty = tab.page.locator("[data-testid=empty-state]")
         empty.wait_for(state="visible")
-        assert "GradientMonitor" in empty.inner_text() and "summary.gradients" in empty.inner_text()
         assert "future/gradients" in empty.inner_text() and "upgrade" in empty.inner_text()
+        finding = tab.page.locator("[data-testid=logdir-finding]").inner_text()
+        assert finding.startswith(f"TensorBoard's logdir {tmp_path}: 1 run;"), finding
+        # Each framework's own entry point: PyTorch's is its monitor, not the numpy writer.
+        assert _entry_points_shown(tab) == list(ENTRY_POINTS)
+        assert ("PyTorch", "tensorboard_gradients.torch.GradientMonitor") in _entry_points_shown(tab)
+        assert "GradientWriter" not in empty.inner_text()
+        tab.close()
+
+
+@pytest.mark.parametrize("load_fast", ["true", "false"])
+def test_a_mistyped_logdir_reads_as_one(browser, tmp_path, load_fast):
+    missing = tmp_path / "mnsit"  # the user meant "mnist"
+    with TensorBoard(missing, load_fast=load_fast) as tensorboard:
+        tab = Tab(browser, tensorboard.base)
+        finding = tab.page.locator("[data-testid=logdir-finding]")
+        finding.wait_for(state="visible")
+        assert finding.inner_text() == (
+            f"TensorBoard's logdir {missing}: no such directory. Check the path given to --logdir.")
+        assert len(_entry_points_shown(tab)) > 1
         tab.close()
 
 
@@ -378,7 +420,7 @@ def test_dark_mode_and_tiny_runs(browser, tmp_path):
         page.goto(f"{tensorboard.base}/data/plugin_entry.html?name=gradients#run=one&tag=gradients")
         page.wait_for_function("window.gradientsApp && window.gradientsApp.drawn", timeout=60000)
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
-        assert background == "rgb(32, 33, 36)"
+        assert background == DARK_BACKGROUND
         assert page.evaluate("[window.gradientsApp.matrix.rows, window.gradientsApp.matrix.columns]") == [1, 1]
         assert errors == []
         page.close()
@@ -773,6 +815,9 @@ def test_the_tab_opens_on_the_most_severe_run_unless_the_user_picked_another(bro
         "(options) => options.map((option) => option.value)")
     assert options == sorted(runs, key=natural_key)
     assert options.index(DIVERGED) < options.index(MANY_EPOCHS)
+    # A run's path reads as a path: the run first, then the runs whose names it begins (the
+    # demo's Run menu listed exploding_clipped/train before exploding/train).
+    assert options.index("vanishing/train") == options.index("vanishing_fixed/train") - 1
     # The user's pick outlasts the frame (TensorBoard reloads it without its hash)...
     tab.page.locator("[data-testid=run-picker]").select_option("healthy/train")
     tab.page.wait_for_function("location.hash.includes('run=healthy')")
@@ -876,6 +921,8 @@ def test_a_thousand_alerts_are_one_finding_opened_on_demand(browser, server):
     shown = tab.page.locator("[data-testid=alert-group]")
     assert shown.count() == len(answer["groups"])
     assert tab.page.locator(".alerts button, .alerts summary").count() == len(answer["groups"])
+    findings = "1 finding" if len(answer["groups"]) == 1 else f"{len(answer['groups'])} findings"
+    assert tab.page.locator(".alerts h2").inner_text() == f"Alerts ({len(answer['alerts']):,}, in {findings})"
     nonfinite = [i for i, g in enumerate(answer["groups"]) if g["kind"] == "nonfinite"]
     assert answer["groups"][nonfinite[0]]["subjects"] == MANY_ALERTS_VARIABLES
     shown.nth(nonfinite[0]).click()
@@ -1041,3 +1088,211 @@ def test_comparing_two_runs_side_by_side_and_as_a_ratio_survives_a_reload(browse
     assert tab.page.locator("[data-testid=heatmap-canvas]").is_visible()
     assert tab.page.locator("[data-testid=compare-view]").is_hidden()
     tab.close()
+
+
+def test_the_legend_explains_the_dashed_epoch_lines_while_they_are_drawn(browser, server):
+    """The diverged run's second epoch starts at step 21: a dashed line there on the step axis,
+    explained in the legend; none on the epoch axis (each column is an epoch), nor on a run
+    without epoch marks."""
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    epochs = tab.page.locator("[data-testid=legend-epochs]")
+    assert epochs.is_visible() and "epoch starts" in epochs.inner_text()
+    pixels = tab.pixels()
+    steps = tab.page.evaluate("window.gradientsApp.matrix.steps")
+    x = round(pixels.shape[1] * steps.index(21) / len(steps))
+    line = pixels[:, x - 1: x + 2, :3].astype(int)
+    assert (line.min(axis=-1) > 150).any(axis=1).mean() > 0.3, "a light dashed line where epoch 1 starts"
+    tab.page.get_by_role("button", name="Epochs", exact=True).click()
+    tab.page.wait_for_function("location.hash.includes('axis=epoch')")
+    tab.wait_drawn()
+    assert epochs.count() == 0
+    tab.page.evaluate("location.hash = '#run=xss&tag=gradients'")
+    tab.page.wait_for_function("window.gradientsApp.matrix.run === 'xss'")
+    tab.wait_drawn()
+    assert epochs.count() == 0
+    tab.close()
+
+
+def _loss_points(tab):
+    """The loss curve's points as drawn: [{x, value}] (axes.drawnLoss)."""
+    tab.page.locator("[data-testid=loss-curve]").wait_for(state="visible")
+    tab.page.wait_for_function("window.gradientsApp.view.axes.drawnLoss.length > 0")
+    return tab.page.evaluate("window.gradientsApp.view.axes.drawnLoss")
+
+
+def test_the_epochs_view_draws_each_epochs_mean_loss_over_its_column(browser, server):
+    """A run of 120 epochs opens on epochs, its loss curve above them (it used to be hidden
+    there): one point per epoch, at its column's centre; the diverged run's two epochs show the
+    mean of each epoch's logged losses."""
+    tab = Tab(browser, server, f"#run={MANY_EPOCHS}&tag=gradients")
+    tab.wait_drawn()
+    assert tab.page.evaluate("window.gradientsApp.matrix.epochIndex") == list(range(MANY_EPOCHS_COUNT))
+    points = _loss_points(tab)
+    assert "mean per epoch" in tab.page.locator("[data-testid=loss-name]").inner_text()
+    width = tab.canvas_box()["width"]
+    assert [p["x"] for p in points] == pytest.approx(
+        [width * (c + 0.5) / MANY_EPOCHS_COUNT for c in range(MANY_EPOCHS_COUNT)], abs=0.5)
+    assert [p["value"] for p in points] == pytest.approx(
+        [_many_epochs_loss(step) for step in range(MANY_EPOCHS_COUNT)], rel=1e-6)
+    assert (tab.pixels("[data-testid=loss-curve]")[..., 3] > 0).sum() > 200
+    tab.page.evaluate(f"location.hash = '#run={DIVERGED}&tag=gradients&axis=epoch'")
+    tab.page.wait_for_function(f"window.gradientsApp.matrix.run === '{DIVERGED}'")
+    tab.wait_drawn()
+    tab.page.wait_for_function("window.gradientsApp.view.axes.drawnLoss.length === 2")
+    means = [p["value"] for p in _loss_points(tab)]
+    logged = lambda first, last: [_diverged_loss(s) for s in range(first, min(last, NONFINITE_STEP - 1) + 1)]  # noqa: E731
+    assert means == pytest.approx([np.mean(logged(1, 20)), np.mean(logged(21, 40))], rel=1e-5)
+    tab.close()
+
+
+def test_an_opened_finding_lists_its_alerts_in_the_space_below_it(browser, server):
+    """The demo's vanishing run at 1,400 x 900: its largest finding about layers opened shows
+    every one of its alerts (they fit the window; a 40%-of-the-window cap showed 4 of 5)."""
+    answer = _alerts_answer(server, "vanishing/train")
+    index, group = max(((i, g) for i, g in enumerate(answer["groups"]) if g["unit"] == "layer"),
+                       key=lambda pair: pair[1]["subjects"])
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step", viewport=(1400, 900))
+    tab.wait_drawn()
+    tab.wait_alerts()
+    tab.page.locator("[data-testid=alert-group]").nth(index).locator("summary").click()
+    members = tab.page.locator("details.alert-group[open] [data-testid=alert]")
+    assert members.count() == len(group["alerts"]) > 1
+    side = tab.page.locator(".side").bounding_box()
+    assert side["y"] + side["height"] <= 900
+    for box in [members.nth(i).bounding_box() for i in range(members.count())]:
+        assert box["y"] + box["height"] <= side["y"] + side["height"] + 0.5, "shown, not scrolled away"
+    tab.close()
+
+
+def _side_width(window):
+    """The side column's width beside the heatmap (style.css: clamp(320px, 24vw, 400px)) and
+    its gap, from 1,100 px; none on a narrower window (the details go under the heatmap)."""
+    return min(400, max(320, 0.24 * window)) + 16 if window >= 1100 else 0
+
+
+def test_the_heatmap_takes_the_window_less_its_fixed_panels(browser, server):
+    """At 1,400 px the cells were ~620 px wide (a side column of a third of the window), narrower
+    than at 1,000 px. Now they take the window less the padding, the row labels and the side
+    column (a scroll bar's width spare), wider on every wider window."""
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step", viewport=(1000, 900))
+    tab.wait_drawn()
+    widths = {}
+    for window in (1000, 1400, 1600):
+        tab.page.set_viewport_size({"width": window, "height": 900})
+        tab.page.wait_for_function(
+            "document.querySelector('[data-testid=heatmap-canvas]').getBoundingClientRect().width"
+            " === Math.floor(document.querySelector('.plot').clientWidth)")
+        widths[window] = tab.canvas_box()["width"]
+        assert widths[window] >= window - 32 - 240 - _side_width(window) - 16, (window, widths)
+    assert widths[1000] < widths[1400] < widths[1600], widths
+    tab.close()
+
+
+def test_the_compare_toolbar_never_leaves_one_control_alone_on_a_line(browser, server):
+    """Comparing two runs adds a run picker and a mode toggle: from 1,000 to 1,600 px wide the
+    toolbar wraps whole groups of controls, never one button onto a line of its own."""
+    tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step&compare=healthy%2Ftrain",
+              viewport=(1000, 900))
+    tab.wait_drawn()
+    for window in range(1000, 1601, 50):
+        tab.page.set_viewport_size({"width": window, "height": 900})
+        tops = tab.page.locator(".toolbar select, .toolbar button, .toolbar a.button").evaluate_all(
+            "(controls) => controls.map((c) => Math.round(c.getBoundingClientRect().top))")
+        lines = {}
+        for top in tops:  # a select and a button of one line differ by a pixel or two
+            line = next((known for known in lines if abs(known - top) <= 4), top)
+            lines[line] = lines.get(line, 0) + 1
+        assert all(count > 1 for count in lines.values()), (window, lines)
+    tab.close()
+
+
+def _sequential_logdir(root):
+    """A run as the PyTorch monitor names an nn.Sequential's parameters ("0.weight", "0.bias",
+    "2.weight"...: layers "0", "2"...), its first three layers' gradients vanishing."""
+    rng = np.random.default_rng(3)
+    with tg.GradientWriter(str(root / "sequential")) as writer:
+        for step in range(1, 31):
+            writer.write(step, {f"{layer}.{part}": (1e-10 if layer < 6 else 1.0) * rng.normal(size=shape)
+                                for layer in range(0, 14, 2)
+                                for part, shape in (("weight", (8, 8)), ("bias", 8))})
+
+
+def test_an_nn_sequentials_numbered_layers_read_as_layers(browser, tmp_path):
+    _sequential_logdir(tmp_path)
+    with TensorBoard(tmp_path) as tensorboard:
+        tab = Tab(browser, tensorboard.base, "#run=sequential&tag=gradients&axis=step&rows=layers")
+        tab.wait_drawn()
+        tab.wait_alerts()
+        assert tab.page.evaluate("window.gradientsApp.matrix.variables")[:2] == ["0", "2"]
+        findings = tab.page.locator("[data-testid=alert-group]").all_inner_texts()
+        assert any("of 7 layers" in text and text.endswith("first layer 0.") for text in findings), findings
+        tab.page.mouse.move(*_cell_point(tab, 0, 3))
+        tooltip = tab.page.locator(".tooltip")
+        tooltip.wait_for(state="visible")
+        assert tooltip.inner_text().startswith("layer 0\n")
+        tab.page.mouse.click(*_cell_point(tab, 1, 3))
+        tab.page.locator("[data-testid=series-chart]").wait_for(state="visible")
+        assert tab.page.locator(".details-title").inner_text() == "layer 2"
+        tab.close()
+
+
+def _frame_of_tab(page):
+    """The Gradients tab's frame in TensorBoard's page, once its heatmap is drawn."""
+    page.frame_locator("iframe").locator("[data-testid=heatmap-canvas]").wait_for(state="visible", timeout=60000)
+    frame = next(frame for frame in page.frames if "plugin_entry.html" in frame.url)
+    frame.wait_for_function("window.gradientsApp && window.gradientsApp.drawn")
+    return frame
+
+
+def _pick_theme(page, name):
+    """Picks ``name`` ("Browser default", "Light" or "Dark") in TensorBoard's theme menu."""
+    page.get_by_label("Menu for changing light or dark theme").click()
+    page.get_by_role("menuitem", name=name, exact=True).click()
+
+
+def _label_ink(frame):
+    """The mean brightness (0-255) of the row labels' drawn text (right of the alert dots)."""
+    ratio = frame.evaluate("window.devicePixelRatio")
+    labels = canvas_pixels(frame, "canvas.labels")[:, int(12 * ratio):]
+    inked = labels[..., 3] > 200
+    return labels[..., :3][inked].mean()
+
+
+def test_the_tab_follows_tensorboards_theme(browser, server, artifacts):
+    """Dark picked in TensorBoard's theme menu: the tab's page, text and canvases turn dark with
+    it (the heatmap's classes still painted as they were); Light brings it back. Under "Browser
+    default" a dark browser makes both dark, and Light in TensorBoard wins over the browser."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{server}/#gradients")
+    frame = _frame_of_tab(page)
+    frame.locator("[data-testid=run-picker]").select_option("vanishing/train")
+    frame.wait_for_function("window.gradientsApp.matrix.run === 'vanishing/train' && window.gradientsApp.drawn")
+    body = "getComputedStyle(document.body).{}"
+    assert frame.evaluate(body.format("backgroundColor")) == "rgb(255, 255, 255)"
+    assert _label_ink(frame) < 100, "dark text on white"
+    cells = canvas_pixels(frame, "[data-testid=heatmap-canvas]")
+    _pick_theme(page, "Dark")
+    frame.wait_for_function(f"getComputedStyle(document.body).backgroundColor === '{DARK_BACKGROUND}'")
+    text = [int(channel) for channel in frame.evaluate(body.format("color"))[4:-1].split(",")]
+    assert min(text) > 200, f"light text: {text}"
+    assert _label_ink(frame) > 180, "the row labels redrawn in light text"
+    dark_cells = canvas_pixels(frame, "[data-testid=heatmap-canvas]")
+    assert has_color(dark_cells, VANISHING_HATCH_RGB) and np.array_equal(dark_cells, cells)
+    page.screenshot(path=str(artifacts / "tab_in_tensorboards_dark_theme.png"))
+    _pick_theme(page, "Light")
+    frame.wait_for_function("getComputedStyle(document.body).backgroundColor === 'rgb(255, 255, 255)'")
+    assert _label_ink(frame) < 100
+    assert errors == []
+    page.close()
+    # A dark browser: TensorBoard's "Browser default" is dark, and so is the tab; Light wins.
+    page = browser.new_page(viewport={"width": 1400, "height": 900}, color_scheme="dark")
+    page.goto(f"{server}/#gradients")
+    frame = _frame_of_tab(page)
+    _pick_theme(page, "Browser default")
+    frame.wait_for_function(f"getComputedStyle(document.body).backgroundColor === '{DARK_BACKGROUND}'")
+    _pick_theme(page, "Light")
+    frame.wait_for_function("getComputedStyle(document.body).backgroundColor === 'rgb(255, 255, 255)'")
+    page.close()
