@@ -9,8 +9,9 @@ const VIRIDIS = [
   [31, 158, 137], [53, 183, 121], [110, 206, 88], [181, 222, 43], [253, 231, 37],
 ];
 
-// The tab's accent blue, for canvas lines that must read on the panels of both themes and on
-// viridis (the selection, a series); the stylesheet's --accent is the same blue in light mode.
+// The tab's accent blue, for canvas lines that must read on viridis (the selected cell), and
+// before the stylesheet's --accent (the same blue in the light theme, a lighter one in the dark)
+// has loaded.
 export const ACCENT = "#1a73e8";
 
 // The dashed line where an epoch starts, over the cells of the step axis (and its legend chip):

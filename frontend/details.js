@@ -110,7 +110,7 @@ function drawSeries(canvas, width, { steps, values, classes, stat, selectedStep,
     context.stroke();
   }
   context.setLineDash([]);
-  context.strokeStyle = ACCENT;
+  context.strokeStyle = style.getPropertyValue("--accent") || ACCENT; // the theme's blue
   context.lineWidth = 1.5;
   context.beginPath();
   let drawing = false;

@@ -26,7 +26,8 @@ export function renderProblems(panel, runs) {
  */
 export function renderEmpty(node, runs, inventory) {
   replaceChildren(node, el("div", { class: "empty", "data-testid": "empty-state" },
-    el("h2", {}, "No gradient data yet"),
+    // "yet" while training may still log; a path that is no directory never will.
+    el("h2", {}, inventory && !inventory.exists ? "No gradient data" : "No gradient data yet"),
     inventory && el("p", { "data-testid": "logdir-finding" }, logdirFinding(inventory)),
     dataProblems(runs).map((problem) => el("p", { class: `status-${problem.severity}` }, problemLine(problem))),
     inventory && [
