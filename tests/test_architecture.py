@@ -1,4 +1,4 @@
-"""The architecture README's "Architecture" section describes, checked on the source: imports go
+"""What docs/architecture.md describes, checked on the source: imports go
 one way between the rooms, no two modules import each other (directly or round a loop), and only
 capture/ imports a training framework."""
 

@@ -63,7 +63,7 @@ def test_each_scenario_shows_its_problem_and_the_fixes_are_healthy(demo):
 
 
 def test_the_full_demo_shows_what_the_readme_says(tmp_path):
-    """The README's demo table is about `./dev demo`, 20 epochs: where it says "no alerts",
+    """The demo table (README, docs/demo.md) is about `./dev demo`, 20 epochs: where it says "no alerts",
     none (a spike rule once fired on `vanishing_fixed` at step 472, past the quick mode's 87)."""
     stdout = run_demo(tmp_path, quick=False)
     runs = tg.read_logdir(str(tmp_path))

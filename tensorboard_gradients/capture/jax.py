@@ -2,27 +2,31 @@
 
 Two ways in. `gradient_monitor` is an optax transformation: put it first in the chain and the
 statistics are computed inside the jitted update, wherever the optimizer runs (Flax
-``nnx.Optimizer``, a ``flax.training.train_state.TrainState``, a plain optax loop)::
+``nnx.Optimizer``, a ``flax.training.train_state.TrainState``, a plain optax loop):
 
-    import optax
-    from tensorboard_gradients.jax import gradient_monitor
+```python
+import optax
+from tensorboard_gradients.jax import gradient_monitor
 
-    tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)     # or TrainState.create(..., tx=tx)
+tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
+optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)     # or TrainState.create(..., tx=tx)
+```
 
-`log_gradients` is a call on a gradient pytree, for loops that hold the gradients::
+`log_gradients` is a call on a gradient pytree, for loops that hold the gradients:
 
-    import optax
-    from tensorboard_gradients import GradientWriter
-    from tensorboard_gradients.jax import log_gradients
+```python
+import optax
+from tensorboard_gradients import GradientWriter
+from tensorboard_gradients.jax import log_gradients
 
-    writer = GradientWriter("logs/run1")
-    for step, batch in enumerate(batches):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        log_gradients(writer, grads, step, params=params, histograms=step % 100 == 0)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-    writer.close()
+writer = GradientWriter("logs/run1")
+for step, batch in enumerate(batches):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    log_gradients(writer, grads, step, params=params, histograms=step % 100 == 0)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+writer.close()
+```
 
 Steps: the gradients of an update are logged at the step at which that update's training loss
 is logged, so the loss and the heatmap line up. JAX has no training loop of its own that
@@ -387,9 +391,11 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     """An optax transformation that logs the statistics of the updates it sees, from inside
     ``jit``, and passes them through unchanged.
 
-    Put it first in the chain to log the gradients::
+    Put it first in the chain to log the gradients:
 
-        tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
+    ```python
+    tx = optax.chain(gradient_monitor("logs/run1"), optax.adam(1e-3))
+    ```
 
     Steps are the 0-based count of earlier updates, or ``step=`` passed to ``update`` (see the
     module, "Steps"). A step is logged when it is a multiple of ``every_n_steps`` (``step %

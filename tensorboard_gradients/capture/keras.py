@@ -1,11 +1,11 @@
 """`GradientMonitor`: a Keras callback that logs the gradients ``model.fit`` really applies.
 
-::
+```python
+from tensorboard_gradients.keras import GradientMonitor
 
-    from tensorboard_gradients.keras import GradientMonitor
-
-    model.fit(x, y, epochs=5, callbacks=[GradientMonitor("logs")])
-    # tensorboard --logdir logs   ->  Gradients tab, run "train"
+model.fit(x, y, epochs=5, callbacks=[GradientMonitor("logs")])
+# tensorboard --logdir logs   ->  Gradients tab, run "train"
+```
 
 Keras 3 on any of its TensorFlow, JAX and PyTorch backends (``KERAS_BACKEND``; one recorder
 per backend hooks the optimizer INSTANCE for the duration of ``fit``):

@@ -1,16 +1,16 @@
 """`GradientMonitor` for PyTorch Lightning: a callback that logs the gradients of every optimizer
 step into the run of the trainer's `TensorBoardLogger`.
 
-::
+```python
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard_gradients.lightning import GradientMonitor
 
-    import lightning as L
-    from lightning.pytorch.loggers import TensorBoardLogger
-    from tensorboard_gradients.lightning import GradientMonitor
-
-    trainer = L.Trainer(logger=TensorBoardLogger("logs"), callbacks=[GradientMonitor()])
-    trainer.fit(model, train_dataloaders)
-    # tensorboard --logdir logs   ->  Gradients tab, run "lightning_logs/version_0",
-    #                                 the same run as the loss you log with self.log(...)
+trainer = L.Trainer(logger=TensorBoardLogger("logs"), callbacks=[GradientMonitor()])
+trainer.fit(model, train_dataloaders)
+# tensorboard --logdir logs   ->  Gradients tab, run "lightning_logs/version_0",
+#                                 the same run as the loss you log with self.log(...)
+```
 
 The callback drives the PyTorch monitor (`tensorboard_gradients.torch.GradientMonitor`, whose
 docstring says what is computed and how) from Lightning's ``on_before_optimizer_step`` hook,
@@ -119,8 +119,10 @@ class GradientMonitor(pl.Callback):
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
-      include / exclude: regular expressions (or lists of them) searched in parameter names
-        (the LightningModule's, ``net.0.weight``), to watch part of a model.
+      include: regular expressions (or a list of them) searched in parameter names (the
+        LightningModule's, ``net.0.weight``): only the parameters they match are watched
+        (None: all).
+      exclude: the same, for parameters not to watch.
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted and reported.
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their

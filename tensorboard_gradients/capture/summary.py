@@ -1,17 +1,19 @@
 """TensorFlow summary op for gradient statistics (imports TensorFlow; import it only from TF code).
 
-Use like `tf.summary.scalar`, under a default writer, eagerly or inside `tf.function`::
+Use like `tf.summary.scalar`, under a default writer, eagerly or inside `tf.function`:
 
-    writer = tf.summary.create_file_writer("logs/run1")
+```python
+writer = tf.summary.create_file_writer("logs/run1")
 
-    @tf.function
-    def train_step(x, y, step):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        with writer.as_default(step=step):
-            tensorboard_gradients.summary.gradients(grads, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+@tf.function
+def train_step(x, y, step):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    with writer.as_default(step=step):
+        tensorboard_gradients.summary.gradients(grads, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+```
 
 All statistics of all variables are computed on the gradients' device and written as ONE summary
 (a ``[variables, stats]`` matrix, see `tensorboard_gradients.format.metadata`).

@@ -1,23 +1,23 @@
 """`GradientMonitor` for PyTorch: every parameter's gradient statistics, computed on its device.
 
-::
+```python
+from tensorboard_gradients.torch import GradientMonitor
 
-    from tensorboard_gradients.torch import GradientMonitor
-
-    writer = SummaryWriter("logs/run1")              # torch.utils.tensorboard, or a path
-    with GradientMonitor(model, writer) as monitor:
-        for step, (x, y) in enumerate(loader):
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            writer.add_scalar("loss", loss.item(), step)
-            monitor.step(step)    # after backward, before optimizer.step()
-            optimizer.step()
-    # tensorboard --logdir logs   ->  Gradients tab, run "run1"
+writer = SummaryWriter("logs/run1")              # torch.utils.tensorboard, or a path
+with GradientMonitor(model, writer) as monitor:
+    for step, (x, y) in enumerate(loader):
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        writer.add_scalar("loss", loss.item(), step)
+        monitor.step(step)    # after backward, before optimizer.step()
+        optimizer.step()
+# tensorboard --logdir logs   ->  Gradients tab, run "run1"
+```
 
 Steps: pass the number you log the same update's loss at, so the loss and the heatmap line up.
 Without one, a step is the number of earlier `step` calls: 0, 1, 2, ..., the numbers of
-``enumerate(loader)`` (the rule of every integration: README "Steps").
+``enumerate(loader)`` (the rule of every integration: docs/guide/steps.md).
 
 Rows are ``model.named_parameters()`` in registration order (input side first for the usual
 ``nn.Sequential`` / ``__init__`` order); a row's layer is the owning module's path
@@ -542,8 +542,9 @@ class GradientMonitor:
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
-      include / exclude: regular expressions (or lists of them) searched in parameter names,
-        to watch part of a model (``exclude=r"\\.bias$"``).
+      include: regular expressions (or a list of them) searched in parameter names: only the
+        parameters they match are watched (None: all).
+      exclude: the same, for parameters not to watch (``exclude=r"\\.bias$"``).
       strict: raise when the event files cannot be written (a full disk, no permission). By
         default training goes on: the step is dropped, counted (`dropped_steps`) and reported,
         and later steps try again (see `tensorboard_gradients.format.writer`).

@@ -1,15 +1,15 @@
 """`GradientMonitorCallback`: the Hugging Face `transformers.Trainer` logs its gradients.
 
-::
+```python
+from transformers import Trainer, TrainingArguments
+from tensorboard_gradients.transformers import GradientMonitorCallback
 
-    from transformers import Trainer, TrainingArguments
-    from tensorboard_gradients.transformers import GradientMonitorCallback
-
-    args = TrainingArguments(output_dir="out", report_to=["tensorboard"], logging_steps=10)
-    trainer = Trainer(model=model, args=args, train_dataset=train,
-                      callbacks=[GradientMonitorCallback(every_n_steps=10)])
-    trainer.train()
-    # tensorboard --logdir out/runs   ->  Gradients tab, the same run as train/loss
+args = TrainingArguments(output_dir="out", report_to=["tensorboard"], logging_steps=10)
+trainer = Trainer(model=model, args=args, train_dataset=train,
+                  callbacks=[GradientMonitorCallback(every_n_steps=10)])
+trainer.train()
+# tensorboard --logdir out/runs   ->  Gradients tab, the same run as train/loss
+```
 
 The callback drives the PyTorch monitor (`tensorboard_gradients.torch.GradientMonitor`, which it
 creates at the first logged step from the model the Trainer hands its callbacks) from
@@ -87,8 +87,10 @@ class GradientMonitorCallback(transformers.TrainerCallback):
       histograms_every_n_steps: also log the log10|g| histograms at the steps H, 2H, ... (None:
         never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab and the prefix of the scalars.
-      include / exclude: regular expressions (or lists of them) searched in parameter names
-        (``transformer.h.0.attn.c_attn.weight``), to watch part of the model.
+      include: regular expressions (or a list of them) searched in parameter names
+        (``transformer.h.0.attn.c_attn.weight``): only the parameters they match are watched
+        (None: all).
+      exclude: the same, for parameters not to watch.
       strict: raise when the event files cannot be written; by default the step is dropped,
         counted and reported, and training goes on (see `tensorboard_gradients.format.writer`).
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their

@@ -23,14 +23,16 @@ Training monitors (the Keras `GradientMonitor`) also mark where epochs start: ta
 counts), logged at the step that starts the epoch. Readers take the epochs of a name for every tag
 of that name.
 
-Metadata ``content`` is small UTF-8 JSON::
+Metadata ``content`` is small UTF-8 JSON:
 
-    {"format_version": [1, 3], "kind": "stats" | "histograms" | "epochs" | "digest",
-     "name": "gradients",
-     "variables": [...], "layers": [...], "shapes": [[...], ...],
-     "stats": [...]                      # kind == "stats"
-     "log10_edges": [...], "bins": [...] # kind == "histograms"
-    }                                    # kinds "epochs", "digest": no variables/layers/shapes
+```text
+{"format_version": [1, 3], "kind": "stats" | "histograms" | "epochs" | "digest",
+ "name": "gradients",
+ "variables": [...], "layers": [...], "shapes": [[...], ...],
+ "stats": [...]                      # kind == "stats"
+ "log10_edges": [...], "bins": [...] # kind == "histograms"
+}                                    # kinds "epochs", "digest": no variables/layers/shapes
+```
 
 The writer also keeps a digest of each stats tag (the classes, alerts and block summaries the
 plugin would compute, see `analysis.digest`) and writes it as the run grows, so TensorBoard opens

@@ -64,12 +64,14 @@ def run_directory(log_dir) -> str:
 class GradientWriter:
     """Logs per-variable gradient statistics for one model to ``logdir``.
 
-    Example::
+    Example:
 
-        with GradientWriter("logs/run1") as writer:
-            for step in range(steps):
-                grads = ...  # {"dense/kernel": np.ndarray, ...}, model order (input side first)
-                writer.write(step, grads, weights=params, histograms=step % 100 == 0)
+    ```python
+    with GradientWriter("logs/run1") as writer:
+        for step in range(steps):
+            grads = ...  # {"dense/kernel": np.ndarray, ...}, model order (input side first)
+            writer.write(step, grads, weights=params, histograms=step % 100 == 0)
+    ```
 
     Args:
       logdir: the run directory (TensorBoard shows its path relative to ``--logdir``), or a
