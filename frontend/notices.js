@@ -35,5 +35,5 @@ export function renderEmpty(node, runs, inventory) {
       el("ul", { class: "entry-points", "data-testid": "entry-points" },
         inventory.entry_points.map(({ framework, entry_point: entryPoint }) => el("li", {},
           `${framework}: `, el("code", {}, entryPoint)))),
-      el("p", { class: "hint" }, "The README shows each one's call and options.")]));
+      el("p", { class: "hint" }, "The user guide (docs/guide/) shows each one's call and options.")]));
 }

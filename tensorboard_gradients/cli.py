@@ -358,7 +358,8 @@ def diagnose_command(args, parser) -> int:
                          _terminal_width()))
         else:
             print(_table([(g.severity, g.kind, run, tag,
-                           g.first + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
+                           groups.subject_name(g.unit, g.first)
+                           + (f" and {g.subjects - 1} more" if g.subjects > 1 else ""),
                            g.first_step, g.last_step, g.message) for run, tag, g, _ in grouped],
                          _terminal_width()))
         for note in not_logged:

@@ -50,6 +50,7 @@ def base_requests(run, variable):
     return [
         ("runs", []),
         ("thresholds", []),
+        ("inventory", []),
         ("heatmap", common + [("stat", "l2_norm")]),
         ("heatmap", common + [("stat", "l2_norm"), ("max_steps", "7"), ("encoding", "base64"),
                               ("first_step", "2"), ("last_step", "20"), ("exploding_norm", "10")]),
@@ -87,7 +88,8 @@ def one_parameter_changed(rng):
 def random_probes(rng, count):
     names = ["run", "tag", "stat", "max_steps", "axis", "encoding", "first_step", "last_step",
              "variable", "variable_index", "step", "format", *THRESHOLDS]
-    routes = ["runs", "heatmap", "alerts", "series", "histogram", "export", "thresholds"]
+    routes = ["runs", "heatmap", "alerts", "series", "histogram", "export", "thresholds",
+              "inventory"]
     probes = []
     for _ in range(count):
         params = [("run", rng.choice(RUNS)), ("tag", TAG)]

@@ -9,7 +9,7 @@ CLASS_DESCRIPTIONS = {
     "missing": "no gradient at this step",
     "ok": "ok (no rule fired)",
     "vanishing": "vanishing (norm below the floor, or far below the output-side layers, "
-                 "for several logged steps)",
+                 "for several logged steps, until the layer itself recovers)",
     "spike": "spike (norm jumped far above its running median, and carries a real share of "
              "the step's global norm)",
     "exploding": "exploding (norm above the ceiling)",

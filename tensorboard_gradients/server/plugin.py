@@ -5,48 +5,12 @@ unguarded at start-up and dies if it raises. Each route parses its query (`queri
 through `data_access` (TensorBoard's data provider, both loaders), takes its answer from
 `answers` (plain data, callable without HTTP) and responds (`responses`).
 
-Routes (GET, under ``/data/plugin/gradients/``):
-
-* ``runs`` -> ``{run: {tag: {"variables", "steps", "stats", "histograms", "epochs", "sampled"}}}``
-  (stats: the logged ones, then the derived ratios `columns.DERIVED_STATS` that can be computed;
-  epochs: how many epoch marks, 0 without; sampled: null or why not every step is served). A tag
-  whose writer logged only some of the gradient stats adds ``"not_logged"`` (the others). A tag
-  that cannot be read is listed with ``"error"``; a tag with logged steps left out as damaged
-  adds ``"damaged"`` (how many) and ``"damage"`` (sentences saying why, also naming damaged
-  event files of the run and what its histograms and epoch marks lost, e.g. histograms left out
-  because they were logged for other variables: `reader.histograms_mismatch`).
-* ``heatmap?run&tag&stat[&max_steps][&axis=step|epoch][&encoding=json|base64][&first_step]
-  [&last_step][&<threshold>...]`` -> the matrix (see `answers.heatmap_answer`), ``"damaged"``
-  and ``"damage"`` (0 and [] when nothing was left out). ``max_steps``: at most
-  `answers.MAX_COLUMNS` columns, also the default; a JSON-encoded answer merges further to keep
-  within `answers.MAX_JSON_CELLS` cells.
-* ``alerts?run&tag[&<threshold>=<value>...]`` -> ``{"alerts": [...], "sampled", "damaged",
-  "damage"}``
-* ``series?run&tag&(variable|variable_index)[&<threshold>...]`` -> every stat of one variable
-  over the steps
-* ``histogram?run&tag&(variable|variable_index)&step`` -> the distribution at the nearest logged
-  step
-* ``export?run&tag&format=csv`` -> the whole matrix as a CSV download
-* ``thresholds`` -> ``{"defaults": {name: value}, "vocabulary": {...}}`` (the overridable rule
-  parameters, and what the tab calls and how it draws stats, classes, severities and
-  thresholds: `vocabulary.vocabulary`)
-* ``inventory`` -> ``{"location", "exists", "found", "entry_points"}``: what TensorBoard's
-  logdir holds (`answers.inventory_answer`), which the tab shows when no tag has gradient data
-* ``static/<file>`` -> the Gradients tab's ES modules
-
-A variable is named by ``variable`` (its name) or ``variable_index`` (its row in the heatmap,
-0-based): exactly one of them. The tab sends the index, so a very long name never makes a URL
-longer than the HTTP server accepts.
-
-JSON encoding of numbers: finite floats are JSON numbers; NaN, +Inf and -Inf are the STRINGS
-``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (TensorBoard's own convention, `json_util.Cleanse`),
-so exploding gradients survive the trip. A missing gradient is ``"NaN"`` with class ``"missing"``.
-Threshold overrides are the field names of `analysis.Thresholds` (e.g. ``&exploding_norm=100``).
-
-Errors: a missing or invalid parameter answers 400 (integers must fit in int64), a tag that
-cannot be read 400, a gradient stat the tag's writer did not log 400 (naming those it logged),
-an unknown run, tag, variable or stat 404, all as ``{"error": message}``.
-Anything else is a bug: logged with its traceback and answered as a JSON 500, never a page.
+Routes (GET, under ``/data/plugin/gradients/``): ``runs``, ``heatmap``, ``alerts``, ``series``,
+``histogram``, ``export``, ``thresholds``, ``inventory`` and ``static/<file>``; their parameters,
+answers, number encoding and errors are documented once, in ``docs/http-api.md``. Every route
+answers plain data from `answers` (callable without HTTP); a bad request is a 400 or 404 as
+``{"error": message}``, anything else a bug, logged with its traceback and answered as a JSON
+500, never a page.
 """
 
 import mimetypes
