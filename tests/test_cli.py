@@ -13,19 +13,26 @@ import tensorboard_gradients as tg
 from tensorboard_gradients import cli
 
 
+def write_dense_run(path, steps, rng, change=lambda step, grads: None):
+    """``steps`` steps of four normal 8x8 kernels, each step's first ``change``d in place."""
+    with tg.GradientWriter(str(path)) as writer:
+        for step in range(steps):
+            grads = {f"dense_{i}/kernel": rng.normal(size=(8, 8)) for i in range(4)}
+            change(step, grads)
+            writer.write(step, grads)
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     rng = np.random.default_rng(0)
-    with tg.GradientWriter(str(root / "healthy")) as writer:
-        for step in range(100):
-            writer.write(step, {f"dense_{i}/kernel": rng.normal(size=(8, 8)) for i in range(4)})
-    with tg.GradientWriter(str(root / "broken")) as writer:
-        for step in range(100):
-            grads = {f"dense_{i}/kernel": rng.normal(size=(8, 8)) for i in range(4)}
-            if step >= 70:
-                grads["dense_2/kernel"][0, 0] = np.inf
-            writer.write(step, grads)
+    write_dense_run(root / "healthy", 100, rng)
+
+    def inf_from_step_70(step, grads):
+        if step >= 70:
+            grads["dense_2/kernel"][0, 0] = np.inf
+
+    write_dense_run(root / "broken", 100, rng, inf_from_step_70)
     return str(root)
 
 
@@ -71,11 +78,11 @@ def test_a_nonfinite_gradient_fails_the_gate_without_any_flag(logdir):
 def warnings_only(tmp_path_factory):
     """A run whose one finding is a warning: the input-side layer vanishing (1e-9 of the rest)."""
     root = tmp_path_factory.mktemp("warnings")
-    rng = np.random.default_rng(1)
-    with tg.GradientWriter(str(root / "run")) as writer:
-        for step in range(40):
-            writer.write(step, {f"dense_{i}/kernel": rng.normal(size=(8, 8)) * (1e-9 if i == 0 else 1)
-                                for i in range(4)})
+
+    def input_side_vanishing(step, grads):
+        grads["dense_0/kernel"] *= 1e-9
+
+    write_dense_run(root / "run", 40, np.random.default_rng(1), input_side_vanishing)
     return str(root)
 
 
