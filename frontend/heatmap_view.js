@@ -89,6 +89,7 @@ export class HeatmapView {
     if (!previous || ["run", "tag", "rowsBy"].some((key) => previous[key] !== matrix[key])) this.highlight = null;
     Object.assign(this, { matrix, scale, rowSeverity, epochs: epochs || [] });
     this.hover = null;
+    this.tooltip.hidden = true; // it told of a cell of the data replaced, under a resting pointer
     this.draw();
   }
 

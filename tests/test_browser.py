@@ -191,6 +191,13 @@ def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, 
     assert (chart[..., 3] > 0).sum() > 500, "the series chart is drawn"
     assert "|g| distribution" in details.inner_text() or "histogram" not in details.inner_text()
     tab.page.screenshot(path=str(artifacts / "vanishing.png"), full_page=True)
+    # New data under a resting pointer (TensorBoard's reload, a view picked from the keyboard or
+    # the URL): the tooltip of a cell that is no longer drawn goes.
+    tab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 2)
+    tooltip.wait_for(state="visible")
+    tab.page.evaluate(f"location.hash = '#run={VANISHING}&tag=gradients&axis=epoch'")
+    tab.page.wait_for_function("document.querySelector('.axis-title').textContent.startsWith('epoch')")
+    tooltip.wait_for(state="hidden")
     tab.close()
 
 
