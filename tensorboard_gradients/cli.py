@@ -161,11 +161,10 @@ _GAP = "  "
 
 
 def _terminal_width() -> Optional[int]:
-    """The width to fit: the terminal's (or $COLUMNS); None (no wrapping) when the output is a
-    file or a pipe, where a row per line is what grep and scripts expect."""
-    if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
-        return shutil.get_terminal_size().columns
-    return None
+    """The width to fit: the terminal's ($COLUMNS first, as `shutil.get_terminal_size` reads
+    it); None (no wrapping) when the output is a file or a pipe, whatever $COLUMNS says (CI
+    runners and pytest-xdist set it): there a row per line is what grep and scripts expect."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def _fitted_widths(natural: List[int], width: Optional[int]) -> List[int]:

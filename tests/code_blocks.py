@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
+from terminal import run_in_terminal
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -108,9 +110,9 @@ def run_console(block: Block, directory: pathlib.Path) -> List[Tuple[str, str, s
     commands = console_commands(block)
     script = "".join(f"{command} 2>&1\n__status=$?; echo '{_SEPARATOR}'; (exit $__status)\n"
                      for command, _ in commands)
-    done = subprocess.run(["bash", "-c", script], cwd=directory, capture_output=True, text=True,
-                          timeout=300, env=environment())
-    printed = done.stdout.split(_SEPARATOR + "\n")
+    # In a terminal of the documented width, as a reader of the page would run it.
+    printed = run_in_terminal(["bash", "-c", script], CONSOLE_COLUMNS, cwd=directory,
+                              env=environment()).split(_SEPARATOR + "\n")
     return [(command, expected, _normalised(output))
             for (command, expected), output in zip(commands, printed)]
 

@@ -906,6 +906,11 @@ def test_alerts_read_as_findings_that_open_to_their_alerts_and_outline_their_cel
     assert len(members) > 1
     shown.nth(index).click()
     opened = tab.page.locator("details.alert-group[open] [data-testid=alert]")
+    # Its alerts are built on the <details>' toggle event, a task queued after the click: wait
+    # for them (the full suite's load once read them before they were there).
+    tab.page.wait_for_function(
+        "(n) => document.querySelectorAll('details.alert-group[open] [data-testid=alert]')"
+        ".length === n", arg=len(members))
     texts = opened.all_inner_texts()
     assert len(texts) == len(members) and all(a["message"] in t for a, t in zip(members, texts))
     layers = {a["layer"] for a in members}

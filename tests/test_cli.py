@@ -11,6 +11,7 @@ import pytest
 
 import tensorboard_gradients as tg
 from tensorboard_gradients import cli
+from terminal import run_in_terminal
 
 
 def write_dense_run(path, steps, rng, change=lambda step, grads: None):
@@ -42,12 +43,8 @@ def command():
     return found
 
 
-def run(*args, columns=None):
-    """The installed command, its output piped (no terminal): a table is as wide as its rows
-    unless ``columns`` sets $COLUMNS, as a terminal would."""
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
+def run(*args, env=None):
+    """The installed command, its output piped (no terminal)."""
     return subprocess.run([command(), *args], capture_output=True, text=True, timeout=120,
                           env=env)
 
@@ -213,9 +210,14 @@ def test_piped_into_head_it_stops_quietly_with_status_0(tmp_path):
 
 
 def test_the_table_fits_the_terminal_and_a_pipe_gets_a_row_per_line(logdir):
-    piped = run("diagnose", logdir, "--every-alert").stdout.splitlines()
-    assert max(len(line) for line in piped) > 80
-    fitted = run("diagnose", logdir, "--every-alert", columns=80).stdout.splitlines()
+    # Piped, a row per line, whatever $COLUMNS says (CI runners and pytest-xdist set it).
+    piped = run("diagnose", logdir, "--every-alert",
+                env=dict(os.environ, COLUMNS="80")).stdout.splitlines()
+    assert max(len(line) for line in piped) > 80 and len(piped) == 1 + len(
+        json.loads(run("diagnose", logdir, "--json").stdout)["alerts"])
+    fitted = run_in_terminal([command(), "diagnose", logdir, "--every-alert"], 80,
+                             env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    fitted = fitted.splitlines()
     assert max(len(line) for line in fitted) <= 80 and len(fitted) > len(piped)
     assert fitted[0].split()[:3] == ["SEVERITY", "KIND", "RUN"]
     # Wrapped, not cut: the message column holds every word of every message, in order.

@@ -120,7 +120,9 @@ def test_sdist_and_wheel_build_cleanly_and_the_wheel_serves_the_tab_from_a_fresh
                    cwd=tmp_path, timeout=300)
     cli = subprocess.run([str(fresh / "bin" / "tensorboard-gradients"), "diagnose", str(logdir)],
                          capture_output=True, text=True, timeout=300)
-    assert cli.returncode == 0 and "out/kernel" in cli.stdout, cli.stdout + cli.stderr
+    # The NaN at step 2 is critical: the installed gate fails on it without any flag.
+    assert cli.returncode == 1 and "nonfinite" in cli.stdout and "out/kernel" in cli.stdout, (
+        cli.stdout + cli.stderr)
     with TensorBoard(logdir, python=python) as tensorboard:
         tensorboard.wait_for_steps({"run1": 4})
         tab = Tab(browser, tensorboard.base)
