@@ -129,6 +129,15 @@ class Tab:
         self.page.locator(".alerts h2").wait_for()
         return self.page.evaluate("window.gradientsApp.alerts")
 
+    def open_finding(self, index):
+        """Clicks the ``index``-th finding of the alerts panel open and returns the locator of
+        its alerts, once built: they are built on the <details>' toggle event, a task queued
+        after the click (under load, read straight after the click, there were none yet)."""
+        self.page.locator("[data-testid=alert-group]").nth(index).locator("summary").click()
+        opened = self.page.locator("details.alert-group[open] [data-testid=alert]")
+        opened.first.wait_for()  # built all at once: the first there, all there
+        return opened
+
     def pixels(self, selector="[data-testid=heatmap-canvas]"):
         """Every pixel of a canvas as an [height, width, 4] array."""
         return canvas_pixels(self.page, selector)

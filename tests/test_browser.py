@@ -904,13 +904,7 @@ def test_alerts_read_as_findings_that_open_to_their_alerts_and_outline_their_cel
                        key=lambda pair: pair[1]["subjects"])
     members = [alerts[i] for i in group["alerts"]]
     assert len(members) > 1
-    shown.nth(index).click()
-    opened = tab.page.locator("details.alert-group[open] [data-testid=alert]")
-    # Its alerts are built on the <details>' toggle event, a task queued after the click: wait
-    # for them (the full suite's load once read them before they were there).
-    tab.page.wait_for_function(
-        "(n) => document.querySelectorAll('details.alert-group[open] [data-testid=alert]')"
-        ".length === n", arg=len(members))
+    opened = tab.open_finding(index)
     texts = opened.all_inner_texts()
     assert len(texts) == len(members) and all(a["message"] in t for a, t in zip(members, texts))
     layers = {a["layer"] for a in members}
@@ -937,8 +931,7 @@ def test_a_thousand_alerts_are_one_finding_opened_on_demand(browser, server):
     assert tab.page.locator(".alerts h2").inner_text() == f"Alerts ({len(answer['alerts']):,}, in {findings})"
     nonfinite = [i for i, g in enumerate(answer["groups"]) if g["kind"] == "nonfinite"]
     assert answer["groups"][nonfinite[0]]["subjects"] == MANY_ALERTS_VARIABLES
-    shown.nth(nonfinite[0]).click()
-    assert tab.page.locator("details.alert-group[open] [data-testid=alert]").count() == MANY_ALERTS_VARIABLES
+    assert tab.open_finding(nonfinite[0]).count() == MANY_ALERTS_VARIABLES
     spans = tab.page.evaluate("window.gradientsApp.view.highlight")
     assert sorted(row for span in spans for row in span["rows"]) == list(range(MANY_ALERTS_VARIABLES))
     assert {(span["firstStep"], span["lastStep"]) for span in spans} == {(MANY_ALERTS_NAN_STEP,) * 2}
@@ -1167,8 +1160,7 @@ def test_an_opened_finding_lists_its_alerts_in_the_space_below_it(browser, serve
     tab = Tab(browser, server, f"#run={VANISHING}&tag=gradients&axis=step", viewport=(1400, 900))
     tab.wait_drawn()
     tab.wait_alerts()
-    tab.page.locator("[data-testid=alert-group]").nth(index).locator("summary").click()
-    members = tab.page.locator("details.alert-group[open] [data-testid=alert]")
+    members = tab.open_finding(index)
     assert members.count() == len(group["alerts"]) > 1
     side = tab.page.locator(".side").bounding_box()
     assert side["y"] + side["height"] <= 900
