@@ -279,7 +279,11 @@ def serve(logdir, port, bind_all, tensorboard_flags=()) -> int:
         if process.poll() is None:
             print(f"\nOpen http://localhost:{port}/#gradients  (Ctrl-C to stop)", flush=True)
             process.wait()
-    except KeyboardInterrupt:  # Ctrl-C reaches TensorBoard too (same process group)
+    except KeyboardInterrupt:
+        # Ctrl-C in a terminal reaches TensorBoard too (same process group); a SIGINT sent to
+        # the demo alone (kill -INT) must stop it as well.
+        if process.poll() is None:
+            process.terminate()
         process.wait()
         return 0
     if process.returncode != 0:

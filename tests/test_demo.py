@@ -11,6 +11,8 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 import tensorboard_gradients as tg
 from support import ROOT, run_demo
 
@@ -118,8 +120,13 @@ def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs
             with urllib.request.urlopen(f"http://127.0.0.1:{served}/data/plugins_listing",
                                         timeout=30) as answer:
                 assert json.load(answer)["gradients"]["enabled"]
-            os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
+            # SIGINT to the demo alone (kill -INT; a terminal's Ctrl-C reaches TensorBoard too):
+            # it stops, and TensorBoard with it.
+            os.kill(demo.pid, signal.SIGINT)
             assert demo.wait(timeout=60) == 0
+            with pytest.raises(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{served}/data/plugins_listing",
+                                       timeout=5)
         finally:
             if demo.poll() is None:
                 os.killpg(demo.pid, signal.SIGKILL)
