@@ -12,8 +12,10 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.util import tensor_util
 
 import tensorboard_gradients as tg
-from tensorboard_gradients.format import columns, event_files, metadata, reader
+from tensorboard_gradients.format import columns, event_files, metadata, reader, statistics
 from tensorboard_gradients.format.layout import Layout, unique_names
+
+from conftest import reference_stats, stat_tolerances
 
 
 def _write_future_format(run_dir):
@@ -29,6 +31,24 @@ def _write_future_format(run_dir):
     writer = event_files.EventFileWriter(run_dir)
     writer.write(event_pb2.Event(wall_time=time.time(), step=0, summary=summary_pb2.Summary(value=[value])))
     writer.close()
+
+
+def test_each_gradient_stat_asked_for_alone_is_computed_from_its_own_passes():
+    """The passes in a stat's `columns` row are all its formula reads: one left out would read
+    as 0 when the stat is logged without the others that need that pass."""
+    rng = np.random.default_rng(0)
+    kernel = rng.standard_normal((30, 20)).astype(np.float32)
+    kernel[:3] = 0.0  # exact zeros for the zero fraction
+    bias = (2.0 + rng.standard_normal(20) * 1e-3).astype(np.float32)  # |mean| >> std
+    for name in columns.GRADIENT_STATS:
+        stats = columns.gradient_stats((name,))
+        logged = statistics.statistics_matrix(statistics.NumpyOps, [(kernel, kernel.size),
+                                                                    (bias, bias.size)],
+                                              None, np.float32, stats)
+        for row, gradient in zip(logged, (kernel, bias)):
+            expected = reference_stats(gradient)
+            assert abs(row[stats.index(name)] - expected[name]) <= stat_tolerances(
+                expected, np.float32)[name], name
 
 
 def test_reader_refuses_a_newer_major_version_clearly(tmp_path):

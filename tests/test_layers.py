@@ -1,11 +1,13 @@
 """Rows by layer (`analysis.layers`): a layer's row is its variables' gradients as one tensor."""
 
 import numpy as np
+import pytest
 
 import tensorboard_gradients as tg
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import layers
 from tensorboard_gradients.format import columns
+from tensorboard_gradients.format.series import GradientSeries
 
 
 def _logged(tmp_path):
@@ -65,6 +67,27 @@ def test_a_layers_class_is_its_worst_variables():
                                                       analysis.MISSING]]
 
 
-def test_every_logged_statistic_has_a_layer_rule():
-    logged = [stat.name for stat in columns.STATS if stat.group != columns.DERIVED]
-    assert sorted(layers.RULES) == sorted(logged)
+def test_every_logged_statistic_has_a_value_by_layer():
+    """Each stat's `columns` row names how a layer combines it: none reads NaN in the Layers
+    view where its variables have values."""
+    rng = np.random.default_rng(0)
+    stats = columns.LOGGED_STATS
+    values = rng.uniform(0.1, 0.9, size=(3, 4, len(stats))).astype(np.float32)
+    values[:, :, [stats.index("nan_count"), stats.index("inf_count")]] = 0.0
+    values[:, :, stats.index("size")] = 6.0
+    by_variable = GradientSeries(
+        run="run", tag="gradients", name="gradients",
+        variables=("a/kernel", "a/bias", "b/kernel", "b/bias"), layers=("a", "a", "b", "b"),
+        shapes=((6,),) * 4, stat_names=stats, steps=np.arange(3), wall_times=np.zeros(3),
+        values=values)
+    by_layer = layers.combined(by_variable)
+    assert by_layer.variables == ("a", "b")
+    for name in by_layer.available_stats:
+        assert not np.isnan(by_layer.stat(name)).any(), name
+
+
+def test_a_statistic_without_a_known_layer_combination_is_refused():
+    with pytest.raises(TypeError):  # no default: a new row must say how a layer combines it
+        columns.Stat("new", "new", columns.LOG, columns.GRADIENT, "a new statistic")
+    with pytest.raises(ValueError, match="layer_combination 'averaged' is not one of"):
+        columns.Stat("new", "new", columns.LOG, columns.GRADIENT, "a new statistic", "averaged")

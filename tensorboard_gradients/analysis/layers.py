@@ -2,12 +2,14 @@
 
 The tab's Layers view draws one row per layer (the layer-by-step heatmap without kernel/bias
 striping), and the vanishing rule judges layers. A layer's statistic at a step combines its
-variables' values by its rule in `RULES`: L2 norms as the root of summed squares, counts
-summed, maxima the largest, means weighted by entries, standard deviations pooled (with the
-means: a std logged without the mean has no value by layer); a derived ratio is the ratio of
-its combined inputs. Only the statistics logged are combined: a writer may log a subset of
-them. Variables without a gradient at that step are left out; a layer none of whose variables
-has one is missing there. Its cell class is the worst of its variables'. Pure numpy.
+variables' values by the kind of combination its row in the format's table of statistics names
+(`columns.Stat.layer_combination`; the series says it: `GradientSeries.layer_combination`):
+L2 norms as the root of summed squares, counts summed, maxima the largest, means weighted by
+entries, standard deviations pooled (with the means: a std logged without the mean has no value
+by layer); a derived ratio is the ratio of its combined inputs. Only the statistics logged are
+combined: a writer may log a subset of them. Variables without a gradient at that step are left
+out; a layer none of whose variables has one is missing there. Its cell class is the worst of
+its variables'. Pure numpy.
 """
 
 import dataclasses
@@ -16,20 +18,14 @@ from typing import List, Tuple
 import numpy as np
 
 
-# How a layer combines its variables' values of each logged statistic at one step, exactly as
-# if the layer's gradients were one tensor. Every logged statistic needs one (a test checks it
-# against the format's table of statistics).
+# How a layer combines its variables' values of a statistic at one step, exactly as if the
+# layer's gradients were one tensor (`combined` has the maths of each).
 ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST = "root_sum_squares", "sum", "largest", "smallest"
 FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD = "finite_weighted", "size_weighted", "pooled_std"
-RULES = {
-    "l2_norm": ROOT_SUM_SQUARES, "weight_l2_norm": ROOT_SUM_SQUARES,
-    "update_l2_norm": ROOT_SUM_SQUARES,
-    "nan_count": SUM, "inf_count": SUM, "size": SUM,
-    "max": LARGEST, "abs_max": LARGEST, "min": SMALLEST,
-    "mean": FINITE_WEIGHTED, "mean_abs": FINITE_WEIGHTED,  # over the finite entries
-    "zero_fraction": SIZE_WEIGHTED,  # over every entry
-    "std": POOLED_STD,
-}
+# A derived ratio's: never logged, it is the ratio of its combined inputs (`series.stat`).
+RATIO = "ratio"
+KINDS = (ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST, FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD,
+         RATIO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +79,15 @@ def needed_stats(stat: str, like) -> Tuple[str, ...]:
     the mean that pools standard deviations."""
     inputs = like.inputs_of(stat)
     needed = {*inputs, "size", "nan_count", "inf_count"}
-    if any(RULES.get(name) == POOLED_STD for name in inputs):
+    if any(like.layer_combination(name) == POOLED_STD for name in inputs):
         needed.add("mean")
     return tuple(name for name in like.stat_names if name in needed)
 
 
 def combined(series):
     """``series`` with one row per layer (variables and layers both the layer names, shapes
-    ``(entries,)``, no histograms), each logged statistic combined by its rule in `RULES`
-    (derived ratios follow from the combined inputs)."""
+    ``(entries,)``, no histograms), each logged statistic combined by its kind
+    (``series.layer_combination(name)``; derived ratios follow from the combined inputs)."""
     layers = Layers.of(series.layers)
     values = np.asarray(series.values, dtype=np.float64)
     stat = {name: values[:, :, i] for i, name in enumerate(series.stat_names)}
@@ -107,20 +103,20 @@ def combined(series):
                     / layers.reduce(np.add, weights))
 
     for position, name in enumerate(series.stat_names):
-        rule, x = RULES.get(name), np.where(present, stat[name], np.nan)
-        if rule == ROOT_SUM_SQUARES:
+        kind, x = series.layer_combination(name), np.where(present, stat[name], np.nan)
+        if kind == ROOT_SUM_SQUARES:
             result = layers.root_sum_squares(x)
-        elif rule == SUM:
+        elif kind == SUM:
             result = layers.reduce(np.add, np.where(present, x, 0.0))
-        elif rule == LARGEST:
+        elif kind == LARGEST:
             result = layers.reduce(np.fmax, x)
-        elif rule == SMALLEST:
+        elif kind == SMALLEST:
             result = layers.reduce(np.fmin, x)
-        elif rule == FINITE_WEIGHTED:
+        elif kind == FINITE_WEIGHTED:
             result = weighted_mean(x, finite_entries)
-        elif rule == SIZE_WEIGHTED:
+        elif kind == SIZE_WEIGHTED:
             result = weighted_mean(x, sizes)
-        elif rule == POOLED_STD and "mean" in stat:
+        elif kind == POOLED_STD and "mean" in stat:
             # Within-variable variance plus each variable's mean's distance from the layer's:
             # a sum of non-negative terms, so nothing cancels when |mean| >> std.
             mean = np.where(present, stat["mean"], np.nan)

@@ -1,11 +1,13 @@
 """What each column of the logged matrices means: THE table of statistics, and the histogram bins.
 
-Every statistic is one `Stat` row of `STATS`: its name (the metadata's ``stats`` entry and the
-column's key everywhere), what the tab calls it, how the tab scales its colours, and when it is
-there. Writers, the reader, the analysis, the plugin and the tab (which receives this table from
-the ``thresholds`` route, see `server.vocabulary`) all find a column by name here; none of them
-counts positions. A new statistic is a row here (``since`` the next minor format version, which
-`metadata.FORMAT_VERSION` then names) plus its formula in `statistics`.
+Every statistic is one `Stat` row of `STATS`, everything a statistic needs besides its formula:
+its name (the metadata's ``stats`` entry and the column's key everywhere), what the tab calls it,
+how the tab scales its colours, how a layer combines it (the tab's Layers view), the passes over
+the entries its formula reads, and when it is there. Writers, the reader, the analysis, the
+plugin and the tab (which receives this table from the ``thresholds`` route, see
+`server.vocabulary`) all find a column by name here; none of them counts positions. A new
+statistic is a row here (``since`` the next minor format version, which `metadata.FORMAT_VERSION`
+then names) plus its formula in `statistics`.
 
 Stats-matrix columns are, in order: the gradient stats a writer was asked for (`gradient_stats`:
 `GRADIENT_STATS` by default, never fewer than `REQUIRED_STATS`), `WEIGHT_STATS` (when the
@@ -18,6 +20,8 @@ import dataclasses
 from typing import Sequence, Tuple
 
 import numpy as np
+
+from tensorboard_gradients.analysis import layers
 
 # When a statistic is there.
 GRADIENT = "gradient"  # always logged
@@ -39,6 +43,13 @@ class Stat:
     scale: str  # LOG, LINEAR, FRACTION or COUNT
     group: str  # GRADIENT, WEIGHT, UPDATE or DERIVED
     description: str
+    # How a layer combines its variables' values, exactly as if its gradients were one tensor:
+    # one of `analysis.layers.KINDS` (no default: a stat without one would show NaN by layer).
+    layer_combination: str
+    # The `statistics.MATRIX_REDUCTIONS` its formula reads (`statistics.passes_for`): none for
+    # the counts and size (the masked pass counts non-finite entries; a finite sum of squares
+    # proves there are none) and for the weight and update norms (their own pass).
+    passes: Tuple[str, ...] = ()
     inputs: Tuple[str, ...] = ()  # DERIVED: (numerator, denominator)
     heatmap: bool = True  # offered as a heatmap in the tab (``size`` is constant: shown in details)
     # The format version that added it (`metadata.FORMAT_VERSION`): files written before lack it.
@@ -47,37 +58,53 @@ class Stat:
     # vanishing, exploding and non-finite gradients needs, and the cheapest set to compute.
     required: bool = False
 
+    def __post_init__(self):
+        if self.layer_combination not in layers.KINDS:
+            raise ValueError(f"stat {self.name!r}: layer_combination {self.layer_combination!r} "
+                             f"is not one of {layers.KINDS}")
+
 
 # Finite statistics are over the finite entries only; the counts say how many entries were NaN /
 # +-Inf; `size` counts every entry of the dense gradient.
 STATS = (
     Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries",
-         required=True),
-    Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries"),
-    Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries"),
-    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry", required=True),
-    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry", required=True),
-    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|", required=True),
-    Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|"),
+         layers.ROOT_SUM_SQUARES, passes=("sum_squares",), required=True),
+    Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries", layers.FINITE_WEIGHTED,
+         passes=("sum",)),
+    # Pooled by layer with the means: a std logged without the mean has no value by layer.
+    Stat("std", "std", LOG, GRADIENT, "standard deviation of the finite entries",
+         layers.POOLED_STD, passes=("sum", "m2")),
+    Stat("min", "min", LINEAR, GRADIENT, "smallest finite entry", layers.SMALLEST,
+         passes=("min",), required=True),
+    Stat("max", "max", LINEAR, GRADIENT, "largest finite entry", layers.LARGEST,
+         passes=("max",), required=True),
+    Stat("abs_max", "max |g|", LOG, GRADIENT, "largest finite |entry|", layers.LARGEST,
+         passes=("min", "max"), required=True),
+    Stat("mean_abs", "mean |g|", LOG, GRADIENT, "mean of the finite |entries|",
+         layers.FINITE_WEIGHTED, passes=("sum_abs",)),
     Stat("zero_fraction", "zero fraction", FRACTION, GRADIENT,
-         "fraction of the entries that are exactly zero"),
-    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN", required=True),
-    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf",
+         "fraction of the entries that are exactly zero", layers.SIZE_WEIGHTED,
+         passes=("zeros",)),
+    Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN", layers.SUM,
+         required=True),
+    Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf", layers.SUM,
          required=True),
     Stat("size", "entries", COUNT, GRADIENT,
-         "entries of the dense gradient (NaN: no gradient at this step)", heatmap=False,
-         required=True),
+         "entries of the dense gradient (NaN: no gradient at this step)", layers.SUM,
+         heatmap=False, required=True),
     Stat("weight_l2_norm", "weight L2 norm", LOG, WEIGHT,
-         "L2 norm of the variable's values (before the update), over all entries"),
+         "L2 norm of the variable's values (before the update), over all entries",
+         layers.ROOT_SUM_SQUARES),
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
     Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
-         "L2 norm of the optimizer's update of the step", since=(1, 1)),
+         "L2 norm of the optimizer's update of the step", layers.ROOT_SUM_SQUARES, since=(1, 1)),
     # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
     # real relative size (healthy around 1e-3, see `analysis.Thresholds`).
     Stat("grad_weight_ratio", "gradient / weight", LOG, DERIVED,
-         "gradient L2 norm / weight L2 norm", inputs=("l2_norm", "weight_l2_norm")),
+         "gradient L2 norm / weight L2 norm", layers.RATIO, inputs=("l2_norm", "weight_l2_norm")),
     Stat("update_weight_ratio", "update / weight", LOG, DERIVED,
-         "update L2 norm / weight L2 norm", inputs=("update_l2_norm", "weight_l2_norm")),
+         "update L2 norm / weight L2 norm", layers.RATIO,
+         inputs=("update_l2_norm", "weight_l2_norm")),
 )
 BY_NAME = {stat.name: stat for stat in STATS}
 

@@ -72,6 +72,13 @@ class GradientSeries:
         """The logged stats `stat` computes ``name`` from: a derived ratio's two, else itself."""
         return tuple(columns.DERIVED_STATS.get(name, (name,)))
 
+    def layer_combination(self, name: str) -> Optional[str]:
+        """How a layer combines its variables' ``name`` (`columns.Stat.layer_combination`, one
+        of `analysis.layers.KINDS`); None for a stat this version does not know (a newer
+        writer's), which then has no value by layer."""
+        stat = columns.BY_NAME.get(name)
+        return None if stat is None else stat.layer_combination
+
     @property
     def available_stats(self) -> Tuple[str, ...]:
         """The logged stats, then the derived ratios whose inputs were logged."""

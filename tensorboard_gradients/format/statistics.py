@@ -292,17 +292,13 @@ def _column(reductions, name):
 # entry count, then one pass over the entries each. `passes_for` picks the ones the logged stats
 # need; `_fast_reductions` derives the rest once for all arrays.
 MATRIX_REDUCTIONS = ("count", "sum", "min", "max", "m2", "sum_abs", "zeros", "sum_squares")
-# What each gradient stat needs (the counts and size need none: see `columns.REQUIRED_STATS`).
-_PASSES_OF_STAT = {
-    "l2_norm": ("sum_squares",), "abs_max": ("min", "max"), "mean": ("sum",), "std": ("sum", "m2"),
-    "min": ("min",), "max": ("max",), "mean_abs": ("sum_abs",), "zero_fraction": ("zeros",),
-}
 
 
 @functools.lru_cache(maxsize=None)
 def passes_for(gradient_stats=columns.GRADIENT_STATS):
     """The `MATRIX_REDUCTIONS` that compute the gradient stats ``gradient_stats`` (a tuple of
-    names; `columns.REQUIRED_STATS` always), in `MATRIX_REDUCTIONS` order.
+    names; `columns.REQUIRED_STATS` always): the count and each stat's ``passes`` in its
+    `columns` row, in `MATRIX_REDUCTIONS` order.
 
     All stats take six passes (sum, min, max, M2, |x|, zeros): the sum of squares is then
     ``M2 + sum * mean`` (`_fast_reductions`). The required stats alone take three (squares, min,
@@ -311,7 +307,7 @@ def passes_for(gradient_stats=columns.GRADIENT_STATS):
     max.
     """
     stats = set(gradient_stats) | set(columns.REQUIRED_STATS)
-    wanted = {"count"} | {p for s in stats for p in _PASSES_OF_STAT.get(s, ())}
+    wanted = {"count"} | {p for s in stats for p in columns.BY_NAME[s].passes}
     if "m2" in wanted:
         wanted.discard("sum_squares")
     return tuple(r for r in MATRIX_REDUCTIONS if r in wanted)
