@@ -1,0 +1,29 @@
+"""The gradient statistics and histograms, written once for every array library.
+
+Each library is an `ArrayOps` adapter (`array_ops`: numpy's here, the others in `capture/`);
+over it, the statistics' formulas (`formulas`: the per-variable reductions of one step, fast
+path and masked pass, and the stats made of them), the shards of one variable combined into
+it (`shards`), and the log10|g| histograms counted from the bit patterns (`histograms`). What a
+stat needs besides its formula (its passes, how a layer combines it) is its `columns` row.
+Writers and adapters call the names below as ``statistics.<name>``.
+"""
+
+from tensorboard_gradients.format.statistics.array_ops import (
+    GROUP_MAX_ENTRIES, GROUPED_ARRAY_MAX_ENTRIES, MATRIX_REDUCTIONS, ArrayOps, NumpyOps,
+    numpy_float, size_groups)
+from tensorboard_gradients.format.statistics.formulas import (
+    REDUCTIONS, checked_fast_rows, combine_moments, fast_reductions, masked_reduction_matrix,
+    pass_matrix, passes_for, reduction_matrix, scaled_sums, stack_reductions,
+    statistics_from_reductions, statistics_matrix)
+from tensorboard_gradients.format.statistics.histograms import (
+    histogram_bit_tables, histogram_matrix, histogram_rows)
+from tensorboard_gradients.format.statistics.shards import combine_shards
+
+__all__ = [
+    "ArrayOps", "NumpyOps", "size_groups", "numpy_float", "GROUPED_ARRAY_MAX_ENTRIES",
+    "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS", "stack_reductions", "passes_for",
+    "pass_matrix", "fast_reductions", "checked_fast_rows", "scaled_sums",
+    "masked_reduction_matrix", "reduction_matrix", "statistics_from_reductions",
+    "statistics_matrix", "combine_moments", "combine_shards", "histogram_bit_tables",
+    "histogram_rows", "histogram_matrix",
+]

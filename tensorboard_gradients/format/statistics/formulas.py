@@ -1,0 +1,349 @@
+"""The statistics' formulas: the per-variable reductions of one step and the stats made of them.
+
+Written once over `array_ops.ArrayOps`, they run on numpy (TF-free writer), TensorFlow (summary
+op, on device, inside `tf.function`), PyTorch and JAX (their monitors, on device). Keeping one
+formula is what makes the writers agree to float tolerance. The common step takes the fast
+path: only the passes the logged stats need (`passes_for`), all the work over the entries in
+`pass_matrix`, the rest derived on the small matrix (`fast_reductions`) and trusted where
+`checked_fast_rows` says so; the rare step with NaN/Inf, overflow or underflowing squares takes
+the masked pass (`masked_reduction_matrix`).
+
+Robustness rules (a monitor must not break exactly when gradients blow up):
+
+* NaN and +-Inf entries are counted (``nan_count``, ``inf_count``) and excluded from every other
+  statistic, which is computed over the finite entries.
+* Sums are taken of values divided by the variable's finite ``abs_max`` and scaled back, so
+  ``l2_norm`` of a finite gradient with entries near the float32 maximum is finite, not Inf.
+* ``std`` comes from the sum of squared deviations from the mean (two passes: the mean, then
+  ``sum((x - mean)^2)``), never from ``mean(x^2) - mean^2``, which cancels catastrophically when
+  ``|mean| >> std`` (a bias whose entries all sit near one value: float32 keeps ~7 digits, so
+  with ``|mean| / std = 1e4`` the difference keeps none, and the summation order the compiler
+  picks decides whether it comes out 0). The two-pass error is second order in the mean's
+  rounding error (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance").
+  The same (count, mean, M2) triple combines partial results by the parallel-variance formula
+  (`combine_moments`), which is how the absent entries of a sparse gradient join in.
+* Statistics with no finite entry to describe (mean, std, min, max, abs_max, mean_abs) are NaN;
+  ``l2_norm`` is 0 then (an empty sum), and the counts say why.
+* Sparse gradients (rows of an embedding) pass only their present entries plus the dense
+  ``size``; the absent entries count as exact zeros everywhere, without densifying the table.
+"""
+
+import functools
+
+import numpy as np
+
+from tensorboard_gradients.format import columns
+from tensorboard_gradients.format.statistics.array_ops import (
+    MATRIX_REDUCTIONS, known_when_traced, numpy_float, rows_in_order)
+
+
+# Per-variable reductions (one small vector each) that `_finalize` turns into the stats of all
+# variables at once: a few big reductions per variable, the arithmetic on [variables] vectors.
+# Found by name (`stack_reductions`, `_column`), never by position: an adapter with its own fast
+# path (PyTorch) names each one it computes. Shards of a variable combine them: `shards`.
+REDUCTIONS = (
+    "present",  # entries given (the dense size minus a sparse gradient's absent rows)
+    "nan",  # NaN entries
+    "finite",  # finite entries
+    "abs_max",  # largest finite |entry|
+    "sum",  # the sums below are of entries / abs_max (`scaled_sums`): no overflow
+    "sum_squares",
+    "sum_abs",
+    "min",
+    "max",
+    "zeros",  # entries exactly 0
+    "m2",  # sum of squared deviations from the mean (two-pass; see the module)
+)
+_REDUCTION_INDEX = {name: index for index, name in enumerate(REDUCTIONS)}
+# Sums that overflow or turn NaN when an entry is not finite: the fast pass is trusted only when
+# all of these are finite.
+_CHECKED_REDUCTIONS = ("abs_max", "sum", "sum_squares", "sum_abs", "m2")
+
+
+def stack_reductions(ops, axis=0, **reductions):
+    """The `REDUCTIONS`, given by name, stacked in their order: one vector (``axis=0``, values of
+    one variable) or a ``[variables, reductions]`` matrix (``axis=1``, vectors over variables)."""
+    if set(reductions) != set(REDUCTIONS):
+        raise ValueError(f"reductions {sorted(reductions)} are not {sorted(REDUCTIONS)}")
+    return ops.stack([reductions[name] for name in REDUCTIONS], axis=axis)
+
+
+def _column(reductions, name):
+    """``[variables]``: one reduction of a ``[variables, reductions]`` matrix."""
+    return reductions[:, _REDUCTION_INDEX[name]]
+
+
+@functools.lru_cache(maxsize=None)
+def passes_for(gradient_stats=columns.GRADIENT_STATS):
+    """The `MATRIX_REDUCTIONS` that compute the gradient stats ``gradient_stats`` (a tuple of
+    names; `columns.REQUIRED_STATS` always): the count and each stat's ``passes`` in its
+    `columns` row, in `MATRIX_REDUCTIONS` order.
+
+    All stats take six passes (sum, min, max, M2, |x|, zeros): the sum of squares is then
+    ``M2 + sum * mean`` (`_fast_reductions`). The required stats alone take three (squares, min,
+    max; min and max are one kernel in PyTorch), the cheapest set that is still exact: a finite
+    sum of squares proves that no entry was NaN or Inf, and abs_max is the larger of -min and
+    max.
+    """
+    stats = set(gradient_stats) | set(columns.REQUIRED_STATS)
+    wanted = {"count"} | {p for s in stats for p in columns.BY_NAME[s].passes}
+    if "m2" in wanted:
+        wanted.discard("sum_squares")
+    return tuple(r for r in MATRIX_REDUCTIONS if r in wanted)
+
+
+def _fast_reductions(ops, raw, passes):
+    """``[arrays, REDUCTIONS]`` from the ``[arrays, passes]`` of `array_ops.MATRIX_REDUCTIONS`, for the
+    common step where every entry is finite; sums unscaled (`scaled_sums` divides them).
+    Reductions no stat asked for (not in ``passes``) are 0: finite, and never logged.
+
+    ``abs_max`` comes from min and max and, without its own pass, the sum of squares from the
+    two-pass M2 as ``M2 + sum * mean``: two non-negative terms, so no cancellation (the second's
+    rounding error is at most ~2x the sum's relative error times the whole, by Cauchy-Schwarz
+    ``|sum| <= sqrt(n * sum_squares)``), and one pass fewer than squaring the entries again.
+    """
+    column = dict(zip(passes, (raw[:, i] for i in range(len(passes)))))
+    count = column["count"]
+    zero = ops.constant(0, count)
+    not_computed = zero * count
+    total = column.get("sum", not_computed)
+    mean = total / ops.maximum(count, ops.constant(1, count))
+    m2 = column.get("m2", not_computed)
+    minimum, maximum = column["min"], column["max"]  # required: always computed
+    return stack_reductions(
+        ops,
+        axis=1,
+        present=count,
+        nan=not_computed,  # counted by the masked pass only
+        finite=count,
+        abs_max=ops.maximum(ops.maximum(-minimum, maximum), zero),  # empty rows: 0
+        sum=total,
+        sum_squares=column["sum_squares"] if "sum_squares" in column else m2 + total * mean,
+        sum_abs=column.get("sum_abs", not_computed),
+        min=minimum,
+        max=maximum,
+        zeros=column.get("zeros", not_computed),
+        m2=m2,
+    )
+
+
+def scaled_sums(ops, reductions):
+    """Divides the sum columns of `_fast_reductions` rows by each variable's abs_max."""
+    by_name = {name: _column(reductions, name) for name in REDUCTIONS}
+    abs_max = by_name["abs_max"]
+    scale = ops.where(abs_max > ops.constant(0, abs_max), abs_max, ops.constant(1, abs_max))
+    by_name["sum"] = by_name["sum"] / scale
+    by_name["sum_squares"] = by_name["sum_squares"] / scale / scale
+    by_name["sum_abs"] = by_name["sum_abs"] / scale
+    by_name["m2"] = by_name["m2"] / scale / scale
+    return stack_reductions(ops, axis=1, **by_name)
+
+
+def _masked_reductions(ops, values):
+    """Reductions over the finite entries, sums of values / abs_max: correct for any input."""
+    like = ops.constant(0, values)
+    finite = ops.isfinite(values)
+    x = ops.where(finite, values, like)
+    abs_max = ops.max(ops.abs(x), initial=like)
+    # Multiplied twice by 1/sqrt(abs_max), not divided by abs_max: XLA (JAX, TF's jit) divides
+    # by multiplying with the reciprocal, and 1/3e38 is subnormal, which XLA flushes to zero
+    # (it would also fold two divisions into one); 1/sqrt(3e38) = 6e-20 is a normal float.
+    inverse_root = ops.constant(1, like) / ops.sqrt(
+        ops.where(abs_max > like, abs_max, ops.constant(1, like)))
+    scaled = x * inverse_root * inverse_root
+    infinity = ops.constant(np.inf, like)
+    finite_count = ops.count(finite, like=like)
+    total = ops.sum(scaled)
+    deviations = ops.where(finite, scaled - total / ops.maximum(finite_count, ops.constant(1, like)), like)
+    return stack_reductions(
+        ops,
+        present=ops.numel(values),
+        nan=ops.count(ops.isnan(values), like=like),
+        finite=finite_count,
+        abs_max=abs_max,
+        sum=total,
+        sum_squares=ops.sum(scaled * scaled),
+        sum_abs=ops.sum(ops.abs(scaled)),
+        min=ops.min(ops.where(finite, values, infinity), initial=infinity),
+        max=ops.max(ops.where(finite, values, -infinity), initial=-infinity),
+        zeros=ops.count(values == like, like=like),
+        m2=ops.sum(deviations * deviations),
+    )
+
+
+def _finalize(ops, reductions, sizes):
+    """The `columns.GRADIENT_STATS` by name, each a ``[variables]`` vector, from the
+    ``[variables, REDUCTIONS]`` matrix and the dense sizes."""
+    column = lambda name: _column(reductions, name)  # noqa: E731
+    zero = ops.constant(0, sizes)
+    one = ops.constant(1, sizes)
+    nan = ops.constant(np.nan, sizes)
+    abs_max = column("abs_max")
+    scale = ops.where(abs_max > zero, abs_max, one)
+    nan_count = column("nan")
+    inf_count = column("present") - column("finite") - nan_count
+    implicit_zeros = sizes - column("present")  # absent rows of a sparse gradient
+    finite_count = column("finite") + implicit_zeros
+    divisor = ops.maximum(finite_count, one)
+    mean_scaled = column("sum") / divisor
+    # The absent entries of a sparse gradient are a second group: count Z, mean 0, M2 0.
+    _, _, m2_scaled = combine_moments(
+        ops,
+        (column("finite"), column("sum") / ops.maximum(column("finite"), one), column("m2")),
+        (implicit_zeros, zero, zero),
+    )
+    variance_scaled = m2_scaled / divisor
+    has_implicit_zeros = implicit_zeros > zero
+    minimum = ops.where(has_implicit_zeros, ops.minimum(column("min"), zero), column("min"))
+    maximum = ops.where(has_implicit_zeros, ops.maximum(column("max"), zero), column("max"))
+    no_finite = finite_count <= zero
+    undefined_without_finite = lambda value: ops.where(no_finite, nan, value)  # noqa: E731
+    stats = {
+        "l2_norm": scale * ops.sqrt(column("sum_squares")),  # an empty sum is 0
+        "mean": undefined_without_finite(scale * mean_scaled),
+        "std": undefined_without_finite(scale * ops.sqrt(variance_scaled)),
+        "min": undefined_without_finite(minimum),
+        "max": undefined_without_finite(maximum),
+        "abs_max": undefined_without_finite(abs_max),
+        "mean_abs": undefined_without_finite(scale * (column("sum_abs") / divisor)),  # no overflow
+        "zero_fraction": ops.where(
+            sizes > zero, (column("zeros") + implicit_zeros) / ops.maximum(sizes, one), nan),
+        "nan_count": nan_count,
+        "inf_count": inf_count,
+        "size": sizes,
+    }
+    return stats
+
+
+def combine_moments(ops, first, second):
+    """``(count, mean, M2)`` of the union of two groups, each given as ``(count, mean, M2)``.
+
+    M2 is the sum of squared deviations from the group's mean. The parallel-variance formula
+    (Chan, Golub & LeVeque 1979): ``M2 = M2_a + M2_b + (mean_b - mean_a)^2 * n_a * n_b / n``;
+    no difference of large sums, so it stays exact to rounding when ``|mean| >> std``. Empty
+    groups (count 0) contribute nothing. Works elementwise on arrays of groups.
+    """
+    count_a, mean_a, m2_a = first
+    count_b, mean_b, m2_b = second
+    count = count_a + count_b
+    divisor = ops.maximum(count, ops.constant(1, count))
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (count_b / divisor)
+    return count, mean, m2_a + m2_b + delta * delta * (count_a / divisor) * count_b
+
+
+def statistics_matrix(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """The ``[variables, stats]`` matrix of one step, columns `columns.stats_for` (no update).
+
+    Args:
+      ops: the array library adapter (`NumpyOps`, the TensorFlow one, ...).
+      gradients: per variable, None (missing: a row of NaN, see `format.metadata`) or a pair
+        ``(present values, dense size)`` with values in `dtype`; the dense size exceeds the
+        present entries for a sparse gradient, whose absent entries are exact zeros.
+      weights: per variable values in `dtype` for the `weight_l2_norm` column, or None.
+        Unlike the gradient stats, the weight norm is over all entries: corrupted weights show.
+      dtype: the computation dtype (`ArrayOps.computation_dtype`).
+      gradient_stats: the gradient stats to compute and return (`columns.gradient_stats`).
+    """
+    reductions, sizes = reduction_matrix(ops, gradients, dtype, gradient_stats)
+    # Plain norms: NaN/Inf weights make them NaN/Inf, which is the news to report.
+    weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
+    return statistics_from_reductions(ops, reductions, sizes, weight_norms, gradient_stats)
+
+
+def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
+    arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
+    it is 0). Rows of the shards of one variable combine with `combine_shards`."""
+    passes, sizes = pass_matrix(ops, gradients, dtype, gradient_stats)
+    rows = fast_reductions(ops, passes, gradient_stats)
+    scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype, gradient_stats)
+    # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
+    return ops.cond(trusted, lambda: scaled,
+                    lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
+
+
+def pass_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``([variables, passes], [variables] dense sizes)``: the `MATRIX_REDUCTIONS` that
+    ``gradient_stats`` need (`passes_for`) of every variable, a NaN row for a missing gradient:
+    all the work over the entries. `fast_reductions` derives the rest from this small matrix,
+    on the device or, for a caller that copies it to the host anyway (the PyTorch monitor:
+    one copy, no host sync deciding the masked pass on the device), there."""
+    like = ops.to_float(0, dtype)
+    given = [np.nan if g is None else g[1] for g in gradients]
+    if known_when_traced(given):
+        sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
+    else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
+        sizes = ops.stack([ops.constant(size, like) for size in given])
+    passes = passes_for(tuple(gradient_stats))
+    missing = ops.reshape(ops.stack([ops.constant(np.nan, like)] * len(passes)), (1, -1))
+    return rows_in_order(ops, gradients, lambda values: ops.pass_rows(values, passes),
+                          missing), sizes
+
+
+def fast_reductions(ops, passes, gradient_stats=columns.GRADIENT_STATS):
+    """``[variables, REDUCTIONS]`` (sums unscaled) from a `pass_matrix` of ``gradient_stats``,
+    to be scaled and trusted only where `checked_fast_rows` says so."""
+    return _fast_reductions(ops, passes, passes_for(tuple(gradient_stats)))
+
+
+def checked_fast_rows(ops, rows, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``(scaled rows, trusted)``: `fast_reductions` rows (of ``gradient_stats``) computed
+    in ``dtype`` with their sums scaled (`scaled_sums`), and whether they are exact to rounding:
+    no non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
+    aside."""
+    scaled = scaled_sums(ops, rows)
+    checked = ops.stack([_column(scaled, name) for name in _CHECKED_REDUCTIONS], axis=1)
+    deviations = "m2" in passes_for(tuple(gradient_stats))
+    return scaled, ops.all(
+        (ops.all(ops.isfinite(checked), axis=1)
+         & _no_square_underflows(ops, rows, dtype, deviations))
+        | ops.isnan(sizes))
+
+
+def masked_reduction_matrix(ops, gradients, dtype):
+    """The `reduction_matrix` rows by the masked pass, one variable at a time: right for any
+    input (NaN/Inf entries, sums that would overflow or underflow)."""
+    missing_row = _missing_row(ops, ops.to_float(0, dtype))
+    return ops.stack([missing_row if g is None else _masked_reductions(ops, g[0])
+                      for g in gradients])
+
+
+def _missing_row(ops, like):
+    """The `REDUCTIONS` row of a variable without a gradient: all NaN."""
+    return ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
+
+
+def _no_square_underflows(ops, rows, dtype, deviations=True):
+    """``[variables]``: whether the unscaled squares of `_fast_reductions` lost nothing.
+
+    Squares of entries under ~1e-19 (float32) underflow to subnormals, which TensorFlow, XLA and
+    GPUs flush to zero, and under ~1e-23 to zero everywhere: a vanishing gradient would read as
+    an exact 0. The n squares of a sum lose less than ``n * tiny`` (tiny: the smallest normal
+    float) in all, which is below the sum's own rounding (``u``, unit roundoff, times the sum)
+    when the sum is at least ``n * tiny / u``: checked for the sum of squares (unless every entry
+    is 0: abs_max 0) and, when ``deviations`` (the M2 pass ran), for M2 (unless all entries are
+    equal: min == max, M2 truly 0). The other rows take the masked pass, which scales by abs_max
+    first.
+    """
+    info = np.finfo(numpy_float(dtype))
+    column = lambda name: _column(rows, name)  # noqa: E731
+    zero = ops.constant(0, column("m2"))
+    least_sum = column("present") * ops.constant(info.tiny / (info.eps / 2), zero)
+    kept = (column("sum_squares") >= least_sum) | (column("abs_max") == zero)
+    if deviations:
+        kept = kept & ((column("m2") >= least_sum) | (column("min") == column("max")))
+    return kept
+
+
+def statistics_from_reductions(ops, reductions, sizes, weight_norms=None,
+                               gradient_stats=columns.GRADIENT_STATS):
+    """The ``[variables, stats]`` matrix from `reduction_matrix` rows (or `combine_shards`'),
+    the dense sizes and, when known, each variable's weight norm; gradient columns
+    ``gradient_stats``."""
+    stats = _finalize(ops, reductions, sizes)
+    if weight_norms is not None:
+        nan = ops.constant(np.nan, sizes)
+        stats["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, nan)  # missing: all NaN
+    names = columns.stats_for(weight_norms is not None, False, gradient_stats)
+    return ops.stack([stats[name] for name in names], axis=1)
