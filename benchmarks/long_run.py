@@ -67,7 +67,7 @@ from tensorboard_gradients import analysis
 from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.writer import GradientWriter
-from tensorboard_gradients.server.integrity import EventFileIntegrity
+from tensorboard_gradients.server.store.event_scan import EventFileIntegrity
 
 import _common
 import route_latency  # the TensorBoard process, HTTP requests, memory and the loaded marker

@@ -1,4 +1,4 @@
-"""Long runs (`server.long_runs`): read from their event files and answered from a digest, the
+"""Long runs (`server.store.local_tag`): read from their event files and answered from a digest, the
 routes say what they say of the same run read whole through TensorBoard, and a growing run
 costs only its new steps.
 
@@ -24,7 +24,8 @@ import pytest
 import tensorboard_gradients as tg
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import digest
-from tensorboard_gradients.server import answers, long_runs, traffic
+from tensorboard_gradients.server import answers
+from tensorboard_gradients.server.store import local_tag, traffic
 
 BASE = "/data/plugin/gradients/"
 VARIABLES = 12
@@ -77,7 +78,7 @@ def written_logdir(tmp_path):
 
 def _get(client, route, long, monkeypatch, **params):
     """The route's JSON answer with the run served as long (``long``) or as short."""
-    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400 if long else 10**9)
+    monkeypatch.setattr(local_tag, "LONG_RUN_STEPS", 400 if long else 10**9)
     if route != "runs":
         params = dict(run="run", tag="gradients", **params)
     response = client.get(BASE + route + "?" + urllib.parse.urlencode(params))
@@ -150,7 +151,13 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS
         _get(client, "series", True, monkeypatch, variable_index=row)["classes"]
         for row in (4, 5)))]
     block = int(np.searchsorted(long["steps"], NAN_CELL[0], "right")) - 1  # holding the NaN
-    assert long["stats"]["nan_count"][block] == 1 == short["stats"]["nan_count"][NAN_CELL[0]]
+    assert long["stats"]["nan_count"][block] == 1
+    # A run of at most `FULL_RESOLUTION_STEPS` steps answers every step, long or not; a longer
+    # one per block, whoever read it.
+    if steps <= answers.FULL_RESOLUTION_STEPS:
+        assert short["stats"]["nan_count"][NAN_CELL[0]] == 1 and long == short
+    else:
+        assert long["downsampled"] and long == short
     # A histogram, and the whole run as CSV (read back a few thousand steps at a time).
     long, short = both("histogram", variable_index=3, step=612)
     assert long == short and long["step"] == 600
@@ -188,8 +195,17 @@ def _assert_hides_no_step(client, monkeypatch, **params):
     """The long run's overview (``params``), each column's classes the worst of its steps'
     in the run read whole (steps are 0, 1, ...)."""
     overview = _get(client, "heatmap", True, monkeypatch, stat="l2_norm", **params)
-    per_step = _get(client, "heatmap", False, monkeypatch, stat="l2_norm", max_steps=10_000)
-    classes = np.array(per_step["classes"])
+    # Every step's classes: zooms of at most `FULL_RESOLUTION_STEPS` steps are read whole.
+    zooms, first = [], 0
+    while not zooms or zooms[-1]["steps"]:
+        zooms.append(_get(client, "heatmap", False, monkeypatch, stat="l2_norm",
+                          max_steps=10_000, first_step=first,
+                          last_step=first + answers.FULL_RESOLUTION_STEPS - 1))
+        assert not zooms[-1]["downsampled"]
+        first += answers.FULL_RESOLUTION_STEPS
+    per_step = {"steps": sum((zoom["steps"] for zoom in zooms), [])}
+    classes = np.concatenate([np.array(zoom["classes"]).reshape(len(overview["classes"]), -1)
+                              for zoom in zooms], axis=1)
     order = {name: i for i, name in enumerate(analysis.CLASSES)}
     for column, (first, last) in enumerate(zip(overview["steps"], overview["last_steps"])):
         worst = [max(row[first:last + 1], key=order.get) for row in classes]
@@ -234,7 +250,7 @@ def test_a_digest_that_failed_half_fed_is_read_again_by_the_next_request(
         return real_summarise(self, cuts)
 
     monkeypatch.setattr(digest.Digest, "_summarise", fails_once)
-    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400)
+    monkeypatch.setattr(local_tag, "LONG_RUN_STEPS", 400)
     response = client.get(BASE + "alerts?run=run&tag=gradients")
     assert response.status_code == 500 and failures
     assert _get(client, "alerts", True, monkeypatch) == _get(client, "alerts", False, monkeypatch)
@@ -266,7 +282,7 @@ def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, 
 
     from tensorboard_gradients.server import plugin
 
-    monkeypatch.setattr(long_runs, "LONG_RUN_STEPS", 400)
+    monkeypatch.setattr(local_tag, "LONG_RUN_STEPS", 400)
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
     multiplexer.AddRunsFromDirectory(str(logdir))
     multiplexer.Reload()
@@ -279,8 +295,8 @@ def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, 
     workers[0].join(timeout=120)
     read = []
     monkeypatch.setattr(digest.Digest, "feed", lambda self, rows: read.append(rows))
-    loaded = served._data.series(tb_context.RequestContext(), "", "run", "gradients")
-    alerts = loaded.long_run.digest(tg.Thresholds()).alerts()
+    loaded = served._store.source(tb_context.RequestContext(), "", "run", "gradients")
+    alerts = loaded._local_tag.digest(tg.Thresholds()).alerts()
     assert read == [] and any(a.kind == "nonfinite" for a in alerts)
 
 
@@ -310,9 +326,9 @@ def test_while_the_background_reads_a_long_run_answers_say_how_far_it_got(
 
 
 def _long_runs_of(client):
-    """The `LongRun`s of the plugin a `plugin_client` serves."""
+    """The `LocalTag`s of the plugin a `plugin_client` serves."""
     (plugin,) = [p for p in client.application._plugins if p.plugin_name == "gradients"]
-    return plugin._data._long_runs
+    return plugin._store._local._tags
 
 
 def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():
@@ -424,7 +440,7 @@ def test_a_run_a_restarted_job_wrote_on_answers_from_the_writers_digest_until_re
     writer's digest's at once, saying how many steps are still to read; then the whole
     run's."""
     if why == "many new steps":
-        monkeypatch.setattr(long_runs, "CONTINUE_IN_REQUEST_STEPS", 500)
+        monkeypatch.setattr(local_tag, "CONTINUE_IN_REQUEST_STEPS", 500)
     if why == "no state":
         def refused(*args, **kwargs):
             raise ValueError("the digest records hold no state to go on from")
@@ -538,10 +554,10 @@ def test_a_damaged_digest_record_leaves_the_records_before_it(tmp_path, plugin_c
     """A digest record failing its checksum is left out: the records before it still answer
     for their steps at once, and the plugin reads the run for the rest."""
     from tensorboard_gradients.format import metadata
-    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.store import event_scan
 
     _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
-    records = integrity.EventFileIntegrity(str(tmp_path)).located(
+    records = event_scan.EventFileIntegrity(str(tmp_path)).located(
         "run", metadata.digest_tag("gradients"))
     assert len(records.steps) == 2  # at 1,000 steps and at close
     path, offset, _ = records.locations[-1]

@@ -12,7 +12,8 @@ import pytest
 import tensorboard_gradients as tg
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import columns
-from tensorboard_gradients.server import answers, data_access, plugin, vocabulary
+from tensorboard_gradients.server import answers, plugin, store, vocabulary
+from tensorboard_gradients.server.store import provider as provider_source
 
 BASE = "/data/plugin/gradients/"
 STEPS = 60
@@ -374,22 +375,22 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(p
                 ctx, downsample=downsample, run_tag_filter=run_tag_filter, **kwargs
             )
 
-    data = data_access.GradientData(CappedProvider())
-    original = data_access._SAMPLED_READ_BYTES
-    data_access._SAMPLED_READ_BYTES = 100 * 3 * 11 * 4  # 100 float32 points: too many, then 50
+    data = store.Store(CappedProvider())
+    original = provider_source._SAMPLED_READ_BYTES
+    provider_source._SAMPLED_READ_BYTES = 100 * 3 * 11 * 4  # 100 float32 points: too many, then 50
     try:
         from tensorboard import context
 
-        loaded = data.series(context.RequestContext(), "", "train", "gradients")
+        source = data.source(context.RequestContext(), "", "train", "gradients")
     finally:
-        data_access._SAMPLED_READ_BYTES = original
-    assert len(loaded.series.steps) == 50 and STEPS - 1 in loaded.series.steps
-    assert "--load_fast=false" in loaded.sampled
-    with pytest.raises(data_access.UnreadableTagError, match="RuntimeError: boom"):
-        data_access.GradientData(type("Broken", (), {
+        provider_source._SAMPLED_READ_BYTES = original
+    assert len(source.steps()) == 50 and STEPS - 1 in source.steps()
+    assert "--load_fast=false" in source.sampled
+    with pytest.raises(store.UnreadableTagError, match="RuntimeError: boom"):
+        store.Store(type("Broken", (), {
             "list_tensors": CappedProvider.list_tensors,
             "read_tensors": lambda self, ctx, **kw: (_ for _ in ()).throw(RuntimeError("boom")),
-        })()).series(context.RequestContext(), "", "train", "gradients")
+        })()).source(context.RequestContext(), "", "train", "gradients")
 
 
 @pytest.mark.parametrize("encoding", ["json", "base64"])  # base64 is packed another way
@@ -526,10 +527,12 @@ def test_no_class_colour_occurs_in_the_viridis_map_the_values_use():
 
 
 def test_the_answers_are_plain_data_without_http(client, provider):
-    """The data-returning layer: each route's dict from the data access object, no request."""
+    """The data-returning layer: each route's dict from a tag's source, no request; the
+    source here is TensorBoard's data provider, the served one the plugin's own reader of the
+    local logdir: they answer the same."""
     from tensorboard import context
 
-    data = data_access.GradientData(provider)
+    data = store.Store(provider)
     ctx = context.RequestContext()
 
     def as_served(route, **params):  # what the route sends, decoded
@@ -539,30 +542,30 @@ def test_the_answers_are_plain_data_without_http(client, provider):
         return json.loads(json.dumps(answer, allow_nan=False))
 
     assert as_json(answers.runs_overview(data, ctx, "")) == as_served("runs")
-    loaded = data.series(ctx, "", "train", "gradients")
+    loaded = data.source(ctx, "", "train", "gradients")
     lowered = tg.Thresholds(exploding_norm=2)
     heatmap = answers.heatmap_answer(
-        data, loaded, answers.HeatmapQuery("l2_norm", max_steps=7, thresholds=lowered))
+        loaded, answers.HeatmapQuery("l2_norm", max_steps=7, thresholds=lowered))
     assert heatmap["classes"][0][0] == "exploding" and len(heatmap["steps"]) == 7
     assert as_json(heatmap) == as_served("heatmap", run="train", tag="gradients", stat="l2_norm",
                                          max_steps=7, exploding_norm=2)
     by_epoch = answers.HeatmapQuery("nan_count", by_epoch=True, packed=True)
-    assert as_json(answers.heatmap_answer(data, loaded, by_epoch)) == as_served(
+    assert as_json(answers.heatmap_answer(loaded, by_epoch)) == as_served(
         "heatmap", run="train", tag="gradients", stat="nan_count", axis="epoch",
         encoding="base64")
-    with pytest.raises(data_access.UnknownError, match="no stat 'nope'"):
-        answers.heatmap_answer(data, loaded, answers.HeatmapQuery("nope"))
-    assert as_json(answers.alerts_answer(data, loaded, tg.Thresholds())) == as_served(
+    with pytest.raises(store.UnknownError, match="no stat 'nope'"):
+        answers.heatmap_answer(loaded, answers.HeatmapQuery("nope"))
+    assert as_json(answers.alerts_answer(loaded, tg.Thresholds())) == as_served(
         "alerts", run="train", tag="gradients")
-    series = answers.series_answer(data, loaded, 2, tg.Thresholds())
+    series = answers.series_answer(loaded, 2, tg.Thresholds())
     assert series["variable"] == "out/kernel" and series["classes"][INF_STEP] == "exploding"
     assert as_json(series) == as_served("series", run="train", tag="gradients", variable_index=2)
-    histogram = answers.histogram_answer(data, ctx, "", "train", "gradients", 0, 38)
+    histogram = answers.histogram_answer(loaded, 0, 38)
     assert histogram["step"] == NAN_STEP
     assert histogram == as_served("histogram", run="train", tag="gradients", variable_index=0,
                                   step=38)
-    with pytest.raises(data_access.UnknownError, match="no histograms"):
-        answers.histogram_answer(data, ctx, "", "plain", "gradients", 0, 0)
+    with pytest.raises(store.UnknownError, match="no histograms"):
+        answers.histogram_answer(data.source(ctx, "", "plain", "gradients"), 0, 0)
     assert answers.thresholds_answer() == as_served("thresholds")
 
 

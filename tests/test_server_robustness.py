@@ -138,9 +138,10 @@ def expected_steps(load_fast):
     steps.update(good=GOOD_STEPS, string_tensor=0, bomb=CRAFTED_STEPS - 1,
                  histograms_fewer_variables=3, unreadable_record=CRAFTED_STEPS,
                  broken_framing=CRAFTED_STEPS)
-    # The Rust loader serves the damaged record (the plugin leaves it out); the Python loader
-    # stops reading the file there.
-    steps["checksum"] = CRAFTED_STEPS - 1 if load_fast == "true" else DAMAGED_STEP
+    # The plugin reads a local logdir itself: the damaged record costs its own step on both
+    # loaders (the Rust loader would serve its wrong values, the Python loader stop reading the
+    # file there).
+    steps["checksum"] = CRAFTED_STEPS - 1
     return steps
 
 
@@ -171,7 +172,12 @@ def served(request, logdir):
             runs = client.get("runs")[1]
             return {run: tags.get(TAG, {}).get("steps") for run, tags in runs.items()} == expected
 
-        tensorboard.wait_for(loaded, "every run to be loaded")
+        try:
+            tensorboard.wait_for(loaded, "every run to be loaded", timeout=30)
+        except TimeoutError:
+            runs = client.get("runs")[1]
+            raise AssertionError({run: tags.get(TAG, {}).get("steps")
+                                  for run, tags in runs.items()})
         yield request.param, client
 
 
@@ -274,7 +280,7 @@ def test_the_decode_guard_changes_make_ndarray_only_inside_the_plugins_reads():
     import collections
     import threading
 
-    from tensorboard_gradients.server import decode_guard
+    from tensorboard_gradients.server.store import decode_guard
 
     decode_guard.install_decode_guard()
     guarded = tensor_util.make_ndarray
@@ -297,15 +303,15 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
                                                                              monkeypatch):
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from tensorboard_gradients.server import integrity
-    from tensorboard_gradients.server.damage import RunDamage
+    from tensorboard_gradients.server.store import event_scan
+    from tensorboard_gradients.server.store.damage import RunDamage
 
     path = write_crafted_run(tmp_path / "growing", stats_content())
     scans = []
-    real_scan = integrity._scan_records
-    monkeypatch.setattr(integrity, "_scan_records",
+    real_scan = event_scan._scan_records
+    monkeypatch.setattr(event_scan, "_scan_records",
                         lambda *args: scans.append(args[1].offset) or real_scan(*args))
-    checker = integrity.EventFileIntegrity(str(tmp_path))
+    checker = event_scan.EventFileIntegrity(str(tmp_path))
     assert checker.run("growing") == RunDamage()
     assert checker.run("growing") == RunDamage() and scans == [0]  # unchanged
     size = tmp_path.joinpath("growing", path.rsplit("/", 1)[1]).stat().st_size
@@ -371,13 +377,13 @@ def _held_verification(monkeypatch):
     """Holds every verification of checksums until the returned event is set."""
     import threading
 
-    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.store import event_scan
 
     go = threading.Event()
-    real_verified = integrity._verified
-    monkeypatch.setattr(integrity, "_verified",
+    real_verified = event_scan._verified
+    monkeypatch.setattr(event_scan, "_verified",
                         lambda *args: go.wait(30) and real_verified(*args))
-    monkeypatch.setattr(integrity, "VERIFY_INLINE_BYTES", 0)
+    monkeypatch.setattr(event_scan, "VERIFY_INLINE_BYTES", 0)
     return go
 
 
@@ -388,20 +394,20 @@ def test_big_records_are_located_at_once_and_their_checksums_verified_in_the_bac
     verified in the background; a damaged one's step, located meanwhile, is then taken back
     and counted as damage, as a scan reading every byte would have found at once. A long run
     that took the steps before drops the damaged ones (the last: fewer steps, a later look)."""
-    from tensorboard_gradients.server import integrity
-    from tensorboard_gradients.server.long_runs import LongRun
+    from tensorboard_gradients.server.store import event_scan
+    from tensorboard_gradients.server.store.local_tag import LocalTag
 
     _big_records_run(tmp_path / "run", damaged_steps=(29, 30))  # the last steps
-    whole = integrity.EventFileIntegrity(str(tmp_path))  # a few KB: verified before answering
+    whole = event_scan.EventFileIntegrity(str(tmp_path))  # a few KB: verified before answering
     assert whole.run("run").steps_of(TAG) == {29, 30}
 
     go = _held_verification(monkeypatch)
-    skimmed = integrity.EventFileIntegrity(str(tmp_path))
+    skimmed = event_scan.EventFileIntegrity(str(tmp_path))
     located = skimmed.located("run", TAG)
     assert located.steps.tolist() == list(range(1, 31))  # before any checksum is verified
     assert skimmed.located("run", metadata.histogram_tag(TAG)).steps.tolist() == [10, 20, 30]
     assert not skimmed.run("run").steps_of(TAG)
-    long_run = LongRun("run", TAG, skimmed.tags("run")[TAG])
+    long_run = LocalTag("run", TAG, metadata.parse_plugin_data(skimmed.contents("run")[TAG]))
     long_run.update(located)
     go.set()
     assert skimmed.wait_until_verified(30)
@@ -416,19 +422,19 @@ def test_a_record_that_does_not_parse_is_located_until_verified_then_left_out(
     """A big record whose checksum holds but whose tensor does not parse (a crafted file): its
     first bytes name a step, which verification takes back without calling it damage, as a
     scan parsing every record leaves it out; the step's earlier record is served again."""
-    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.store import event_scan
 
     _big_records_run(tmp_path / "run", unparsable_step=5)
-    whole = integrity.EventFileIntegrity(str(tmp_path))
-    assert whole.run("run") == integrity.NO_DAMAGE
+    whole = event_scan.EventFileIntegrity(str(tmp_path))
+    assert whole.run("run") == event_scan.NO_DAMAGE
     go = _held_verification(monkeypatch)
-    skimmed = integrity.EventFileIntegrity(str(tmp_path))
+    skimmed = event_scan.EventFileIntegrity(str(tmp_path))
     before = skimmed.located("run", TAG)
     assert before.locations[4] != whole.located("run", TAG).locations[4]  # the crafted one
     go.set()
     assert skimmed.wait_until_verified(30)
     _same_located(skimmed, whole)
-    assert skimmed.run("run") == integrity.NO_DAMAGE
+    assert skimmed.run("run") == event_scan.NO_DAMAGE
 
 
 def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, monkeypatch):
@@ -436,11 +442,11 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
     damage: the records stay to verify, and are verified once the file reads again."""
     import errno
 
-    from tensorboard_gradients.server import integrity
+    from tensorboard_gradients.server.store import event_scan
 
     _big_records_run(tmp_path / "run", damaged_steps=(17,))
-    whole = integrity.EventFileIntegrity(str(tmp_path))
-    real_verified, failures = integrity._verified, [1, 1]
+    whole = event_scan.EventFileIntegrity(str(tmp_path))
+    real_verified, failures = event_scan._verified, [1, 1]
 
     def verified(*args):
         if failures:
@@ -448,13 +454,13 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
             raise OSError(errno.EMFILE, "Too many open files")
         return real_verified(*args)
 
-    monkeypatch.setattr(integrity, "_verified", verified)
-    checker = integrity.EventFileIntegrity(str(tmp_path))
+    monkeypatch.setattr(event_scan, "_verified", verified)
+    checker = event_scan.EventFileIntegrity(str(tmp_path))
     # Inline, then in the background: both failed. (Any look at the files starts verifying
     # again: `run` does, and answers before the verifier can take anything back.)
-    assert checker.run("run") == integrity.NO_DAMAGE
+    assert checker.run("run") == event_scan.NO_DAMAGE
     assert checker.wait_until_verified(30) is False  # nothing verified, nothing counted
-    assert checker.run("run") == integrity.NO_DAMAGE
+    assert checker.run("run") == event_scan.NO_DAMAGE
     assert checker.wait_until_verified(30)  # that look started verifying again
     _same_located(checker, whole)
     assert checker.run("run") == whole.run("run")

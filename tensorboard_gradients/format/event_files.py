@@ -255,14 +255,15 @@ def open_regular_file(path: str) -> BinaryIO:
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            raise NotARegularFileError(f"{path!r} is {_file_type(mode)}, not a regular file")
+            raise NotARegularFileError(f"{path!r} is {file_type(mode)}, not a regular file")
         return os.fdopen(descriptor, "rb")
     except BaseException:
         os.close(descriptor)
         raise
 
 
-def _file_type(mode: int) -> str:
+def file_type(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("a FIFO", "a directory")."""
     return next((name for is_type, name in _FILE_TYPES if is_type(mode)), "a special file")
 
 

@@ -2,8 +2,9 @@
 
 This module is the `tensorboard_plugins` entry point, so it stays light: TensorBoard imports it
 unguarded at start-up and dies if it raises. Each route parses its query (`queries`), loads
-through `data_access` (TensorBoard's data provider, both loaders), takes its answer from
-`answers` (plain data, callable without HTTP) and responds (`responses`).
+its tag's source from the `store` (the plugin's own reader for a local logdir, TensorBoard's data
+provider otherwise), takes its answer from `answers` (plain data, callable without HTTP) and
+responds (`responses`).
 
 Routes (GET, under ``/data/plugin/gradients/``): ``runs``, ``heatmap``, ``alerts``, ``series``,
 ``histogram``, ``export``, ``thresholds``, ``inventory`` and ``static/<file>``; their parameters,
@@ -21,17 +22,15 @@ from tensorboard.plugins import base_plugin
 from werkzeug import security
 
 from tensorboard_gradients.format import metadata
-from tensorboard_gradients.server import (
-    answers, data_access, export, integrity, long_runs, responses,
-)
+from tensorboard_gradients.server import answers, export, responses, store
 from tensorboard_gradients.server.queries import BadRequest, Query
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
-# plugin. For a local logdir they keep every step of a short tag and a sample of a long one,
-# which the plugin reads from its event files instead (`long_runs`): TensorBoard's memory stays
-# bounded. Elsewhere (gs://, several logdirs) 0: every step. `--samples_per_plugin gradients=N`
-# overrides both.
-LOCAL_SAMPLES = long_runs.LONG_RUN_STEPS
+# plugin. The plugin reads a local logdir's tags from their event files itself (`store`), so
+# TensorBoard need keep one point of each: what tells it that the run has gradients. Elsewhere
+# (gs://, several logdirs) TensorBoard is the source: 0, every step.
+# `--samples_per_plugin gradients=N` overrides both.
+LOCAL_SAMPLES = 1
 REMOTE_SAMPLES = 0
 STATIC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
 _STATIC_PREFIX = "/static/"
@@ -47,7 +46,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         # In a real TensorBoard, long runs are digested as it reads the logdir (at its reload
         # interval; 0: once), so their first request answers at once.
         flags = context.flags
-        self._data = data_access.GradientData(
+        self._store = store.Store(
             context.data_provider, logdir=context.logdir,
             digest_every=None if flags is None else getattr(flags, "reload_interval", 5))
         # What the user gave TensorBoard: one logdir, checked for being a directory when it is a
@@ -80,13 +79,13 @@ class GradientsPlugin(base_plugin.TBPlugin):
             es_module_path=_STATIC_PREFIX + "index.js", tab_name="Gradients"
         )
 
-    def _load(self, ctx, experiment, query):
-        return self._data.series(ctx, experiment, query.text("run"), query.text("tag"))
+    def _source(self, ctx, experiment, query):
+        return self._store.source(ctx, experiment, query.text("run"), query.text("tag"))
 
     @responses.route
     def _serve_runs(self, request, ctx, experiment):
         Query(request, ())
-        return responses.json_response(request, answers.runs_overview(self._data, ctx, experiment))
+        return responses.json_response(request, answers.runs_overview(self._store, ctx, experiment))
 
     @responses.route
     def _serve_heatmap(self, request, ctx, experiment):
@@ -105,11 +104,11 @@ class GradientsPlugin(base_plugin.TBPlugin):
             thresholds=query.thresholds(),
             by_layer=_by_layer(query),
         )
-        loaded = self._load(ctx, experiment, query)
-        asked = asked.bounded(loaded)  # the key of the kept answer: equal answers, one copy
+        source = self._source(ctx, experiment, query)
+        asked = asked.bounded(source)  # the key of the kept answer: equal answers, one copy
         return responses.kept_gzipped_json(
-            request, self._data, loaded, _kept_as(loaded, ("heatmap", asked), asked.thresholds),
-            lambda: answers.heatmap_answer(self._data, loaded, asked),
+            request, self._store, source, _kept_as(source, ("heatmap", asked), asked.thresholds),
+            lambda: answers.heatmap_answer(source, asked),
         )
 
     @responses.route
@@ -121,17 +120,17 @@ class GradientsPlugin(base_plugin.TBPlugin):
     def _serve_inventory(self, request, ctx, experiment):
         Query(request, ())
         return responses.json_response(request, answers.inventory_answer(
-            self._data, ctx, experiment, self._location, self._local_location))
+            self._store, ctx, experiment, self._location, self._local_location))
 
     @responses.route
     def _serve_alerts(self, request, ctx, experiment):
         query = Query(request, ("run", "tag"), thresholds=True)
         thresholds = query.thresholds()
-        loaded = self._load(ctx, experiment, query)
+        source = self._source(ctx, experiment, query)
         # Kept gzipped like the heatmap: encoding thousands of alerts is most of the answer's cost.
         return responses.kept_gzipped_json(
-            request, self._data, loaded, _kept_as(loaded, ("alerts", thresholds), thresholds),
-            lambda: answers.alerts_answer(self._data, loaded, thresholds),
+            request, self._store, source, _kept_as(source, ("alerts", thresholds), thresholds),
+            lambda: answers.alerts_answer(source, thresholds),
         )
 
     @responses.route
@@ -140,12 +139,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
                       thresholds=True)
         thresholds = query.thresholds()
         by_layer = _by_layer(query)
-        loaded = self._load(ctx, experiment, query)
-        series = loaded.series
-        row = query.row(answers.row_names(series.variables, series.layers, by_layer), series.run,
-                        series.tag)
+        source = self._source(ctx, experiment, query)
+        like = source.like
+        row = query.row(answers.row_names(like.variables, like.layers, by_layer), like.run,
+                        like.tag)
         return responses.json_response(
-            request, answers.series_answer(self._data, loaded, row, thresholds, by_layer)
+            request, answers.series_answer(source, row, thresholds, by_layer)
         )
 
     @responses.route
@@ -153,14 +152,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
         query = Query(request, ("run", "tag", "variable", "variable_index", "step", "rows"))
         step = query.integer("step", minimum=0, required=True)
         by_layer = _by_layer(query)
-        run, tag = query.text("run"), query.text("tag")
-        tags = self._data.tags(ctx, experiment)
-        layout = self._data.stats_tag(tags, run, tag).parsed.layout
-        row = query.row(answers.row_names(layout.variables, layout.layers, by_layer), run, tag)
+        source = self._source(ctx, experiment, query)
+        like = source.like
+        row = query.row(answers.row_names(like.variables, like.layers, by_layer), like.run,
+                        like.tag)
         return responses.json_response(
-            request, answers.histogram_answer(self._data, ctx, experiment, run, tag, row, step,
-                                              tags, by_layer),
-        )
+            request, answers.histogram_answer(source, row, step, by_layer))
 
     @responses.route
     def _serve_export(self, request, ctx, experiment):
@@ -168,10 +165,9 @@ class GradientsPlugin(base_plugin.TBPlugin):
         query = Query(request, ("run", "tag", "format"))
         if query.text("format") != "csv":
             raise BadRequest("parameter 'format' must be csv")
-        loaded = self._load(ctx, experiment, query)
-        pieces = [loaded.series] if loaded.long_run is None else loaded.long_run.pieces()
-        return responses.csv_download(export.csv_filename(loaded.series),
-                                      export.csv_chunks(pieces))
+        source = self._source(ctx, experiment, query)
+        return responses.csv_download(export.csv_filename(source.like),
+                                      export.csv_chunks(source.pieces()))
 
     @responses.answered
     def _serve_static(self, request):
@@ -193,17 +189,15 @@ def _by_layer(query: Query) -> bool:
     return query.choice("rows", ("variables", "layers")) == "layers"
 
 
-def _kept_as(loaded, key: tuple, thresholds) -> tuple:
-    """The key an answer is kept under: a long run's also says how far its digest has read, so
-    an answer given while the run is still being read is not served once more is read."""
-    if loaded.long_run is None:
-        return key
-    return key + (loaded.long_run.progress(thresholds, answers.waits(thresholds)),)
+def _kept_as(source, key: tuple, thresholds) -> tuple:
+    """The key an answer is kept under: it also says how far the tag's digest has read, so an
+    answer given while a long run is still being read is not served once more is read."""
+    return key + (source.progress(thresholds),)
 
 
 class GradientsLoader(base_plugin.TBLoader):
     """Entry point: sets how many steps TensorBoard keeps (see `LOCAL_SAMPLES`) and starts
-    scanning a local logdir's event files (`integrity.prescan`), then builds the plugin."""
+    scanning a local logdir's event files (`store.prescan`), then builds the plugin."""
 
     def fix_flags(self, flags):
         samples = getattr(flags, "samples_per_plugin", None)
@@ -216,7 +210,7 @@ class GradientsLoader(base_plugin.TBLoader):
             # logdir) and never through TensorBoard, which need keep only the latest.
             samples.setdefault(metadata.DIGEST_PLUGIN_NAME, 1)
             if local:
-                integrity.prescan(logdir)
+                store.prescan(logdir)
 
     def load(self, context):
         return GradientsPlugin(context)

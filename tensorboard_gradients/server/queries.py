@@ -4,7 +4,7 @@
 from typing import Optional, Sequence, Tuple
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.server.data_access import UnknownError
+from tensorboard_gradients.server.store import UnknownError
 
 # Event steps are int64; a larger query integer could only overflow the arithmetic on them.
 INT64_MAX = 2**63 - 1
@@ -61,7 +61,10 @@ class Query:
 
     def thresholds(self) -> analysis.Thresholds:
         given = {n: self._args[n] for n in analysis.Thresholds.names() if n in self._args}
-        return analysis.Thresholds.from_strings(given)
+        try:
+            return analysis.Thresholds.from_strings(given)
+        except ValueError as error:  # a value out of range, or not a number
+            raise BadRequest(str(error)) from None
 
     def step_range(self) -> Optional[Tuple[int, int]]:
         """``first_step``/``last_step`` (inclusive) as ``(first, last)``, None when neither."""

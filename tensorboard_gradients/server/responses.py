@@ -1,11 +1,11 @@
 """HTTP answers of the plugin's routes: JSON, gzipped JSON kept per series, CSV downloads, and
 errors mapped to status codes.
 
-Errors: a missing or invalid parameter (`queries.BadRequest`), a tag that cannot be read, or any
-other `ValueError` answers 400, an unknown run, tag, variable or stat
-(`data_access.UnknownError`) 404, all as ``{"error": message}``. TensorBoard's own public
-errors pass through. Anything else is a bug: logged with its traceback and answered as a JSON
-500, never a page.
+Errors: a missing or invalid parameter (`queries.BadRequest`) or a tag that cannot be read
+(`store.UnreadableTagError`) answers 400, an unknown run, tag, variable or stat
+(`store.UnknownError`) 404, both as ``{"error": message}``: only these deliberate errors. The
+other exceptions, a ``ValueError`` of numpy's included, are bugs: logged with their traceback
+and answered as a JSON 500, never a page. TensorBoard's own public errors pass through.
 """
 
 import functools
@@ -17,8 +17,8 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from werkzeug import wrappers
 
-from tensorboard_gradients.server import encoding, traffic
-from tensorboard_gradients.server.data_access import UnknownError
+from tensorboard_gradients.server import encoding, store
+from tensorboard_gradients.server.queries import BadRequest
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +27,12 @@ def json_response(request, payload, code=200):
     return http_util.Respond(request, encoding.json_text(payload), "application/json", code=code)
 
 
-def kept_gzipped_json(request, data, loaded, key, build):
-    """``build()`` as gzipped JSON, kept for as long as ``loaded`` is current
-    (`GradientData.memo` under ``key``): a repeated request (the tab polling a finished run)
-    costs no encoding; `Respond` unzips on the fly for a client that does not accept gzip."""
-    body = data.memo(loaded, key, lambda: encoding.gzipped_json(build()))
+def kept_gzipped_json(request, kept, source, key, build):
+    """``build()`` as gzipped JSON, kept for as long as ``source`` is current
+    (`store.Store.memo` of ``kept`` under ``key``): a repeated request (the tab polling a
+    finished run) costs no encoding; `Respond` unzips on the fly for a client that does not
+    accept gzip."""
+    body = kept.memo(source, key, lambda: encoding.gzipped_json(build()))
     return http_util.Respond(request, body, "application/json", content_encoding="gzip")
 
 
@@ -71,7 +72,7 @@ def answered(handler):
 
 def route(handler):
     """Runs a handler with the request's context; maps bad input and unreadable tags to 400 and
-    unknown names to 404."""
+    unknown names to 404 (anything else: `answered`)."""
 
     @functools.wraps(handler)
     @answered
@@ -79,11 +80,11 @@ def route(handler):
         ctx = tb_context.from_environ(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
         try:
-            with traffic.REQUESTS.answering():  # long runs read in the background wait
+            with store.answering():  # long runs read in the background wait
                 return handler(self, request, ctx, experiment)
-        except UnknownError as error:
+        except store.UnknownError as error:
             return json_response(request, {"error": str(error)}, code=404)
-        except ValueError as error:  # BadRequest, thresholds, unreadable tag, no epochs
+        except (BadRequest, store.UnreadableTagError) as error:
             return json_response(request, {"error": str(error)}, code=400)
 
     return application

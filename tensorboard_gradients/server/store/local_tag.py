@@ -1,4 +1,4 @@
-"""`LongRun`: a stats tag too long for TensorBoard to hold, read by the plugin from its local
+"""`LocalTag`: a stats tag too long for TensorBoard to hold, read by the plugin from its local
 event files a few thousand steps at a time, and kept up to date as the run grows.
 
 A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
@@ -30,8 +30,8 @@ import numpy as np
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
-from tensorboard_gradients.analysis.digest import Digest, chained
-from tensorboard_gradients.server import traffic
+from tensorboard_gradients.analysis.digest import MAX_BLOCKS, Digest, chained
+from tensorboard_gradients.server.store import traffic
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def is_long(steps: int, variables: int, stats: int) -> bool:
     return steps > LONG_RUN_STEPS or steps * variables * stats * 4 > LONG_RUN_BYTES
 
 
-class LongRun:
+class LocalTag:
     """One long stats tag of a local run (thread-safe).
 
     Args:
@@ -79,6 +79,8 @@ class LongRun:
         self._taken_up = self._no_taking_up = False
         self.epoch_starts = self.epoch_indices = None
         self.lost = {}  # (path, message) of points left out when read back: None
+        self._lost_steps = set()  # their steps
+        self._kept_rows = None  # (located, start, stop, rows) of the last `rows`
         # thresholds -> (Digest, located steps fed to it); the defaults' and at most one other
         self._digests = {}
         self._lock = threading.RLock()  # the state above and every digest's
@@ -109,31 +111,53 @@ class LongRun:
             if not grew:
                 self._digests.clear()
                 self._taken_up = self._no_taking_up = False
+                self.lost.clear()
+                self._lost_steps.clear()
             for digest, _ in self._digests.values():
                 digest.set_epochs(epoch_starts, epoch_indices)
 
     def rows(self, start: int, stop: int) -> GradientSeries:
         """Logged steps ``start:stop`` read back from their records (a few thousand at most:
-        ~44 KB each for 1,000 variables)."""
-        return self._rows_of(self.located, start, stop)
+        ~44 KB each for 1,000 variables). The last rows read are kept while the tag is
+        unchanged: the views of a short run ask for the same rows, one stat at a time."""
+        with self._lock:
+            located, kept = self.located, self._kept_rows
+        if kept is not None and kept[0] is located and kept[1:3] == (start, stop):
+            return kept[3]
+        rows = self._rows_of(located, start, stop)
+        with self._lock:
+            self._kept_rows = (located, start, stop, rows)
+        return rows
 
     def _rows_of(self, located, start: int, stop: int) -> GradientSeries:
-        return reader.located_rows(self.run, self.tag, self.parsed, located, start, stop,
+        rows = reader.located_rows(self.run, self.tag, self.parsed, located, start, stop,
                                    self.lost_point)
-
-    def pieces(self):
-        """Every logged step, `STEPS_PER_READ` at a time (a generator of `GradientSeries`)."""
-        for start in range(0, len(self.located.steps), STEPS_PER_READ):
-            yield self.rows(start, start + STEPS_PER_READ)
+        asked = located.steps[start:stop]
+        if len(rows.steps) < len(asked):
+            with self._lock:
+                self._lost_steps.update(np.setdiff1d(asked, rows.steps).tolist())
+        return rows
 
     def lost_point(self, kind, tag, path, message):
         """Notes points of the run left out when read back (`reader.read_back`'s report)."""
         with self._lock:
             self.lost[(path, message)] = None
 
-    def lost_messages(self):
+    def lost_report(self):
+        """(logged steps left out when read back so far, the sentences that say why)."""
         with self._lock:
-            return tuple(f"{message} ({path})" for path, message in self.lost)
+            return len(self._lost_steps), tuple(f"{message} ({path})"
+                                                for path, message in self.lost)
+
+    def nbytes(self) -> int:
+        """About what its digests hold: a byte per cell, and blocks of 8 bytes per stat."""
+        with self._lock:
+            if self.located is None:
+                return 0
+            steps = len(self.located.steps)
+        cells = len(self.like.variables) * steps
+        blocks = len(self.like.variables) * min(steps, MAX_BLOCKS) * len(self.like.stat_names)
+        return (cells + 8 * blocks) * max(1, len(self._digests))
 
     @contextlib.contextmanager
     def reading(self, thresholds: analysis.Thresholds, wait: bool = True,

@@ -32,9 +32,13 @@ class RunDamage:
     # tag -> {step of a damaged record that still parses: event file name}
     steps: Dict[str, Dict[int, str]] = dataclasses.field(default_factory=dict)
     file_messages: Tuple[str, ...] = ()  # damage that cannot be pinned to a tag
+    # tag -> {step of an intact record whose tensor was refused before decoding: why}
+    refused: Dict[str, Dict[int, str]] = dataclasses.field(default_factory=dict)
 
     def steps_of(self, tag: str) -> FrozenSet[int]:
-        return frozenset(self.steps.get(tag, ()))
+        """The steps of ``tag`` left out: their record fails its checksum or their tensor was
+        refused."""
+        return frozenset(self.steps.get(tag, ())) | frozenset(self.refused.get(tag, ()))
 
     def signature(self, *tags: str) -> tuple:
         return tuple(self.steps_of(tag) for tag in tags) + (self.file_messages,)
@@ -42,8 +46,12 @@ class RunDamage:
     def messages_for(self, tag: str, *companions: Tuple[str, str]) -> Tuple[str, ...]:
         """Sentences on the damaged records of ``tag``, then of each ``(tag, what)`` of
         ``companions`` (its histograms and epochs tags, named ``what``), then on the files."""
-        sentences = []
-        for name, what in ((tag, "this tag"),) + companions:
+        named = ((tag, "this tag"),) + companions
+        # Tensors refused before decoding first, then records failing their checksum.
+        sentences = [refusal_message(len(self.refused[name]),
+                                     collections.Counter(self.refused[name].values()), what)
+                     for name, what in named if self.refused.get(name)]
+        for name, what in named:
             by_file = collections.Counter(self.steps.get(name, {}).values())
             sentences.extend(
                 f"{counted(count, f'logged step of {what} was', f'logged steps of {what} were')}"

@@ -21,6 +21,7 @@ does not wait for its 5 GB to be read: until verified, a damaged big record's st
 """
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -30,8 +31,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from tensorboard_gradients.format import event_files, metadata
-from tensorboard_gradients.server import traffic
-from tensorboard_gradients.server.damage import NO_DAMAGE, RunDamage, counted
+from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
+from tensorboard_gradients.server.store import traffic
+from tensorboard_gradients.server.store.damage import NO_DAMAGE, RunDamage, counted
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class _FileScan:
     mtime_ns: int = -1
     offset: int = 0
     damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
+    # tag -> {step: why} of intact records whose tensor is not what the tag's metadata says (a
+    # "bomb" declaring terabytes, a string tensor): never located, counted as damage.
+    refused: Dict[str, dict] = dataclasses.field(default_factory=dict)
     unreadable: int = 0  # records failing their checksum that do not parse either
     broken_at: Optional[int] = None  # a record length failing its checksum: nothing after it
     # This plugin's tags in this file and the other tags (by their first value with plugin
@@ -94,7 +99,9 @@ class EventFileIntegrity:
         directory = self._directory(run)
         if directory is None:
             return NO_DAMAGE
-        steps, messages = {}, []
+        steps, refused, messages = {}, {}, []
+        messages.extend(f"{name} is {kind}, not an event file: skipped"
+                        for name, kind in _not_regular_files(directory))
         with self._lock:
             for name, path in _event_files(directory):
                 try:
@@ -106,6 +113,8 @@ class EventFileIntegrity:
                     continue
                 for tag, tag_steps in scan.damaged_steps.items():
                     steps.setdefault(tag, {}).update(dict.fromkeys(tag_steps, name))
+                for tag, reasons in scan.refused.items():
+                    refused.setdefault(tag, {}).update(reasons)
                 if scan.unreadable:
                     messages.append(
                         f"{counted(scan.unreadable, 'record', 'records')} of {name} "
@@ -117,7 +126,9 @@ class EventFileIntegrity:
                         f"{name} is damaged at byte {scan.broken_at} (a record length fails "
                         "its checksum): nothing after it can be read"
                     )
-        return RunDamage(steps, tuple(messages)) if steps or messages else NO_DAMAGE
+        if not (steps or refused or messages):
+            return NO_DAMAGE
+        return RunDamage(steps, tuple(messages), refused)
 
     def located(self, run: str, tag: str) -> Optional[Located]:
         """Where the points of ``tag`` lie in the run's intact records; None when the logdir is
@@ -170,10 +181,9 @@ class EventFileIntegrity:
                 found.append(relative.replace(os.sep, "/"))
         return sorted(found)
 
-    def tags(self, run: str) -> Dict[str, metadata.PluginData]:
-        """``{tag: PluginData}`` of this plugin's tags in the run, by their first metadata in
-        file-name order (as TensorBoard reads it); tags whose metadata does not parse are left
-        out (the routes report them)."""
+    def contents(self, run: str) -> Dict[str, bytes]:
+        """``{tag: metadata content}`` of this plugin's tags in the run, by their first metadata
+        in file-name order (as TensorBoard reads it)."""
         directory = self._directory(run)
         contents = {}
         with self._lock:
@@ -184,13 +194,7 @@ class EventFileIntegrity:
                     continue
                 for tag, content in scan.contents.items():
                     contents.setdefault(tag, content)
-        parsed = {}
-        for tag, content in contents.items():
-            try:
-                parsed[tag] = metadata.parse_plugin_data(content)
-            except metadata.UnsupportedFormatError:
-                continue
-        return parsed
+        return contents
 
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
@@ -317,6 +321,24 @@ def _event_files(directory: str):
     )
 
 
+def _not_regular_files(directory: str):
+    """``(name, what it is)`` of the entries of ``directory`` named like an event file that are
+    not regular files (a FIFO would hang whoever opens it), sorted."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if not event_files.is_event_file(entry.name) or entry.is_file():
+            continue
+        try:
+            found.append((entry.name, event_files.file_type(entry.stat().st_mode)))
+        except OSError:
+            continue  # gone since it was listed
+    return sorted(found)
+
+
 def _scan_records(path: str, scan: _FileScan, size: int):
     """Reads ``path`` from ``scan.offset`` to ``size``, noting where this plugin's points lie and
     the records failing their checksum; a record still being written is left for the next
@@ -429,8 +451,40 @@ def _note_points(record: bytes, offset: int, scan: _FileScan):
                 scan.others.add(tag)
                 scan.points.pop(tag, None)
                 continue
+        refusal = _refusal(value, scan.contents.get(tag))
+        if refusal is not None:
+            scan.refused.setdefault(tag, {})[int(event.step)] = refusal
+            continue
         scan.points.setdefault(tag, []).append(
             (int(event.step), float(event.wall_time), offset, index))
+
+
+def _refusal(value, content: Optional[bytes]) -> Optional[str]:
+    """Why a logged value of one of this plugin's tags (first metadata ``content``) is refused
+    before it is decoded, or None (`series.check_tensor`: the decode guard's rule)."""
+    expected = _expected_shape(content)
+    if expected is None:
+        return None
+    try:
+        check_tensor(value.tensor, expected)
+    except DamagedPointError as error:
+        return str(error)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _expected_shape(content: Optional[bytes]):
+    """The shape a tag's logged tensors must have, None when its metadata does not say (the
+    writer's digests, metadata that does not parse: reported with the tag)."""
+    if content is None:
+        return None
+    try:
+        parsed = metadata.parse_plugin_data(content)
+    except Exception:  # noqa: BLE001 - the tag itself is reported as unreadable
+        return None
+    if parsed.kind not in (metadata.KIND_STATS, metadata.KIND_HISTOGRAMS, metadata.KIND_EPOCHS):
+        return None
+    return expected_shape(parsed)
 
 
 # This plugin's tags: its statistics and the writer's digests of them (`format.digest_feed`).
