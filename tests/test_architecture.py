@@ -105,3 +105,25 @@ def test_only_capture_imports_a_training_framework():
         if _room(module) != "capture"
     }
     assert {m: f for m, f in found.items() if f} == {}
+
+
+STORE = "tensorboard_gradients.server.store"
+
+
+def test_the_http_modules_reach_the_storage_only_through_its_interface():
+    """`server/`'s HTTP modules import `server.store` (its registry and `RunSource` interface,
+    the names its package exports) and nothing inside it; the store imports none of them."""
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        if not module.startswith("tensorboard_gradients.server"):
+            continue
+        imported, _ = _imports(path, modules, top_level_only=False)
+        in_store = module == STORE or module.startswith(STORE + ".")
+        for other in imported:
+            if not in_store and other.startswith(STORE + "."):
+                wrong.append(f"{module} reaches inside the store: {other}")
+            if (in_store and module != STORE and other.startswith("tensorboard_gradients.server")
+                    and not other.startswith(STORE)):
+                wrong.append(f"{module} (the store) imports the HTTP layer: {other}")
+    assert not wrong, wrong

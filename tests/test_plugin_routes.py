@@ -294,6 +294,22 @@ def test_bad_queries_get_a_clear_4xx_never_a_500(client, route, params, expected
         assert isinstance(body, dict) and body["error"]
 
 
+def test_a_bug_that_raises_a_value_error_is_a_logged_500_not_a_bad_request(client, monkeypatch,
+                                                                           caplog):
+    """Only deliberate validation errors answer 400: a ValueError from numpy code (a bug) is a
+    JSON 500, its traceback in TensorBoard's log, so it never reads as the user's mistake."""
+    def broken(*args, **kwargs):
+        np.broadcast_shapes((3,), (5,))  # raises ValueError, as a bug in numpy code would
+
+    monkeypatch.setattr(answers, "alerts_answer", broken)
+    status, body = get(client, "alerts", run="train", tag="gradients", exploding_norm="2.5")
+    assert status == 500 and "internal error" in body["error"] and "ValueError" in body["error"]
+    assert any(record.exc_info and record.exc_info[0] is ValueError for record in caplog.records)
+    # The same route's deliberate errors are still 400 and 404.
+    assert get(client, "alerts", run="train", tag="gradients", exploding_norm="x")[0] == 400
+    assert get(client, "alerts", run="nope", tag="gradients")[0] == 404
+
+
 def test_repeated_parameters_are_refused(client):
     response = client.get(BASE + "heatmap?run=train&run=plain&tag=gradients&stat=l2_norm")
     assert response.status_code == 400
@@ -377,7 +393,8 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(p
 
     data = store.Store(CappedProvider())
     original = provider_source._SAMPLED_READ_BYTES
-    provider_source._SAMPLED_READ_BYTES = 100 * 3 * 11 * 4  # 100 float32 points: too many, then 50
+    # 100 float32 points: too many, then 50
+    provider_source._SAMPLED_READ_BYTES = 100 * 3 * 11 * 4
     try:
         from tensorboard import context
 

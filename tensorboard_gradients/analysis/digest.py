@@ -3,7 +3,7 @@ thousand logged steps at a time.
 
 A run of 1,000 variables x 100,000 steps is 4.4 GB of statistics: neither TensorBoard nor the
 plugin can hold it, and judging it takes seconds. So the plugin reads such a run's steps from
-its event files (`integrity.EventFileIntegrity.located`) in order, once, and keeps:
+its event files (`server.store.event_scan`) in order, once, and keeps:
 
 * the cell classes of every step (one byte per cell: 100 MB for that run) and the alerts, from
   an `analysis.AnalysisStream` (equal to judging the whole run at once);
@@ -15,7 +15,7 @@ its event files (`integrity.EventFileIntegrity.located`) in order, once, and kee
   of 2,000 steps, blocks of 64 steps at 100,000): about as many columns as a screen shows,
   in bounded memory;
 * the steps, their wall times and record locations, so a zoom into a few thousand steps reads
-  just those steps back at full resolution (`data_access`).
+  just those steps back at full resolution (`server.answers`).
 
 A refresh of a growing run feeds only the new steps. A run whose logged steps changed other
 than by growing (a restarted job rewrote steps, an epoch mark appeared inside a summarised
@@ -532,7 +532,7 @@ class WrittenDigest(Digest):
         self._block_parts = blocks + ([tail] if len(tail.worst) else [])
         self._block_starts = block_starts
         self._written_alerts = alerts
-        # (first row, end row, file) of each record, set by its reader (`server.long_runs`)
+        # (first row, end row, file) of each record, set by its reader (`server.store.local_tag`)
         self.sources = []
         self.records = []  # the records used, in order (`Digest.continued` goes on from them)
         self.continues = None  # False once `Digest.continued` failed on them

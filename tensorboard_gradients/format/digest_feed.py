@@ -5,7 +5,7 @@ TensorBoard starts, every time it starts. The writer has every step in hand anyw
 the steps it writes to the same `analysis.digest.Digest` the plugin would build (in a background
 thread, `EVERY_STEPS` at a time: nothing waits on the training thread) and writes what changed
 as a digest record (`metadata` kind ``digest``) every `EVERY_STEPS` steps and at close. The
-plugin reads those few records instead of every step (`server.long_runs`).
+plugin reads those few records instead of every step (`server.store.local_tag`).
 
 A digest describes the steps as this writer wrote them. When it could mislead (a step written
 again or out of order, a digest record lost to a full disk, an epoch mark for a step already

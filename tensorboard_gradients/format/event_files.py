@@ -317,7 +317,7 @@ def skim_records(file: BinaryIO, start: int, size: int, damage: ReadDamage) -> I
     its data checksum verified. Small records come whole, many per read.
 
     Locating the 100,000 records of a long run (4.9 GB) this way reads 0.4 GB instead of all,
-    in ~0.3 s instead of ~2 s (`integrity` verifies their checksums afterwards, in the
+    in ~0.3 s instead of ~2 s (`server.store.event_scan` verifies their checksums afterwards, in the
     background)."""
     descriptor, position = file.fileno(), start
     while size - position >= _HEADER.size:

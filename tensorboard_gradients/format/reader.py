@@ -113,7 +113,7 @@ def histograms_mismatch(stats_tag: str, stats: metadata.PluginData, histograms_t
                         histograms: metadata.PluginData) -> Optional[str]:
     """Why the histograms tag ``histograms_tag`` is left out next to its stats tag, or None.
 
-    The one rule of `read_logdir` and of the plugin (`data_access`), so they cannot disagree.
+    The one rule of `read_logdir` and of the plugin (`server.store`), so they cannot disagree.
     Our writers log a tag's histograms with the layout of its statistics (the tag is chosen by
     the variable names), so histograms of other variables were written under this name by
     another process or layout: matching their rows by name would show one model's histograms

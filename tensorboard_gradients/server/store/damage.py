@@ -1,7 +1,7 @@
 """What was left out of a run's data as damaged, and the sentences that say so.
 
-Nothing left out is silent (see `data_access`): the steps a checksum check found damaged
-(`RunDamage`, filled by `integrity`) and the tensors the decode guard refused
+Nothing left out is silent (see `local` and `provider`): the steps a checksum check found damaged
+(`RunDamage`, filled by `event_scan`) and the tensors the decode guard refused
 (`refusal_message`, counted by `decode_guard`) are told to the user in these sentences.
 """
 

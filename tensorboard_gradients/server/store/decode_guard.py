@@ -9,7 +9,7 @@ the Rust loader's ``data/grpc_provider.py``) call ``tensor_util.make_ndarray`` t
 module attribute at call time, on the thread that called ``read_tensors``. That attribute is
 therefore the one hook before decoding: `install_decode_guard` replaces it, once per process,
 by a function that IS the original except on a thread inside a `decoding_as` block (the
-plugin's own ``read_tensors`` calls, `data_access`), where it decodes with
+plugin's own ``read_tensors`` calls, `provider`), where it decodes with
 `series.decode_tensor` against the shape the metadata gives and turns a refused tensor into
 None, which `series.series_from_points` counts as a damaged point.
 """

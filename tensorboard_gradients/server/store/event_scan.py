@@ -1,17 +1,19 @@
-"""What the plugin reads itself from a local logdir's event files: records damaged on disk, and
-where each logged point of its tags lies (for runs too long for TensorBoard to hold, see
-`digest`), per run.
+"""What the plugin reads itself from a local logdir's event files, per run: where each logged
+point of its tags lies, and what is damaged on disk.
 
-TensorBoard's Rust loader serves a record that fails its checksum with its wrong values; its
-Python loader stops reading the file there. So `data_access` asks `EventFileIntegrity` which
-records of a run fail their checksum: the steps of a damaged record that still parses are left
-out of the served series and counted, records that do not parse are reported per file
-(`damage.RunDamage`). Each file is scanned once and then only its new bytes, so a request on
-unchanged files costs one ``stat`` per file.
+Every record of every event file is scanned once, then only a growing file's new bytes (a
+request on unchanged files costs one ``stat`` per file), noting for every intact record where
+the points of this plugin's tags lie (file, offset, value): `EventFileIntegrity.located` lists a
+tag's logged steps with their records, which `local_tag` reads back a few thousand at a time,
+never all at once. A step logged twice is its last record's, in file-name order, whatever file
+each writer wrote (two writers on interleaved steps show every step).
 
-The same scan notes, for every intact record, where the points of this plugin's tags lie
-(file, offset, value): `EventFileIntegrity.located` lists a tag's logged steps with their
-records, which `data_access` reads back a few at a time for long runs, never all at once.
+What is left out is noted and said (`damage.RunDamage`): a record failing its checksum costs its
+own steps (TensorBoard's Rust loader would serve its wrong values, its Python loader stop
+reading the file there); a tensor that is not what its tag's metadata says (a "bomb" declaring
+terabytes, a string) is refused before it is ever decoded; records that do not parse are counted
+per file; anything named like an event file that is not a regular file (a FIFO, which would
+hang whoever opens it, a directory) is named and skipped, and never hides another run.
 
 A scan reads a big record's first bytes only (`event_files.skim_records`), which name its step
 and tag; its data checksum is verified afterwards, inline while few bytes wait for it, else in a

@@ -1,12 +1,12 @@
-"""`LocalTag`: a stats tag too long for TensorBoard to hold, read by the plugin from its local
-event files a few thousand steps at a time, and kept up to date as the run grows.
+"""`LocalTag`: one stats tag of a local logdir, read by the plugin from its event files a few
+thousand steps at a time, and kept up to date as the run grows.
 
-A tag is long when it has more than `LONG_RUN_STEPS` logged steps or more than
-`LONG_RUN_BYTES` of statistics: TensorBoard is then told to keep only a sample of it (see
-`plugin.GradientsLoader`, which keeps its memory bounded), and the routes answer from a
-`analysis.digest.Digest` (classes, alerts, per-block heatmap groups) and from the steps a zoom
-or a histogram asks for, read back from their records (`integrity.EventFileIntegrity.located`).
-Works for local logdirs only; elsewhere TensorBoard keeps every step, as for short runs.
+The routes answer from its `analysis.digest.Digest` (classes, alerts, per-block heatmap groups)
+and from the rows a view asks for, read back from their records
+(`event_scan.EventFileIntegrity.located`). A short tag is digested by the request that asks; a
+long one (`is_long`: more than `LONG_RUN_STEPS` logged steps or `LONG_RUN_BYTES` of statistics)
+in the background too, as TensorBoard reads the logdir, and its answers say how many steps are
+still to read under the default thresholds.
 
 A run whose writer kept its digest (`format.digest_feed`) opens from those records
 (`Digest.restored`): answers under the default thresholds come from them at once, and while
@@ -35,13 +35,12 @@ from tensorboard_gradients.server.store import traffic
 
 logger = logging.getLogger(__name__)
 
-# A tag with more logged steps than this is read from its event files. TensorBoard keeps this
-# many points per tag of a local logdir (a random sample of longer tags: never served), which
-# bounds its memory (histograms of 1,000 variables: 0.5 GB). A digest of up to 2,000 steps has
-# a block per step, so the overview of a run just past it is still every step.
+# A tag with more logged steps than this is digested in the background and answers before it is
+# read whole (reading 1,000 steps of 1,000 variables takes about a second). A digest of up to
+# 2,000 steps has a block per step, so the overview of a run just past it is still every step.
 LONG_RUN_STEPS = 1000
-# ... or with more statistics than this: TensorBoard's data server passes at most 256 MiB per
-# read, and reading and decoding that much per request is already seconds.
+# ... or with more statistics than this: reading and decoding that much per request is already
+# seconds.
 LONG_RUN_BYTES = 128 * 1024 * 1024
 # At most this many steps after the writer's last digest record (a live writer's latest steps, a
 # restarted job's first) are read by the request that finds them, going on from the writer's
@@ -70,8 +69,8 @@ class LocalTag:
     def __init__(self, run: str, tag: str, parsed):
         self.run, self.tag, self.parsed = run, tag, parsed
         self.like: GradientSeries = series_from_points(run, tag, parsed, ())
-        self.located = None  # integrity.Located of the stats tag
-        # integrity.Located of the writer's digest records and of their blocks, or None
+        self.located = None  # event_scan.Located of the stats tag
+        # event_scan.Located of the writer's digest records and of their blocks, or None
         self.written = None
         self._restored = None  # (what it was restored from, the writer's Digest or None)
         # Whether the plugin's own digest (defaults) went on from the writer's, then dropped;
@@ -93,7 +92,7 @@ class LocalTag:
         return self.located.steps
 
     def update(self, located, epochs=None, written=None):
-        """Takes the tag's current points (`integrity.Located`), epoch marks (``epochs``:
+        """Takes the tag's current points (`event_scan.Located`), epoch marks (``epochs``:
         ``(first steps, epoch indices)`` or None) and the points of the writer's digest records
         (``written``, or None). Digests grow by the new steps only; when the old steps changed
         (or an epoch mark appeared among them) they are dropped, and rebuilt when next asked

@@ -126,7 +126,8 @@ class Store:
         scalars = self._provider.list_scalars(ctx, experiment_id=experiment,
                                               plugin_name=_INVENTORIED_PLUGIN)
         tags = sorted({tag for run_tags in scalars.values() for tag in run_tags})
-        return Inventory(location, exists, runs=tuple(runs), tags={_INVENTORIED_PLUGIN: tuple(tags)})
+        return Inventory(location, exists, runs=tuple(runs),
+                         tags={_INVENTORIED_PLUGIN: tuple(tags)})
 
 
 def stats_tag(tags, run: str, tag: str) -> TagInfo:
