@@ -309,7 +309,7 @@ def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so
 
 
 def test_the_gather_runs_where_the_process_group_can_take_it():
-    from tensorboard_gradients.capture.torch import collective_device
+    from tensorboard_gradients.capture.torch_distributed import collective_device
 
     cpu = torch.device("cpu")
     assert collective_device(["cpu"], cpu) == cpu  # gloo
@@ -321,7 +321,8 @@ def test_the_gather_runs_where_the_process_group_can_take_it():
 
 
 def test_pieces_of_more_than_2_to_the_24_entries_keep_exact_counts():
-    from tensorboard_gradients.capture.torch import TorchOps, _exact_counts
+    from tensorboard_gradients.capture.torch_distributed import exact_counts
+    from tensorboard_gradients.capture.torch_ops import TorchOps
     from tensorboard_gradients.format import statistics
 
     # float32 rounds 2**24 + 1 to 2**24: counted in float32, rank 0 would see one implicit
@@ -329,7 +330,7 @@ def test_pieces_of_more_than_2_to_the_24_entries_keep_exact_counts():
     size = 2**24 + 1
     entries = [(torch.ones(size), size)]
     reductions, _ = statistics.reduction_matrix(TorchOps, entries, torch.float32)
-    exact = _exact_counts(reductions.to(torch.float64), entries).numpy()
+    exact = exact_counts(reductions.to(torch.float64), entries).numpy()
     stats = statistics.statistics_from_reductions(
         statistics.NumpyOps, exact, np.array([float(size)]))
     names = columns.stats_for(with_weights=False, with_updates=False)
@@ -338,7 +339,7 @@ def test_pieces_of_more_than_2_to_the_24_entries_keep_exact_counts():
 
 
 def test_an_empty_shard_among_others_keeps_the_fast_reductions():
-    from tensorboard_gradients.capture.torch import TorchOps
+    from tensorboard_gradients.capture.torch_ops import TorchOps
     from tensorboard_gradients.format import statistics
 
     values = [torch.randn(100), torch.zeros(0), torch.randn(7), torch.randn(7)]
@@ -354,7 +355,7 @@ def test_an_empty_shard_among_others_keeps_the_fast_reductions():
 
 
 def test_each_distinct_piece_is_counted_once_by_its_first_rank():
-    from tensorboard_gradients.capture.torch import _counted_pieces
+    from tensorboard_gradients.capture.torch_distributed import counted_pieces
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -369,7 +370,7 @@ def test_each_distinct_piece_is_counted_once_by_its_first_rank():
                 if not np.isnan(key).any() and key not in seen:
                     seen.add(key)
                     expected[rank, parameter] = True
-        np.testing.assert_array_equal(_counted_pieces(keys), expected)
+        np.testing.assert_array_equal(counted_pieces(keys), expected)
 
 
 def test_a_tensorboardx_writer_is_a_run_to_join_and_the_steps_match_its_loss(tmp_path):

@@ -1,0 +1,199 @@
+"""`TorchOps`: the `format.statistics` adapter for PyTorch, with the kernels it runs fast.
+
+Shared by the PyTorch monitor (`capture.torch`) and the Keras recorder on the torch backend
+(`capture.keras_torch`). Where PyTorch has a faster way to a pass than the generic one
+(multi-tensor norms, `aminmax`, BLAS dot products on the CPU), it overrides that pass; the
+measurements behind each choice are in benchmarks/NOTES.md.
+"""
+
+import functools
+
+import torch
+
+from tensorboard_gradients.format import columns, statistics
+
+
+class TorchOps(statistics.ArrayOps):
+    """`statistics` adapter for PyTorch on one device (`ops_for` makes one per device)."""
+
+    device = torch.device("cpu")
+
+    @staticmethod
+    def computation_dtype(dtypes):
+        return torch.float64 if torch.float64 in dtypes else torch.float32
+
+    @classmethod
+    def to_float(cls, x, dtype):
+        return torch.as_tensor(x, device=cls.device).to(dtype)
+
+    @staticmethod
+    def constant(value, like):
+        return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+
+    numel = staticmethod(lambda x: torch.tensor(x.numel(), dtype=x.dtype, device=x.device))
+    static_size = staticmethod(lambda x: x.numel())
+    reshape = staticmethod(torch.reshape)
+    concat = staticmethod(torch.cat)
+    take_rows = staticmethod(
+        lambda matrix, indices: matrix[torch.as_tensor(indices, device=matrix.device)])
+    sum = staticmethod(lambda x, axis=None: torch.sum(x) if axis is None else torch.sum(x, axis))
+    count = staticmethod(lambda mask, like, axis=None: (
+        mask.sum() if axis is None else mask.sum(axis)).to(like.dtype))
+
+    @staticmethod
+    def max(x, initial, axis=None):
+        if axis is None:
+            return torch.maximum(x.max(), initial) if x.numel() else initial
+        if x.numel() == 0:  # amax has no empty case
+            return initial.expand(x.shape[0])
+        return torch.maximum(torch.amax(x, axis), initial)
+
+    @staticmethod
+    def min(x, initial, axis=None):
+        if axis is None:
+            return torch.minimum(x.min(), initial) if x.numel() else initial
+        if x.numel() == 0:
+            return initial.expand(x.shape[0])
+        return torch.minimum(torch.amin(x, axis), initial)
+
+    abs = staticmethod(torch.abs)
+    sqrt = staticmethod(torch.sqrt)
+    isnan = staticmethod(torch.isnan)
+    isfinite = staticmethod(torch.isfinite)
+    where = staticmethod(torch.where)
+    maximum = staticmethod(torch.maximum)
+    minimum = staticmethod(torch.minimum)
+    all = staticmethod(torch.all)
+    shift_right = staticmethod(torch.bitwise_right_shift)
+    # index_select on the flat indices: 43 us for 65k entries on CPU, advanced indexing 113 us.
+    gather = staticmethod(lambda table, indices: torch.index_select(
+        table, 0, indices.reshape(-1)).reshape(indices.shape))
+    take_columns = staticmethod(lambda matrix, indices: matrix[:, indices])
+
+    @staticmethod
+    def magnitude_bits(x):
+        integer = torch.int64 if x.dtype == torch.float64 else torch.int32
+        return x.contiguous().view(integer) & torch.iinfo(integer).max
+
+    @staticmethod
+    def cond(predicate, true_fn, false_fn):
+        return true_fn() if bool(predicate) else false_fn()  # one host sync per logged step
+
+    @staticmethod
+    def bincount(indices, length, like):
+        return torch.bincount(indices.reshape(-1), minlength=length).to(like.dtype)
+
+    @staticmethod
+    def stack(values, axis=0):
+        return torch.stack(list(values), dim=axis)
+
+    @classmethod
+    def matrix_reductions(cls, matrix, passes):
+        # `statistics.array_ops._matrix_reductions` of a stack of small arrays (an array reduced alone
+        # goes to `array_reductions`) with the kernels PyTorch's CPU build runs fast along a
+        # dimension, measured on the benchmark MLP (benchmarks/NOTES.md "Overhead (issue 19)"):
+        # `amin`/`amax` (aminmax along a dimension is 15x slower) and the zero count from the
+        # signs of |g| (count_nonzero and boolean sums along a dimension are 4-8x slower).
+        if matrix.numel() == 0:  # amin has no empty case; an empty shard is common (FSDP)
+            return super().matrix_reductions(matrix, passes)
+        rows, entries = matrix.shape
+        on_cpu = matrix.device.type == "cpu"
+        count = torch.full((rows,), float(entries), dtype=matrix.dtype, device=matrix.device)
+        found = {"count": count}
+        if "sum" in passes:
+            found["sum"] = matrix.sum(1)
+        for name, extreme in (("min", torch.amin), ("max", torch.amax)):
+            if name in passes:
+                found[name] = extreme(matrix, 1)
+        if "m2" in passes:
+            found["m2"] = (
+                # the squares of the deviations from the mean (two-pass), 3x faster on CPU than
+                # `torch.var`'s Welford pass; temporaries are cheap in host memory
+                cls.sum_of_squares(matrix - (found["sum"] / count)[:, None], 1)
+                if on_cpu else torch.var(matrix, dim=1, correction=0) * count)
+        # Off the CPU: one kernel each, no gradient-sized temporary on the accelerator.
+        magnitude = matrix.abs() if on_cpu and {"sum_abs", "zeros"} & set(passes) else None
+        if "sum_abs" in passes:
+            found["sum_abs"] = (magnitude.sum(1) if on_cpu
+                                else torch.linalg.vector_norm(matrix, 1, dim=1))
+        if "zeros" in passes:
+            found["zeros"] = count - (magnitude.sign().sum(1) if on_cpu
+                                      else torch.count_nonzero(matrix, dim=1).to(count.dtype))
+        if "sum_squares" in passes:
+            found["sum_squares"] = cls.sum_of_squares(matrix, 1)
+        return tuple(found[name] for name in passes)
+
+    @staticmethod
+    def sum_of_squares(matrix, axes):
+        return torch.linalg.vector_norm(matrix, dim=axes) ** 2  # no squared temporary
+
+    @classmethod
+    def pass_rows(cls, values, passes):
+        if tuple(passes) == _REQUIRED_PASSES:
+            return cls._required_pass_rows(values)
+        return super().pass_rows(values, passes)
+
+    @staticmethod
+    def array_reductions(array, passes):
+        """`statistics.ArrayOps.array_reductions`, a kernel each. On CPU: the deviations'
+        squares, the sum of |x| and the nonzero count as BLAS dot products (sign(x).x and
+        sign(x).sign(x): exact products, and the count an exact integer sum up to 2**24 entries
+        in float32; 8 us each for 65k entries, where abs().sum() takes 31 us and
+        count_nonzero 42)."""
+        flat = array.reshape(-1)  # a view of a contiguous gradient
+        on_cpu = flat.device.type == "cpu"
+        entries = flat.numel()
+        found = {}
+        if "sum" in passes:
+            found["sum"] = flat.sum()
+        if "min" in passes or "max" in passes:
+            found["min"], found["max"] = torch.aminmax(flat)
+        if "m2" in passes:
+            if on_cpu:  # two-pass (see `statistics`); 10x faster on CPU than torch.var's Welford
+                deviations = torch.sub(flat, found["sum"], alpha=1 / entries)  # one kernel
+                found["m2"] = torch.dot(deviations, deviations)
+            else:  # one kernel, no gradient-sized temporary on the accelerator
+                found["m2"] = torch.var(flat, correction=0) * entries
+        if {"sum_abs", "zeros"} & set(passes):
+            exact_count = on_cpu and entries <= 2 / torch.finfo(flat.dtype).eps  # 2**24 in float32
+            signs = torch.sign(flat) if on_cpu else None
+            if "sum_abs" in passes:
+                found["sum_abs"] = (torch.dot(signs, flat) if on_cpu
+                                    else torch.linalg.vector_norm(flat, 1))
+            if "zeros" in passes:
+                found["nonzeros"] = (torch.dot(signs, signs) if exact_count
+                                     else torch.count_nonzero(flat).to(flat.dtype))
+        if "sum_squares" in passes:
+            found["sum_squares"] = torch.dot(flat, flat)
+        return found
+
+    @classmethod
+    def _required_pass_rows(cls, values):
+        # The required stats alone (squares, min, max): one multi-tensor norm for all arrays and
+        # one `aminmax` each, stacked once: 0.4-0.5 ms for the benchmark MLP's 28 gradients on
+        # CPU, against 1.0-1.1 ms through the grouped path, whose fixed cost per group (a stack,
+        # a count, a concat) outweighs the passes there (benchmarks/NOTES.md "stats=").
+        like = values[0]
+        infinity = torch.tensor(float("inf"), dtype=like.dtype, device=like.device)
+        extremes = [torch.aminmax(v) if v.numel() else (infinity, -infinity) for v in values]
+        found = {
+            "count": torch.tensor([float(v.numel()) for v in values], dtype=like.dtype,
+                                  device=like.device),
+            "min": torch.stack([low for low, _ in extremes]),
+            "max": torch.stack([high for _, high in extremes]),
+            "sum_squares": torch.stack(torch._foreach_norm(values, 2)) ** 2,
+        }
+        return torch.stack([found[name] for name in _REQUIRED_PASSES], dim=1)
+
+    @staticmethod
+    def square_sums(arrays):
+        return torch.stack(list(torch._foreach_norm(arrays, 2))) ** 2
+
+
+_REQUIRED_PASSES = statistics.passes_for(columns.REQUIRED_STATS)
+
+
+@functools.lru_cache(maxsize=None)
+def ops_for(device: torch.device):
+    """The `TorchOps` whose constants live on `device`."""
+    return type(f"TorchOps[{device}]", (TorchOps,), {"device": device})
