@@ -1,6 +1,6 @@
 """What docs/architecture.md describes, checked on the source: imports go
-one way between the rooms, no two modules import each other (directly or round a loop), and only
-capture/ imports a training framework."""
+one way between the rooms, no two modules import each other (directly or round a loop), only
+capture/ imports a training framework, and no module is too long to hold one concept."""
 
 import ast
 import pathlib
@@ -16,6 +16,9 @@ ALLOWED = {
     "server": {"format", "analysis"},
     "cli": {"format", "analysis"},
 }
+# A module longer than this holds more than one concept: split it by concern (as `format/statistics/`
+# and `capture/torch*` are).
+MAX_MODULE_LINES = 600
 FRAMEWORKS = {"tensorflow", "keras", "torch", "jax", "lightning", "pytorch_lightning", "transformers",
               "accelerate", "optax", "flax", "tensorboardX"}
 
@@ -127,3 +130,9 @@ def test_the_http_modules_reach_the_storage_only_through_its_interface():
                     and not other.startswith(STORE)):
                 wrong.append(f"{module} (the store) imports the HTTP layer: {other}")
     assert not wrong, wrong
+
+
+def test_no_module_is_longer_than_600_lines():
+    lengths = {module: len(path.read_text(encoding="utf-8").splitlines())
+               for module, path in _modules().items()}
+    assert {m: n for m, n in lengths.items() if n > MAX_MODULE_LINES} == {}
