@@ -1,8 +1,8 @@
 """What the `registry.Store` keeps between requests (thread-safe): values by key while their
-signature holds (for a series, what it was read from: see `registry`), and per kept value what routes
-derived from it. Kept values are bounded by bytes, least recently used first out; the newest
-always stays, so a series larger than the budget is still served from memory while it is asked
-for.
+signature holds (for a tag's source, what it was built from: see `registry`), and per kept
+value what routes derived from it. Kept values are bounded by bytes, least recently used first
+out; the newest always stays, so a series larger than the budget is still served from memory
+while it is asked for.
 """
 
 import collections

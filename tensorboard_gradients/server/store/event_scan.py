@@ -96,14 +96,14 @@ class EventFileIntegrity:
         self._lock = threading.Lock()
         self._verifier = None  # the thread verifying checksums in the background
         self._looks = itertools.count(1)  # numbers each `Located` built (`Located.look`)
+        self._not_regular = set()  # (directory, name) of non-regular files logged once
 
     def run(self, run: str) -> RunDamage:
         directory = self._directory(run)
         if directory is None:
             return NO_DAMAGE
         steps, refused, messages = {}, {}, []
-        messages.extend(f"{name} is {kind}, not an event file: skipped"
-                        for name, kind in _not_regular_files(directory))
+        messages.extend(self._skipped(directory))
         with self._lock:
             for name, path in _event_files(directory):
                 try:
@@ -183,10 +183,24 @@ class EventFileIntegrity:
                 found.append(relative.replace(os.sep, "/"))
         return sorted(found)
 
+    def _skipped(self, directory: str):
+        """Sentences on what ``directory`` holds named like an event file that is not a regular
+        file, each also logged once (its run may have no tag to name it on)."""
+        sentences = []
+        for name, kind in _not_regular_files(directory):
+            sentences.append(f"{name} is {kind}, not an event file: skipped")
+            if (directory, name) not in self._not_regular:
+                self._not_regular.add((directory, name))
+                logger.warning("tensorboard-gradients skips %s: %s, not an event file",
+                               os.path.join(directory, name), kind)
+        return sentences
+
     def contents(self, run: str) -> Dict[str, bytes]:
         """``{tag: metadata content}`` of this plugin's tags in the run, by their first metadata
         in file-name order (as TensorBoard reads it)."""
         directory = self._directory(run)
+        if directory:
+            self._skipped(directory)
         contents = {}
         with self._lock:
             for _, path in _event_files(directory) if directory else ():
