@@ -187,16 +187,22 @@ class LocalReader:
                epochs: Optional[metadata.PluginData],
                histograms: Optional[metadata.PluginData], mismatch: Optional[str]) -> LocalSource:
         """The tag as it stands now, its `LocalTag` brought up to date."""
+        local_tag, like = self._updated(run, tag, parsed, epochs)
+        where = None if histograms is None else self._scan.located(
+            run, metadata.histogram_tag(tag))
+        return LocalSource(local_tag, like, self._scan.run(run),
+                           None if where is None else (histograms, where), mismatch)
+
+    def _updated(self, run: str, tag: str, parsed, epochs) -> Tuple[LocalTag, GradientSeries]:
+        """(the tag's `LocalTag`, given its points, epoch marks and the writer's digest records
+        as the files hold them now; the tag's series without steps)."""
         like = self.like(run, tag, parsed, epochs)
         local_tag = self._kept(run, tag, parsed)
         written = (self._scan.located(run, metadata.digest_tag(tag)),
                    self._scan.located(run, metadata.digest_blocks_tag(tag)))
         marks = None if like.epoch_starts is None else (like.epoch_starts, like.epoch_indices)
         local_tag.update(self.located(run, tag), marks, None if None in written else written)
-        where = None if histograms is None else self._scan.located(
-            run, metadata.histogram_tag(tag))
-        return LocalSource(local_tag, like, self._scan.run(run),
-                           None if where is None else (histograms, where), mismatch)
+        return local_tag, like
 
     def _kept(self, run: str, tag: str, parsed) -> LocalTag:
         with self._lock:
@@ -238,17 +244,8 @@ class LocalReader:
         reads only the steps logged since the last."""
         for run, tag, parsed, epochs in self.long_tags():
             try:
-                if not self.has_room(run, tag):
-                    continue
-                local_tag = self._kept(run, tag, parsed)
-                like = self.like(run, tag, parsed, epochs)
-                written = (self._scan.located(run, metadata.digest_tag(tag)),
-                           self._scan.located(run, metadata.digest_blocks_tag(tag)))
-                marks = None if like.epoch_starts is None else (like.epoch_starts,
-                                                                like.epoch_indices)
-                local_tag.update(self.located(run, tag), marks,
-                                 None if None in written else written)
-                local_tag.digest(_DEFAULTS, background=True)
+                if self.has_room(run, tag):
+                    self._updated(run, tag, parsed, epochs)[0].digest(_DEFAULTS, background=True)
             except Exception:  # noqa: BLE001 - one tag must not stop the others
                 if traffic.exiting():
                     return

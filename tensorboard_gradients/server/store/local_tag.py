@@ -149,14 +149,16 @@ class LocalTag:
                                                 for path, message in self.lost)
 
     def nbytes(self) -> int:
-        """About what its digests hold: a byte per cell, and blocks of 8 bytes per stat."""
+        """About what it holds: per digest a byte per cell and blocks of 8 bytes per stat, and
+        the last rows read."""
         with self._lock:
             if self.located is None:
                 return 0
-            steps = len(self.located.steps)
+            steps, digests = len(self.located.steps), len(self._digests)
+            rows = 0 if self._kept_rows is None else self._kept_rows[3].values.nbytes
         cells = len(self.like.variables) * steps
         blocks = len(self.like.variables) * min(steps, MAX_BLOCKS) * len(self.like.stat_names)
-        return (cells + 8 * blocks) * max(1, len(self._digests))
+        return (cells + 8 * blocks) * digests + rows
 
     @contextlib.contextmanager
     def reading(self, thresholds: analysis.Thresholds, wait: bool = True,

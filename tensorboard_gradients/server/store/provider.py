@@ -138,20 +138,18 @@ class ProviderReader:
         series = series_from_points(run, tag, info.parsed, points, epoch_points)
         refused = series.damaged_points
 
-        read_histograms = None
-        if histograms is not None:
-            histogram_tag = metadata.histogram_tag(tag)
+        histogram_tag = metadata.histogram_tag(tag)
 
-            def read_histograms():
-                return kept(("histograms", experiment, run, tag), histograms.signature,
-                            lambda: self._histograms(ctx, experiment, run, histogram_tag,
-                                                     histograms.parsed))
+        def read_histograms():
+            return kept(("histograms", experiment, run, tag), histograms.signature,
+                        lambda: self._histograms(ctx, experiment, run, histogram_tag,
+                                                 histograms.parsed))
 
         return ProviderSource(
             series, sampled, refused,
             ((refusal_message(refused, refusals),) if refused else ()) + epochs_refused
             + ((mismatch,) if mismatch else ()),
-            read_histograms,
+            None if histograms is None else read_histograms,
         )
 
     def _histograms(self, ctx, experiment, run, histogram_tag, parsed) -> GradientHistograms:

@@ -54,11 +54,6 @@ class Store:
         if digest_every is not None and self._local is not None:
             self._local.digest_every(digest_every)
 
-    @property
-    def local(self) -> bool:
-        """Whether the plugin reads the logdir itself."""
-        return self._local is not None
-
     def tags(self, ctx, experiment) -> Dict[str, Dict[str, TagInfo]]:
         """``{run: {tag: TagInfo}}`` of every tag this plugin wrote, any kind."""
         if self._local is not None:
