@@ -1,8 +1,9 @@
-// The Gradients tab's controller: its state (run, tag, stat, axis, rows, zoom, thresholds) and the
-// URL hash that holds it, the plugin's answers it fetches, and which view shows what. The views are
-// the toolbar, the heatmap, the alerts panel and the details; the vocabulary (class and severity
-// colours, stat labels) comes with the thresholds' defaults before anything is drawn. Without a
-// run in the hash the tab opens on the run the user last picked here, else on the most severe.
+// The Gradients tab's controller: it holds the view state (view_state.js: what is shown, what a
+// change resets and needs), keeps the URL hash in step with it, asks the plugin for the answers a
+// view needs and hands them to the views: the toolbar, the heatmap or the comparison, the alerts
+// panel, the details. The vocabulary (class and severity colours, stat labels) comes with the
+// thresholds' defaults before anything is drawn. Without a run in the hash the tab opens on the
+// run the user last picked here, else on the most severe. Its timers (timers.js) go with it.
 
 import { alertRowFinder, alertSpans, rowSeverities } from "./alerts.js";
 import { renderAlerts } from "./alerts_panel.js";
@@ -14,14 +15,14 @@ import { CompareView } from "./compare_view.js";
 import { decodeHeatmap } from "./decode.js";
 import { renderDetails } from "./details.js";
 import { el, replaceChildren } from "./dom.js";
-import {
-  formatHash, parseHash, resolvedAxis, thresholdParams, usableTags, withRunAndTag,
-} from "./hash_state.js";
+import { thresholdParams, usableTags } from "./hash_state.js";
 import { HeatmapView } from "./heatmap_view.js";
 import { columnOfStep } from "./layout.js";
 import { renderEmpty, renderProblems, renderStatus } from "./notices.js";
 import { mostSevere } from "./runs.js";
+import { Timers } from "./timers.js";
 import { Toolbar } from "./toolbar.js";
+import { ViewState, stateOfHash } from "./view_state.js";
 import { Vocabulary } from "./vocabulary.js";
 
 const REFRESH_MS = 30000;
@@ -57,70 +58,73 @@ export class App {
   constructor(root) {
     this.root = root;
     this.status = el("div", { class: "status", role: "status" });
-    this.toolbar = new Toolbar({
-      onChange: (changes) => this.update(changes),
-      onThreshold: (name, text) => this.setThreshold(name, text),
-      onPng: () => this.downloadPng(),
-    });
     this.problemsPanel = el("details", { class: "problems", open: true, hidden: true, "data-testid": "data-problems" });
     this.alertsPanel = el("section", { class: "alerts", "aria-label": "Alerts" });
     this.detailsPanel = el("section", { class: "details", hidden: true, "aria-label": "Details" });
     this.main = el("div", { class: "main" });
-    replaceChildren(root, el("div", { class: "gradients-app" },
-      this.toolbar.root, this.toolbar.form, this.status, this.problemsPanel, this.main));
-    this.view = null; // the heatmap, made once the vocabulary has come
+    this.frame = el("div", { class: "gradients-app" }, this.status, this.problemsPanel, this.main);
+    replaceChildren(root, this.frame);
+    this.timers = new Timers();
+    this.model = null; // the view state (a ViewState), once a tag has data
+    this.view = null; // the heatmap, made with the model
     this.matrix = null;
     this.selected = null; // {run, tag, row, column, step}: the cell whose details are shown
     this.loadToken = 0;
+    this.stopped = false;
+    this.onHashChange = () => this.#carryOut(this.model.followHash(window.location.hash));
+  }
+
+  /** The view's state (hash_state's fields). */
+  get state() {
+    return this.model?.state;
+  }
+
+  /** The plugin's `runs` answer the view is shown from. */
+  get runs() {
+    return this.model?.runs;
   }
 
   async start() {
     this.setStatus("Loading…", "loading");
+    let thresholds;
+    let runs;
     try {
-      const [thresholds, runs] = await Promise.all([getJson("thresholds"), getJson("runs")]);
-      this.defaults = thresholds.defaults;
+      [thresholds, runs] = await Promise.all([getJson("thresholds"), getJson("runs")]);
       this.vocabulary = new Vocabulary(thresholds.vocabulary);
-      this.runs = runs;
     } catch (error) {
       this.showError(error);
       return;
     }
     this.vocabulary.applyTo(this.root);
-    const asked = parseHash(window.location.hash, Object.keys(this.defaults));
-    const state = withRunAndTag(await this.openingState(asked), this.runs);
-    if (!state) {
-      this.setStatus("");
-      const inventory = await getJson("inventory").catch((error) => {
-        this.setStatus(`Could not ask TensorBoard what its logdir holds: ${error.message}`, "error");
-        return null;
-      });
-      renderEmpty(this.main, this.runs, inventory);
-      setTimeout(() => this.start(), REFRESH_MS); // training may not have logged anything yet
+    const asked = stateOfHash(window.location.hash, thresholds.defaults);
+    this.model = ViewState.open(thresholds.defaults, runs, await this.openingState(asked, runs));
+    if (!this.model) {
+      await this.showEmpty(runs);
       return;
     }
-    this.state = state;
-    this.view = new HeatmapView(this.vocabulary, {
-      onSelect: (row, column) => this.selectCell(row, column),
-      onHover: (cell) => this.hoverCell(cell),
-      onZoom: (zoom) => this.update({ zoom }),
-      onResize: () => this.refetchIfWider(),
-    });
-    this.compareView = new CompareView(this.vocabulary);
-    this.comparison = null; // compare.compareMatrices of the runs compared, while one is picked
-    window.addEventListener("hashchange", () => this.onHashChange());
-    setInterval(() => this.refreshIfGrown(), REFRESH_MS);
-    renderProblems(this.problemsPanel, this.runs);
+    this.#buildViews();
+    window.addEventListener("hashchange", this.onHashChange);
+    this.timers.every("refresh", REFRESH_MS, () => this.refreshIfGrown());
+    renderProblems(this.problemsPanel, runs);
     await this.load();
+  }
+
+  /** Tears the tab down: its timers stop, the URL is followed no more, answers on their way are dropped. */
+  stop() {
+    this.stopped = true;
+    this.timers.stop();
+    window.removeEventListener("hashchange", this.onHashChange);
+    this.loadToken += 1;
   }
 
   /**
    * `asked` (the hash's state) with the run to open: the hash's own, else the one the user last
-   * picked while it has data, else the most severe (the `runs` answer has no alerts, so each
-   * tag's are asked for; one that fails to answer is passed over).
+   * picked while it has data, else the most severe of `runs` (the `runs` answer has no alerts, so
+   * each tag's are asked for; one that fails to answer is passed over).
    */
-  async openingState(asked) {
+  async openingState(asked, runs) {
     if (asked.run) return asked;
-    const usable = usableTags(this.runs);
+    const usable = usableTags(runs);
     const remembered = rememberedRun();
     if (usable.some(([run]) => run === remembered)) return { ...asked, run: remembered };
     const found = await Promise.all(usable.map(([run, tag]) =>
@@ -131,12 +135,42 @@ export class App {
     return { ...asked, run, tag };
   }
 
-  info() {
-    return this.runs[this.state.run][this.state.tag];
+  /** No tag has data yet: what the logdir holds, and another start later (training may log soon). */
+  async showEmpty(runs) {
+    this.setStatus("");
+    const inventory = await getJson("inventory").catch((error) => {
+      this.setStatus(`Could not ask TensorBoard what its logdir holds: ${error.message}`, "error");
+      return null;
+    });
+    renderEmpty(this.main, runs, inventory);
+    this.timers.after("start", REFRESH_MS, () => this.start());
   }
 
-  axis() {
-    return resolvedAxis(this.state, this.info());
+  // The toolbar, the heatmap and the comparison, made once with the model and shown from then on.
+  #buildViews() {
+    this.toolbar = new Toolbar({
+      vocabulary: this.vocabulary, defaults: this.model.defaults,
+      onChange: (changes) => this.apply(this.model.change(changes)),
+      onThreshold: (name, text) => this.setThreshold(name, text),
+      onPng: () => this.downloadPng(),
+    });
+    this.frame.prepend(this.toolbar.root, this.toolbar.form);
+    this.view = new HeatmapView(this.vocabulary, {
+      onSelect: (row, column) => this.selectCell(row, column),
+      onHover: (cell) => this.hoverCell(cell),
+      onZoom: (zoom) => this.apply(this.model.change({ zoom })),
+      onResize: () => this.refetchIfWider(),
+    });
+    this.compareView = new CompareView(this.vocabulary);
+    this.comparison = null; // compare.compareMatrices of the runs compared, while one is picked
+    // The details first: beside the heatmap on a wide window, right under it on a narrow one.
+    replaceChildren(this.main, el("div", { class: "heatmaps" }, this.view.root, this.compareView.root),
+      el("div", { class: "side" }, this.detailsPanel, this.alertsPanel));
+  }
+
+  /** The shown tag's entry of the `runs` answer. */
+  info() {
+    return this.model.info();
   }
 
   setStatus(text, kind) {
@@ -148,84 +182,77 @@ export class App {
   }
 
   setThreshold(name, text) {
-    const thresholds = { ...this.state.thresholds };
-    const value = Number(text);
-    if (text.trim() === "") delete thresholds[name];
-    else if (Number.isFinite(value) && value > 0) thresholds[name] = value;
-    else {
-      this.setStatus(`${name} must be a positive number`, "error");
+    let change;
+    try {
+      change = this.model.setThreshold(name, text);
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+      this.setStatus(error.message, "error");
       return;
     }
-    this.update({ thresholds });
+    this.apply(change);
   }
 
-  /** Applies a state change: hash, toolbar, data. */
-  update(changes) {
-    if (changes.run) rememberRun(changes.run);
-    this.show({ ...this.state, ...changes });
+  /** Carries out a change the user made (the model's answer to it): the URL's hash, then the view. */
+  apply(change) {
     this.writeHash();
-    return this.load();
+    this.#carryOut(change);
   }
 
-  /** Makes `next` the state, with a run and tag that have data. */
-  show(next) {
-    const shown = withRunAndTag(next, this.runs) || next;
-    // A cell of another run, tag or kind of row says nothing about this one: its details go.
-    if (["run", "tag", "rows"].some((key) => shown[key] !== this.state[key])) this.clearSelection();
-    this.state = shown;
+  // What a change of the view needs: the run remembered, the details of a cell it no longer
+  // shows gone, new answers or another drawing of those held.
+  #carryOut(change) {
+    if (change.runChanged) rememberRun(this.model.state.run);
+    if (change.clearsSelection) this.clearSelection();
+    if (change.needs === "reload") this.load();
+    else if (change.needs === "redraw") this.redraw();
   }
 
   writeHash() {
     // An absolute URL: a relative one would resolve against the frame's <base href="plugin/...">.
     const url = new URL(window.location.href);
-    url.hash = formatHash(this.state);
+    url.hash = this.model.hash();
     if (url.href !== window.location.href) history.replaceState(null, "", url.href);
   }
 
-  onHashChange() {
-    const state = parseHash(window.location.hash, Object.keys(this.defaults));
-    if (formatHash(state) === formatHash(this.state)) return;
-    if (state.run && state.run !== this.state.run) rememberRun(state.run);
-    this.show(state);
-    if (withRunAndTag(state, this.runs)) this.load();
-  }
-
+  /** Asks the plugin for the view's answers and shows them; a newer load drops an older one's. */
   async load() {
+    if (this.stopped) return;
     const token = ++this.loadToken;
     this.drawn = false;
-    this.toolbar.render({
-      state: this.state, runs: this.runs, axis: this.axis(), vocabulary: this.vocabulary, defaults: this.defaults,
-    });
-    if (!this.main.contains(this.view.root)) {
-      // The details first: beside the heatmap on a wide window, right under it on a narrow one.
-      replaceChildren(this.main, el("div", { class: "heatmaps" }, this.view.root, this.compareView.root),
-        el("div", { class: "side" }, this.detailsPanel, this.alertsPanel));
-    }
-    const compare = this.compareRun();
+    this.timers.clear("reading"); // this load asks for what the poll would have
+    this.toolbar.show(this.model);
     this.setStatus("Loading…", "loading");
-    const common = { run: this.state.run, tag: this.state.tag, ...thresholdParams(this.state) };
-    this.requestedWidth = compare ? this.compareView.plotWidth() : this.view.plotWidth();
-    const heatmapParams = {
-      ...common, stat: this.state.stat, rows: this.state.rows, encoding: "base64",
-      max_steps: Math.min(4000, this.requestedWidth),
-      axis: this.axis() === "epoch" ? "epoch" : null,
-      first_step: this.state.zoom ? this.state.zoom[0] : null,
-      last_step: this.state.zoom ? this.state.zoom[1] : null,
-    };
-    let body;
-    let alerts;
-    let other = null; // the compared run's heatmap, or {error}
-    const loss = this.fetchLoss(this.state.run);
+    this.requestedWidth = this.model.compareRun() ? this.compareView.plotWidth() : this.view.plotWidth();
+    let answers;
     try {
-      [body, alerts, other] = await Promise.all([getJson("heatmap", heatmapParams), getJson("alerts", common),
-        // The compared run: the same tag, stat, axis, rows, columns and thresholds.
-        compare && getJson("heatmap", { ...heatmapParams, run: compare }).catch((error) => ({ error })),
-        Promise.race([loss, new Promise((resolve) => { setTimeout(resolve, LOSS_WAIT_MS); })])]);
+      answers = await this.#fetchView();
     } catch (error) {
       if (token === this.loadToken) this.showError(error);
       return;
+    } finally {
+      // The wait for the loss curve ends with the answers, unless a newer load's wait took its place.
+      if (token === this.loadToken) this.timers.clear("loss");
     }
     if (token !== this.loadToken) return; // a newer request superseded this one
+    this.#show(answers, token);
+  }
+
+  // The plugin's answers for the view: {body (the heatmap), alerts, compare (the run compared
+  // with, or null), other (its heatmap, or {error}), loss (the loss curve, on its way)}.
+  async #fetchView() {
+    const { heatmap, alerts, compare } = this.model.queries(this.requestedWidth);
+    const loss = this.fetchLoss(heatmap.run);
+    const [body, alertsAnswer, other] = await Promise.all([getJson("heatmap", heatmap), getJson("alerts", alerts),
+      // The compared run: the same tag, stat, axis, rows, columns and thresholds.
+      compare && getJson("heatmap", { ...heatmap, run: compare }).catch((error) => ({ error })),
+      Promise.race([loss, this.timers.wait("loss", LOSS_WAIT_MS)])]);
+    return { body, alerts: alertsAnswer, compare, other, loss };
+  }
+
+  // Shows the answers of load `token`: the heatmap (or the comparison), the loss curve, the
+  // alerts, the status line and the selected cell again; polls while the run is still being read.
+  #show({ body, alerts, compare, other, loss }, token) {
     const vocabulary = this.vocabulary;
     const matrix = decodeHeatmap(body, vocabulary);
     this.matrix = matrix;
@@ -234,7 +261,7 @@ export class App {
     const rowsOf = alertRowFinder(matrix);
     const rowSeverity = rowSeverities(this.alerts, rowsOf, (severity) => vocabulary.severityRank(severity));
     const scale = makeScale(matrix.values, vocabulary.statScale(matrix.stat),
-      vocabulary.scaleCeiling(matrix.stat, this.thresholds()));
+      vocabulary.scaleCeiling(matrix.stat, this.model.thresholds()));
     this.view.setData(matrix, scale, rowSeverity, matrix.epochs);
     // Already there unless the Scalars plugin was slow: then drawn before the next frame.
     loss.then(({ points, tag }) => { if (token === this.loadToken) this.view.setLoss(points, tag); });
@@ -244,22 +271,27 @@ export class App {
       alerts: this.alerts, groups: alerts.groups, vocabulary,
       onPick: (picked) => this.view.highlightAlerts(alertSpans(picked, rowsOf)),
     });
+    this.#showNotes(matrix, compareNote);
+    if (matrix.stepsToRead > 0) this.timers.after("reading", READING_POLL_MS, () => this.load());
+    if (this.selected) this.reselect(matrix);
+    this.refetchIfWider();
+  }
+
+  // The status line over the answers shown: damage, a comparison not shown, sampled or merged
+  // columns, an empty range.
+  #showNotes(matrix, compareNote) {
     const notes = [...matrix.damage, ...(compareNote ? [compareNote] : [])];
     if (matrix.sampled) notes.push(matrix.sampled);
     else if (matrix.downsampled) notes.push("Several steps per column: each column shows its worst cell.");
     if (!matrix.columns) notes.push("No logged steps in this range.");
     this.setStatus(notes.join(" "), matrix.sampled || matrix.damage.length ? "warning" : "info");
-    if (this.selected) this.reselect(matrix);
-    this.refetchIfWider();
-    if (matrix.stepsToRead > 0) {
-      setTimeout(() => { if (token === this.loadToken) this.load(); }, READING_POLL_MS);
-    }
   }
 
-  /** The run to compare with: the state's, while it is another run with the shown tag. */
-  compareRun() {
-    const { compare, run, tag } = this.state;
-    return compare && compare !== run && this.runs[compare] && this.runs[compare][tag] ? compare : null;
+  /** The answers held, drawn as the state now asks (a change that asks the plugin nothing). */
+  redraw() {
+    this.toolbar.show(this.model);
+    if (this.drawn && this.comparison) this.#drawComparison();
+    this.refetchIfWider();
   }
 
   /**
@@ -269,11 +301,9 @@ export class App {
    */
   showComparison(matrix, other, compare) {
     const vocabulary = this.vocabulary;
-    let note = "";
+    let note = this.model.compareProblem();
     this.comparison = null;
-    if (this.state.compare && !compare) {
-      note = `Cannot compare with ${this.state.compare}: it has no tag ${this.state.tag}.`;
-    } else if (other && other.error) {
+    if (other && other.error) {
       note = `Cannot compare with ${compare}: ${other.error.message}`;
     } else if (other) {
       this.comparison = compareMatrices(matrix, decodeHeatmap(other, vocabulary), {
@@ -283,12 +313,15 @@ export class App {
     }
     this.view.root.hidden = Boolean(this.comparison);
     this.compareView.root.hidden = !this.comparison;
-    if (this.comparison) {
-      this.compareView.setData(this.comparison, this.state.compareMode, {
-        scaleKind: vocabulary.statScale(matrix.stat), ceiling: vocabulary.scaleCeiling(matrix.stat, this.thresholds()),
-      });
-    }
+    if (this.comparison) this.#drawComparison();
     return note;
+  }
+
+  #drawComparison() {
+    const { stat } = this.matrix;
+    this.compareView.setData(this.comparison, this.model.state.compareMode, {
+      scaleKind: this.vocabulary.statScale(stat), ceiling: this.vocabulary.scaleCeiling(stat, this.model.thresholds()),
+    });
   }
 
   /** The plot grew well past the width the columns were fetched for: one column per pixel again. */
@@ -323,16 +356,11 @@ export class App {
     if (this.selected) this.reselect(this.matrix);
   }
 
-  /** The rule thresholds in force: the plugin's defaults with the URL's overrides. */
-  thresholds() {
-    return { ...this.defaults, ...this.state.thresholds };
-  }
-
   /** Adds the hovered cell's key stats to the tooltip (after a short pause on the cell). */
   hoverCell(cell) {
-    clearTimeout(this.hoverTimer);
+    this.timers.clear("hover");
     if (!cell) return;
-    this.hoverTimer = setTimeout(async () => {
+    this.timers.after("hover", HOVER_STATS_DELAY_MS, async () => {
       const [row, column] = cell;
       const matrix = this.matrix;
       const series = await this.seriesOf(row).catch(() => null);
@@ -342,7 +370,7 @@ export class App {
       const cls = this.vocabulary.classOf(series.classes[index]);
       const merged = matrix.steps[column] !== matrix.lastSteps[column] ? " (its worst)" : "";
       this.view.setTooltipExtra(cell, keyStatsLines(series, index, cls, this.vocabulary, merged));
-    }, HOVER_STATS_DELAY_MS);
+    });
   }
 
   /**
@@ -355,7 +383,7 @@ export class App {
     if (!cache.has(row)) {
       const { run, tag, rowsBy } = this.matrix;
       const request = getJson("series", {
-        run, tag, rows: rowsBy, variable_index: row, ...thresholdParams(this.state),
+        run, tag, rows: rowsBy, variable_index: row, ...this.model.thresholdParams(),
       });
       request.catch(() => cache.delete(row));
       cache.set(row, request);
@@ -393,7 +421,7 @@ export class App {
       }
       if (!current()) return;
       renderDetails(this.detailsPanel, {
-        series, rowsBy: matrix.rowsBy, index, cell, stat: matrix.stat, thresholds: this.thresholds(), histogram,
+        series, rowsBy: matrix.rowsBy, index, cell, stat: matrix.stat, thresholds: this.model.thresholds(), histogram,
         vocabulary: this.vocabulary, notLogged: this.info().not_logged,
       });
     } catch (error) {
@@ -419,15 +447,14 @@ export class App {
     replaceChildren(this.detailsPanel);
   }
 
+  /** The tab's reload: a newer `runs` answer, and the view again if its tag grew. */
   async refreshIfGrown() {
     if (document.hidden) return;
     try {
       const runs = await getJson("runs");
-      const before = this.info();
-      this.runs = runs;
-      renderProblems(this.problemsPanel, this.runs);
-      const after = runs[this.state.run] && runs[this.state.run][this.state.tag];
-      if (after && (after.steps !== before.steps || after.variables !== before.variables)) await this.load();
+      const change = this.model.setRuns(runs);
+      renderProblems(this.problemsPanel, runs);
+      if (change.needs) await this.load();
     } catch {
       // the next refresh tries again; the current view stays
     }

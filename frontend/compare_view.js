@@ -2,7 +2,7 @@
 // rows and columns under one colour scale, or one heatmap of log10(this run / the other) on a
 // diverging scale. Rows only one run has are hatched grey and labelled "only in <run>"; hovering
 // a cell names both runs' values and their ratio. Also the toolbar's "Compare with" picker and
-// the mode toggle, which the toolbar places.
+// the mode toggle, which the toolbar places and shows.
 
 import { HeatmapAxes } from "./axes.js";
 import { cellValueText } from "./cells.js";
@@ -11,6 +11,7 @@ import {
   DEFAULT_COMPARE_MODE, UNMATCHED_HATCH_RGB, UNMATCHED_RGB, describeCell, divergingColor, divergingScale,
   hatchRows, rasterizeRatio, rowLabel, unmatchedRows, unmatchedSummary,
 } from "./compare.js";
+import { Picker, Segmented } from "./controls.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { counted, ellipsize, formatStepRange, formatValue } from "./format.js";
 import { gridLayout } from "./layout.js";
@@ -25,28 +26,30 @@ const PANE_GAP = 12; // CSS px between the two heatmaps side by side
 const MODE_LABELS = { side: "Side by side", ratio: "Ratio" };
 
 /**
- * The toolbar's comparison controls for `state` (the tab's: `run`, `compare`, `compareMode`):
- * the "Compare with" run picker (none, or any other run of `runNames`) and, while a run is
- * picked, the side by side / ratio toggle. `onChange({compare, compareMode})` as the user picks.
+ * The toolbar's comparison controls: the "Compare with" run picker (none, or any other run) and,
+ * while a run is picked, the side by side / ratio toggle. `onChange({compare})` and
+ * `onChange({compareMode})` as the user picks.
  */
-export function compareControls({ state, runNames, onChange }) {
-  const others = runNames.filter((run) => run !== state.run);
-  const picker = el("label", {}, "Compare with",
-    el("select", {
-      "data-testid": "compare-picker",
-      onchange: (event) => onChange({ compare: event.target.value || null }),
-    },
-    el("option", { value: "", selected: !state.compare }, "none"),
-    others.map((run) => el("option", { value: run, selected: run === state.compare }, run))));
-  if (!state.compare) return [picker];
-  const mode = state.compareMode || DEFAULT_COMPARE_MODE;
-  const toggle = el("div", { class: "segmented", role: "group", "aria-label": "Comparison" },
-    Object.entries(MODE_LABELS).map(([value, text]) => el("button", {
-      type: "button", "aria-pressed": String(mode === value), "data-testid": `compare-mode-${value}`,
+export class CompareControls {
+  constructor(onChange) {
+    this.picker = new Picker("Compare with", "compare-picker", (run) => onChange({ compare: run || null }));
+    this.toggle = new Segmented("Comparison", Object.entries(MODE_LABELS).map(([value, text]) =>
+      [value, text, { "data-testid": `compare-mode-${value}` }]), (compareMode) => onChange({ compareMode }));
+  }
+
+  /** Shows `state`'s comparison (the tab's `run`, `compare`, `compareMode`) among `runNames`. */
+  show(state, runNames) {
+    const others = runNames.filter((run) => run !== state.run);
+    this.picker.show([["", "none"], ...others.map((run) => [run, run])], state.compare || "");
+    if (!state.compare) {
+      this.toggle.root.remove();
+      return;
+    }
+    this.toggle.show(state.compareMode || DEFAULT_COMPARE_MODE, (value) => ({
       title: value === "ratio" ? `log10(${state.run} / ${state.compare}) per cell` : "both runs on the same rows and columns",
-      onclick: () => onChange({ compareMode: value }),
-    }, text)));
-  return [picker, toggle];
+    }));
+    if (!this.toggle.root.parentNode) this.picker.root.after(this.toggle.root);
+  }
 }
 
 export class CompareView {

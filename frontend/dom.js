@@ -1,6 +1,6 @@
-// A tiny DOM builder, and canvas sizing for sharp drawing at any device pixel ratio. Text always
-// goes in as text (variable names come from user models, and `<img src=x onerror=...>` must
-// render as those characters), never as HTML.
+// A tiny DOM builder (and attribute updater), and canvas sizing for sharp drawing at any device
+// pixel ratio. Text always goes in as text (variable names come from user models, and
+// `<img src=x onerror=...>` must render as those characters), never as HTML.
 
 /** `el("div", {class: "x", onclick: f}, "text", child, ...)`. */
 export function el(tag, attributes = {}, ...children) {
@@ -9,13 +9,24 @@ export function el(tag, attributes = {}, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
     else if (name === "dataset") Object.assign(node.dataset, value);
-    else node.setAttribute(name, value === true ? "" : String(value));
+    else setAttributes(node, { [name]: value });
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
+}
+
+/**
+ * Sets `attributes` on an existing node as `el` would on a new one: null, undefined or false
+ * removes the attribute (`{title: null, disabled: false}`).
+ */
+export function setAttributes(node, attributes) {
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === null || value === undefined || value === false) node.removeAttribute(name);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
 }
 
 /** Replaces a node's children. */

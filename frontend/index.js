@@ -18,6 +18,11 @@ export async function render() {
   document.head.append(style);
   document.body.append(root);
   window.gradientsApp = app; // for debugging and the browser tests
+  // The frame goes for good (TensorBoard closed or navigated away): nothing the tab started runs
+  // on. A frame kept for the back button (`persisted`) keeps its timers, paused by the browser.
+  window.addEventListener("pagehide", (event) => {
+    if (!event.persisted) app.stop();
+  });
   await app.start();
 }
 

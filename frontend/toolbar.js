@@ -1,92 +1,99 @@
 // The toolbar above the heatmap: run, tag and stat pickers, steps or epochs, variables or layers,
-// the zoom's reset, the thresholds form (opened by its button), CSV and PNG downloads. It shows
-// the controller's state and reports what the user changes; whether the form is open is all it
-// keeps.
+// the comparison's controls, the zoom's reset, the thresholds form (opened by its button), CSV
+// and PNG downloads. Built once and shown again in place at each change of the view (controls.js:
+// an open picker or a focused control stays as it is); it reports what the user picks, and
+// whether the form is open is all it keeps.
 
 import { routeUrl } from "./api.js";
-import { compareControls } from "./compare_view.js";
-import { el, replaceChildren } from "./dom.js";
+import { CompareControls } from "./compare_view.js";
+import { Picker, Segmented } from "./controls.js";
+import { el, setAttributes } from "./dom.js";
 import { formatStep } from "./format.js";
-import { usableTags } from "./hash_state.js";
 
 export class Toolbar {
   /**
-   * `onChange(changes)`: a state change (run, tag, stat, axis, rows, zoom, thresholds);
-   * `onThreshold(name, text)`: a threshold typed into the form; `onPng()`: the PNG button.
+   * `vocabulary`: the served one (stat labels, the form's thresholds); `defaults`: the
+   * thresholds' defaults (the form's placeholders). `onChange(changes)`: fields the user picked
+   * (run, tag, stat, axis, rows, zoom, compare, compareMode, thresholds); `onThreshold(name,
+   * text)`: a threshold typed into the form; `onPng()`: the PNG button.
    */
-  constructor({ onChange, onThreshold, onPng }) {
-    Object.assign(this, { onChange, onThreshold, onPng });
-    this.root = el("div", { class: "toolbar" });
-    this.form = el("form", { class: "thresholds", hidden: true });
-  }
-
-  /**
-   * Shows `view`: {state, runs (the `runs` answer), axis (the one shown), vocabulary, defaults
-   * (the thresholds' defaults)}.
-   */
-  render(view) {
-    this.view = view;
-    const { state, runs, axis, vocabulary } = view;
-    const info = runs[state.run][state.tag];
-    const select = (label, value, options, onchange, testid, title = null) => el("label", { title }, label,
-      el("select", { "data-testid": testid, onchange: (event) => onchange(event.target.value) },
-        options.map(([v, text]) => el("option", { value: v, selected: v === value }, text))));
-    const runNames = [...new Set(usableTags(runs).map(([run]) => run))]; // in natural order
-    const tags = Object.keys(runs[state.run]).filter((tag) => !runs[state.run][tag].error);
-    const axisButtons = el("div", { class: "segmented", role: "group", "aria-label": "Columns" },
-      ["step", "epoch"].map((value) => el("button", {
-        type: "button", "aria-pressed": String(axis === value), disabled: value === "epoch" && !info.epochs,
-        title: value === "epoch" && !info.epochs ? "this run has no epoch marks" : null,
-        onclick: () => this.onChange({ axis: value, zoom: null }),
-      }, value === "step" ? "Steps" : "Epochs")));
-    const rowButtons = el("div", { class: "segmented", role: "group", "aria-label": "Rows" },
-      [["variables", "Variables"], ["layers", "Layers"]].map(([value, text]) => el("button", {
-        type: "button", "aria-pressed": String(state.rows === value),
-        title: value === "layers" ? "one row per layer, its variables combined" : null,
-        onclick: () => this.onChange({ rows: value }),
-      }, text)));
-    const csv = el("a", {
-      class: "button", download: "", "data-testid": "download-csv",
-      href: routeUrl("export", { run: state.run, tag: state.tag, format: "csv" }),
-    }, "CSV");
-    const png = el("button", { type: "button", class: "button", onclick: () => this.onPng() }, "PNG");
-    const zoom = state.zoom ? el("button", {
-      type: "button", class: "button", "data-testid": "reset-zoom", onclick: () => this.onChange({ zoom: null }),
-    }, `Steps ${formatStep(state.zoom[0])}–${formatStep(state.zoom[1])} ✕`) : null;
-    const thresholds = el("button", {
-      type: "button", class: "button", "aria-expanded": String(!this.form.hidden),
-      onclick: () => {
-        this.form.hidden = !this.form.hidden;
-        this.render(this.view);
-      },
+  constructor({ vocabulary, defaults, onChange, onThreshold, onPng }) {
+    this.vocabulary = vocabulary;
+    this.run = new Picker("Run", "run-picker", (run) => onChange({ run }));
+    this.tag = new Picker("Tag", "tag-picker", (tag) => onChange({ tag }));
+    // Only the stats logged are offered; those the writer left out are named on hover.
+    this.stat = new Picker("Stat", "stat-picker", (stat) => onChange({ stat }));
+    this.axis = new Segmented("Columns", [["step", "Steps"], ["epoch", "Epochs"]], (axis) => onChange({ axis }));
+    this.rows = new Segmented("Rows", [
+      ["variables", "Variables"], ["layers", "Layers", { title: "one row per layer, its variables combined" }],
+    ], (rows) => onChange({ rows }));
+    this.compare = new CompareControls(onChange);
+    this.zoom = el("button", {
+      type: "button", class: "button", "data-testid": "reset-zoom", onclick: () => onChange({ zoom: null }),
+    });
+    this.thresholdsButton = el("button", {
+      type: "button", class: "button", "aria-expanded": "false", onclick: () => this.#toggleForm(),
     }, "Thresholds");
+    this.csv = el("a", { class: "button", download: "", "data-testid": "download-csv" }, "CSV");
+    this.hint = el("span", { class: "hint" });
     // Controls that belong together wrap to the next line together, never one button alone.
     const group = (...controls) => el("div", { class: "toolbar-group" }, controls);
-    replaceChildren(this.root,
-      group(
-        select("Run", state.run, runNames.map((r) => [r, r]), (run) => this.onChange({ run, tag: null, zoom: null }), "run-picker"),
-        select("Tag", state.tag, tags.map((t) => [t, t]), (tag) => this.onChange({ tag, zoom: null }), "tag-picker"),
-        // Only the stats logged are offered; those the writer left out are named on hover.
-        select("Stat", state.stat, vocabulary.heatmapStats(info.stats), (stat) => this.onChange({ stat }), "stat-picker",
-          info.not_logged && `not logged for this tag: ${info.not_logged.map((name) => vocabulary.statLabel(name)).join(", ")}`)),
-      group(axisButtons, rowButtons),
-      group(...compareControls({ state, runNames, onChange: this.onChange })),
-      group(zoom, thresholds, csv, png),
-      el("span", { class: "hint" }, axis === "step" ? "Drag across the heatmap to zoom into steps." : ""));
-    this.#renderForm();
+    this.root = el("div", { class: "toolbar" },
+      group(this.run.root, this.tag.root, this.stat.root),
+      group(this.axis.root, this.rows.root),
+      group(this.compare.picker.root),
+      group(this.thresholdsButton, this.csv,
+        el("button", { type: "button", class: "button", onclick: () => onPng() }, "PNG")),
+      this.hint);
+    this.inputs = vocabulary.formThresholds().map(({ name }) => el("input", {
+      name, type: "number", step: "any", min: "0", "data-testid": `threshold-${name}`,
+      placeholder: String(defaults[name]),
+      onchange: (event) => onThreshold(name, event.target.value),
+    }));
+    this.form = el("form", { class: "thresholds", hidden: true },
+      vocabulary.formThresholds().map(({ label }, index) => el("label", {}, label, this.inputs[index])),
+      el("button", { type: "button", class: "button", onclick: () => onChange({ thresholds: {} }) },
+        "Reset to defaults"));
   }
 
-  #renderForm() {
-    const { state, vocabulary, defaults } = this.view;
-    const inputs = vocabulary.formThresholds().map(({ name, label }) => el("label", {}, label,
-      el("input", {
-        name, type: "number", step: "any", min: "0", "data-testid": `threshold-${name}`,
-        placeholder: String(defaults[name]),
-        value: state.thresholds[name] ?? "",
-        onchange: (event) => this.onThreshold(name, event.target.value),
-      })));
-    replaceChildren(this.form, inputs,
-      el("button", { type: "button", class: "button", onclick: () => this.onChange({ thresholds: {} }) },
-        "Reset to defaults"));
+  /** Shows `view` (a ViewState): each control takes the view's value where it differs. */
+  show(view) {
+    const { state } = view;
+    const info = view.info();
+    const axis = view.axis();
+    const runNames = view.runNames();
+    this.run.show(runNames.map((run) => [run, run]), state.run);
+    this.tag.show(view.tags().map((tag) => [tag, tag]), state.tag);
+    this.stat.show(this.vocabulary.heatmapStats(info.stats), state.stat, info.not_logged
+      && `not logged for this tag: ${info.not_logged.map((name) => this.vocabulary.statLabel(name)).join(", ")}`);
+    this.axis.show(axis, (value) => ({
+      disabled: value === "epoch" && !info.epochs,
+      title: value === "epoch" && !info.epochs ? "this run has no epoch marks" : null,
+    }));
+    this.rows.show(state.rows);
+    this.compare.show(state, runNames);
+    this.#showZoom(state.zoom);
+    setAttributes(this.csv, { href: routeUrl("export", { run: state.run, tag: state.tag, format: "csv" }) });
+    this.hint.textContent = axis === "step" ? "Drag across the heatmap to zoom into steps." : "";
+    this.inputs.forEach((input) => {
+      const text = String(state.thresholds[input.name] ?? "");
+      // A field being typed into keeps what the user typed.
+      if (input.value !== text && input !== input.ownerDocument.activeElement) input.value = text;
+    });
+  }
+
+  // The zoom's reset button, in front of the thresholds button while a range of steps is shown.
+  #showZoom(zoom) {
+    if (!zoom) {
+      this.zoom.remove();
+      return;
+    }
+    this.zoom.textContent = `Steps ${formatStep(zoom[0])}–${formatStep(zoom[1])} ✕`;
+    if (!this.zoom.parentNode) this.thresholdsButton.before(this.zoom);
+  }
+
+  #toggleForm() {
+    this.form.hidden = !this.form.hidden;
+    setAttributes(this.thresholdsButton, { "aria-expanded": String(!this.form.hidden) });
   }
 }

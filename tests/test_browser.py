@@ -417,6 +417,82 @@ def test_epoch_view_live_refresh_and_downloads(browser, server):
     tab.close()
 
 
+def test_a_focused_picker_keeps_its_focus_through_the_tabs_reload_and_any_load(browser, server):
+    """The toolbar is shown again in place, never rebuilt: the picker the user is on stays the
+    same element, focused (an open one stays open), through the tab's reload finding more steps,
+    a view loaded from the URL (the run picker showing the new run in place) and a stat picked
+    from the keyboard, so the next arrow key picks the next stat."""
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    page = tab.page
+    page.locator("[data-testid=stat-picker]").focus()
+    page.evaluate("window.picker = document.activeElement")
+    focused = "document.activeElement === window.picker && window.picker.isConnected"
+    page.evaluate("window.gradientsApp.runs[window.gradientsApp.state.run].gradients.steps = 1")
+    page.evaluate("window.gradientsApp.refreshIfGrown()")  # answers once the view is loaded again
+    tab.wait_drawn()
+    assert page.evaluate(focused), "the tab's reload kept the focus"
+    page.evaluate(f"location.hash = '#run={HEALTHY}&tag=gradients&axis=step'")
+    page.wait_for_function("window.gradientsApp.matrix.run === 'healthy/train' && window.gradientsApp.drawn")
+    assert page.evaluate(focused), "a load from the URL kept the focus"
+    assert page.locator("[data-testid=run-picker]").input_value() == "healthy/train"
+    for _ in range(2):
+        before = page.evaluate("window.gradientsApp.state.stat")
+        page.keyboard.press("ArrowDown")
+        page.wait_for_function("(before) => window.gradientsApp.state.stat !== before", arg=before)
+        tab.wait_drawn()
+        assert page.evaluate("window.gradientsApp.matrix.stat") == page.evaluate("window.picker.value")
+        assert page.evaluate(focused), "the user's own pick kept the focus"
+    tab.close()
+
+
+# Counts the page's live timers: set and not yet fired or cleared.
+COUNT_TIMERS = """(() => {
+    const live = new Set();
+    window.liveTimers = live;
+    const [set, clear, every, stop] = [setTimeout, clearTimeout, setInterval, clearInterval];
+    window.setTimeout = (fn, ms, ...args) => {
+        const id = set.call(window, () => { live.delete(id); fn(...args); }, ms);
+        live.add(id);
+        return id;
+    };
+    window.clearTimeout = (id) => { live.delete(id); clear.call(window, id); };
+    window.setInterval = (fn, ms, ...args) => {
+        const id = every.call(window, fn, ms, ...args);
+        live.add(id);
+        return id;
+    };
+    window.clearInterval = (id) => { live.delete(id); stop.call(window, id); };
+})()"""
+
+
+def test_the_tabs_timers_replace_each_other_and_stop_with_the_tab(browser, server):
+    """Loads in a row leave one timer, the refresh (each load's wait for the loss curve replaces
+    the last and ends with its answers); hovering cells keeps one pause for their key stats,
+    gone when the pointer leaves; the tab torn down leaves none and follows the URL no more."""
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    page = tab.page
+    page.add_init_script(COUNT_TIMERS)
+    page.reload()
+    tab.wait_drawn()
+    page.evaluate("() => { for (let i = 0; i < 4; i++) window.gradientsApp.load(); }")
+    tab.wait_drawn()
+    assert page.evaluate("window.liveTimers.size") == 1
+    for column in range(0, 10, 2):
+        page.mouse.move(*_cell_point(tab, 0, column))
+        assert page.evaluate("window.liveTimers.size") <= 2
+    page.mouse.move(0, 0)
+    assert page.evaluate("window.liveTimers.size") == 1
+    page.evaluate("window.gradientsApp.stop()")
+    assert page.evaluate("window.liveTimers.size") == 0
+    requests = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.evaluate(f"location.hash = '#run={HEALTHY}&tag=gradients'")
+    page.wait_for_timeout(500)
+    assert requests == [] and page.evaluate("window.gradientsApp.matrix.run") == DIVERGED
+    tab.close()
+
+
 def test_dark_mode_and_tiny_runs(browser, tmp_path):
     with tg.GradientWriter(str(tmp_path / "one")) as writer:
         writer.write(0, {"only/kernel": np.ones(2)})
