@@ -296,7 +296,7 @@ def test_long_runs_are_digested_before_the_first_request(logdir, plugin_client, 
     read = []
     monkeypatch.setattr(digest.Digest, "feed", lambda self, rows: read.append(rows))
     loaded = served._store.source(tb_context.RequestContext(), "", "run", "gradients")
-    alerts = loaded._local_tag.digest(tg.Thresholds()).alerts()
+    alerts = loaded._tag().digest(tg.Thresholds()).alerts()
     assert read == [] and any(a.kind == "nonfinite" for a in alerts)
 
 
@@ -328,7 +328,9 @@ def test_while_the_background_reads_a_long_run_answers_say_how_far_it_got(
 def _long_runs_of(client):
     """The `LocalTag`s of the plugin a `plugin_client` serves."""
     (plugin,) = [p for p in client.application._plugins if p.plugin_name == "gradients"]
-    return plugin._store._local._tags
+    local = plugin._store._local  # as its background pass takes them up
+    return {(look.run, tag): local.long_local_tag(look, tag, parsed, epochs)
+            for look, tag, parsed, epochs in local.long_tags()}
 
 
 def test_a_run_of_more_epochs_than_blocks_keeps_one_block_per_epoch():

@@ -26,6 +26,7 @@ class Cache:
     def __init__(self, budget_bytes: int):
         self._budget_bytes = budget_bytes
         self._entries: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
+        self._nbytes = 0  # of the entries
         self._lock = threading.Lock()
 
     def get(self, key: tuple, signature: tuple):
@@ -36,19 +37,18 @@ class Cache:
                 return None
             if entry.signature != signature:
                 del self._entries[key]
+                self._nbytes -= entry.nbytes
                 return None
             self._entries.move_to_end(key)
             return entry.value
 
     def put(self, key: tuple, value, signature: tuple, nbytes: int):
         with self._lock:
+            old = self._entries.pop(key, None)
+            self._nbytes += nbytes - (0 if old is None else old.nbytes)
             self._entries[key] = _Entry(value, signature, nbytes)
-            self._entries.move_to_end(key)
-            while (
-                len(self._entries) > 1
-                and sum(e.nbytes for e in self._entries.values()) > self._budget_bytes
-            ):
-                self._entries.popitem(last=False)
+            while len(self._entries) > 1 and self._nbytes > self._budget_bytes:
+                self._nbytes -= self._entries.popitem(last=False)[1].nbytes
 
     def derived(self, derivations: collections.OrderedDict, key: tuple, compute):
         """``compute()`` once per ``key`` among ``derivations`` (a kept value's own dict: they

@@ -23,7 +23,6 @@ does not wait for its 5 GB to be read: until verified, a damaged big record's st
 """
 
 import dataclasses
-import functools
 import itertools
 import logging
 import os
@@ -36,6 +35,7 @@ from tensorboard_gradients.format import event_files, metadata
 from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
 from tensorboard_gradients.server.store import traffic
 from tensorboard_gradients.server.store.damage import NO_DAMAGE, RunDamage, counted
+from tensorboard_gradients.server.store.source import parsed_content
 
 logger = logging.getLogger(__name__)
 
@@ -80,38 +80,70 @@ class Located:
     look: int = 0
 
 
-class EventFileIntegrity:
-    """Checks the record checksums of a local logdir's event files, per run (thread-safe).
+class RunLook:
+    """One look at a run's event files (`EventFileIntegrity.look`): what each file held then."""
 
-    A file is scanned once, then only its new bytes while it grows (one ``stat`` per file when
-    nothing changed); a file that shrank or was rewritten in place is scanned again. Memory is
-    bounded by the largest record, as in `event_files.read_events`, and by what was found.
-    A logdir that is not a local directory (``gs://...``, several logdirs) is not checked.
-    """
+    def __init__(self, checker: "EventFileIntegrity", run: str, directory: str, files, skipped,
+                 number):
+        self._checker = checker
+        self.run, self.directory = run, directory
+        self._files = files  # (name, path, its _FileScan or why it cannot be checked)
+        self._skipped = skipped
+        self.number = number  # equal numbers: the files held the same
+        self._by_tag = None  # tag -> the (path, scan) holding points of it
+        self._damage = None
 
-    def __init__(self, logdir: Optional[str]):
-        self._root = os.path.realpath(logdir) if logdir and os.path.isdir(logdir) else None
-        self._files: Dict[str, _FileScan] = {}
-        self._located = {}  # (run directory, tag) -> (what it was built from, Located)
-        self._lock = threading.Lock()
-        self._verifier = None  # the thread verifying checksums in the background
-        self._looks = itertools.count(1)  # numbers each `Located` built (`Located.look`)
-        self._not_regular = set()  # (directory, name) of non-regular files logged once
+    def _scans(self):
+        return [(name, path, scan) for name, path, scan in self._files
+                if isinstance(scan, _FileScan)]
 
-    def run(self, run: str) -> RunDamage:
-        directory = self._directory(run)
-        if directory is None:
-            return NO_DAMAGE
-        steps, refused, messages = {}, {}, []
-        messages.extend(self._skipped(directory))
-        with self._lock:
-            for name, path in _event_files(directory):
-                try:
-                    scan = self._scanned(path)
-                except FileNotFoundError:
-                    continue  # deleted since it was listed
-                except OSError as error:
-                    messages.append(f"{name} cannot be checked: {error.strerror or error}")
+    def located(self, tag: str) -> Located:
+        """Where the points of ``tag`` lie in the run's intact records (built once per look)."""
+        checker = self._checker
+        with checker._lock:
+            cached = checker._located.get((self.directory, tag))
+            if cached is not None and cached[0] == self.number:
+                return cached[1]
+            if self._by_tag is None:
+                self._by_tag = {}
+                for _, path, scan in self._scans():
+                    for name in scan.points:
+                        self._by_tag.setdefault(name, []).append((path, scan))
+            by_step = {}
+            for path, scan in self._by_tag.get(tag, ()):
+                for step, wall_time, offset, index in scan.points.get(tag, ()):
+                    by_step[step] = (wall_time, (path, offset, index))
+            steps = sorted(by_step)
+            located = Located(np.array(steps, dtype=np.int64),
+                              np.array([by_step[s][0] for s in steps], dtype=np.float64),
+                              tuple(by_step[s][1] for s in steps), self.number)
+            checker._located[(self.directory, tag)] = (self.number, located)
+            return located
+
+    def contents(self) -> Dict[str, bytes]:
+        """``{tag: metadata content}`` of this plugin's tags in the run, by their first metadata
+        in file-name order (as TensorBoard reads it)."""
+        contents = {}
+        with self._checker._lock:
+            for _, _, scan in self._scans():
+                for tag, content in scan.contents.items():
+                    contents.setdefault(tag, content)
+        return contents
+
+    def damage(self) -> RunDamage:
+        """What the run's files lost: records failing their checksum (their steps, by tag),
+        tensors refused, records that do not parse, broken framing, files that cannot be
+        checked or are not regular files (found once per look)."""
+        if self._damage is None:
+            self._damage = self._found_damage()
+        return self._damage
+
+    def _found_damage(self) -> RunDamage:
+        steps, refused, messages = {}, {}, list(self._skipped)
+        with self._checker._lock:
+            for name, _, scan in self._files:
+                if not isinstance(scan, _FileScan):
+                    messages.append(scan)
                     continue
                 for tag, tag_steps in scan.damaged_steps.items():
                     steps.setdefault(tag, {}).update(dict.fromkeys(tag_steps, name))
@@ -132,34 +164,67 @@ class EventFileIntegrity:
             return NO_DAMAGE
         return RunDamage(steps, tuple(messages), refused)
 
-    def located(self, run: str, tag: str) -> Optional[Located]:
-        """Where the points of ``tag`` lie in the run's intact records; None when the logdir is
-        not local (or the run not inside it)."""
+
+class EventFileIntegrity:
+    """Checks the record checksums of a local logdir's event files, per run (thread-safe).
+
+    A file is scanned once, then only its new bytes while it grows (one ``stat`` per file when
+    nothing changed); a file that shrank or was rewritten in place is scanned again. Memory is
+    bounded by the largest record, as in `event_files.read_events`, and by what was found.
+    A logdir that is not a local directory (``gs://...``, several logdirs) is not checked.
+    """
+
+    def __init__(self, logdir: Optional[str]):
+        self._root = os.path.realpath(logdir) if logdir and os.path.isdir(logdir) else None
+        self._files: Dict[str, _FileScan] = {}
+        self._located = {}  # (run directory, tag) -> (the look it was built from, Located)
+        self._signatures = {}  # run directory -> (what its files held at the last look, look)
+        self._lock = threading.Lock()
+        self._verifier = None  # the thread verifying checksums in the background
+        self._looks = itertools.count(1)  # numbers each new look at a run (`Located.look`)
+        self._not_regular = set()  # (directory, name) of non-regular files logged once
+
+    def look(self, run: str) -> Optional["RunLook"]:
+        """One look at the run's event files, each scanned (its new bytes) once: where its tags'
+        points lie, its damage and its tags' metadata, all as of this look; None when the logdir
+        is not local (or the run not inside it)."""
         directory = self._directory(run)
         if directory is None:
             return None
+        regular, special = _event_files(directory)
+        files = []
         with self._lock:
-            scans = []
-            for _, path in _event_files(directory):
+            for name, path in regular:
                 try:
-                    scans.append((path, self._scanned(path)))
-                except OSError:
-                    continue  # `run` reports it
+                    files.append((name, path, self._scanned(path)))
+                except FileNotFoundError:
+                    continue  # deleted since it was listed
+                except OSError as error:
+                    files.append((name, path, f"{name} cannot be checked: "
+                                              f"{error.strerror or error}"))
             signature = tuple((path, scan.size, scan.mtime_ns, scan.offset, scan.revision)
-                              for path, scan in scans)
-            cached = self._located.get((directory, tag))
-            if cached is not None and cached[0] == signature:
-                return cached[1]
-            by_step = {}
-            for path, scan in scans:
-                for step, wall_time, offset, index in scan.points.get(tag, ()):
-                    by_step[step] = (wall_time, (path, offset, index))
-            steps = sorted(by_step)
-            located = Located(np.array(steps, dtype=np.int64),
-                              np.array([by_step[s][0] for s in steps], dtype=np.float64),
-                              tuple(by_step[s][1] for s in steps), next(self._looks))
-            self._located[(directory, tag)] = (signature, located)
-            return located
+                              for _, path, scan in files if isinstance(scan, _FileScan))
+            last = self._signatures.get(directory)
+            if last is None or last[0] != signature:  # what the files hold changed: a new look
+                last = (signature, next(self._looks))
+                self._signatures[directory] = last
+        return RunLook(self, run, directory, files, self._skipped(directory, special), last[1])
+
+    def run(self, run: str) -> RunDamage:
+        """What is damaged in the run's files (`RunLook.damage`)."""
+        look = self.look(run)
+        return NO_DAMAGE if look is None else look.damage()
+
+    def located(self, run: str, tag: str) -> Optional[Located]:
+        """Where the points of ``tag`` lie in the run's intact records (`RunLook.located`);
+        None when the logdir is not local (or the run not inside it)."""
+        look = self.look(run)
+        return None if look is None else look.located(tag)
+
+    def contents(self, run: str) -> Dict[str, bytes]:
+        """``{tag: metadata content}`` of this plugin's tags in the run (`RunLook.contents`)."""
+        look = self.look(run)
+        return {} if look is None else look.contents()
 
     def scan_all(self) -> None:
         """Scans every run's event files (what a request would scan first)."""
@@ -183,34 +248,18 @@ class EventFileIntegrity:
                 found.append(relative.replace(os.sep, "/"))
         return sorted(found)
 
-    def _skipped(self, directory: str):
-        """Sentences on what ``directory`` holds named like an event file that is not a regular
-        file, each also logged once (its run may have no tag to name it on)."""
+    def _skipped(self, directory: str, special):
+        """Sentences on ``special`` (``(name, what it is)`` of what ``directory`` holds named like
+        an event file that is not a regular file), each also logged once (its run may have no
+        tag to name it on)."""
         sentences = []
-        for name, kind in _not_regular_files(directory):
+        for name, kind in special:
             sentences.append(f"{name} is {kind}, not an event file: skipped")
             if (directory, name) not in self._not_regular:
                 self._not_regular.add((directory, name))
                 logger.warning("tensorboard-gradients skips %s: %s, not an event file",
                                os.path.join(directory, name), kind)
         return sentences
-
-    def contents(self, run: str) -> Dict[str, bytes]:
-        """``{tag: metadata content}`` of this plugin's tags in the run, by their first metadata
-        in file-name order (as TensorBoard reads it)."""
-        directory = self._directory(run)
-        if directory:
-            self._skipped(directory)
-        contents = {}
-        with self._lock:
-            for _, path in _event_files(directory) if directory else ():
-                try:
-                    scan = self._scanned(path)
-                except OSError:
-                    continue
-                for tag, content in scan.contents.items():
-                    contents.setdefault(tag, content)
-        return contents
 
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
@@ -325,34 +374,25 @@ _SHARED_LOCK = threading.Lock()
 
 
 def _event_files(directory: str):
-    """``(name, path)`` of the event files directly in ``directory``, sorted."""
+    """(``(name, path)`` of the regular event files directly in ``directory``, ``(name, what it
+    is)`` of what is named like one but is not a regular file: a FIFO would hang whoever opens
+    it), both sorted; one listing of the directory."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
-        return []
-    return sorted(
-        (entry.name, entry.path)
-        for entry in entries
-        if event_files.is_event_file(entry.name) and entry.is_file()
-    )
-
-
-def _not_regular_files(directory: str):
-    """``(name, what it is)`` of the entries of ``directory`` named like an event file that are
-    not regular files (a FIFO would hang whoever opens it), sorted."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return []
-    found = []
+        return [], []
+    regular, special = [], []
     for entry in entries:
-        if not event_files.is_event_file(entry.name) or entry.is_file():
+        if not event_files.is_event_file(entry.name):
             continue
         try:
-            found.append((entry.name, event_files.file_type(entry.stat().st_mode)))
+            if entry.is_file():
+                regular.append((entry.name, entry.path))
+            else:
+                special.append((entry.name, event_files.file_type(entry.stat().st_mode)))
         except OSError:
             continue  # gone since it was listed
-    return sorted(found)
+    return sorted(regular), sorted(special)
 
 
 def _scan_records(path: str, scan: _FileScan, size: int):
@@ -488,17 +528,12 @@ def _refusal(value, content: Optional[bytes]) -> Optional[str]:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
 def _expected_shape(content: Optional[bytes]):
     """The shape a tag's logged tensors must have, None when its metadata does not say (the
     writer's digests, metadata that does not parse: reported with the tag)."""
-    if content is None:
-        return None
-    try:
-        parsed = metadata.parse_plugin_data(content)
-    except Exception:  # noqa: BLE001 - the tag itself is reported as unreadable
-        return None
-    if parsed.kind not in (metadata.KIND_STATS, metadata.KIND_HISTOGRAMS, metadata.KIND_EPOCHS):
+    parsed = None if content is None else parsed_content(content).parsed
+    if parsed is None or parsed.kind not in (metadata.KIND_STATS, metadata.KIND_HISTOGRAMS,
+                                             metadata.KIND_EPOCHS):
         return None
     return expected_shape(parsed)
 

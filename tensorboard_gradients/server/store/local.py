@@ -27,12 +27,11 @@ from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
 from tensorboard_gradients.format.series import GradientSeries, series_from_points
 from tensorboard_gradients.server.store import traffic
-from tensorboard_gradients.server.store.damage import RunDamage
-from tensorboard_gradients.server.store.event_scan import EventFileIntegrity, Located
+from tensorboard_gradients.server.store.event_scan import EventFileIntegrity, Located, RunLook
 from tensorboard_gradients.server.store.local_tag import LocalTag, is_long
 from tensorboard_gradients.server.store.source import (
     HistogramAt, RunSource, TagInfo, UnknownError, UnreadableTagError, nearest_index,
-    parsed_info,
+    parsed_content,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,33 +40,43 @@ _DEFAULTS = analysis.Thresholds()
 
 
 class LocalSource(RunSource):
-    """One stats tag of a local run as it stands now: its `LocalTag` (kept across looks, it
-    grows with the run), the damage found in its run's files, and where its histograms lie."""
+    """One stats tag of a local run as one look at its files found it. Its `LocalTag` (kept
+    across looks: it grows with the run) is brought up to date when an answer first reads
+    steps: listing the runs reads none."""
 
-    def __init__(self, local_tag: LocalTag, like: GradientSeries, damage: RunDamage,
+    def __init__(self, reader: "LocalReader", look: RunLook, like: GradientSeries,
+                 parsed: metadata.PluginData,
                  histograms: Optional[Tuple[metadata.PluginData, Located]],
                  mismatch: Optional[str]):
         super().__init__(like)
-        self._local_tag = local_tag
-        self._run_damage = damage
+        self._reader, self._look, self._parsed = reader, look, parsed
+        self._located = look.located(like.tag)
         self._histograms = histograms
         self._mismatch = mismatch
-        self._long = is_long(len(local_tag.steps), len(like.variables), len(like.stat_names))
+        self._local_tag: Optional[LocalTag] = None
+        self._lock = threading.Lock()
+        self._long = is_long(len(self._located.steps), len(like.variables),
+                             len(like.stat_names))
+
+    def _tag(self) -> LocalTag:
+        with self._lock:
+            if self._local_tag is None:
+                self._local_tag = self._reader.updated(self._look, self.like, self._parsed)
+            return self._local_tag
 
     def steps(self) -> np.ndarray:
-        return self._local_tag.steps
+        return self._tag().steps if self._local_tag is not None else self._located.steps
 
     def rows(self, start: int, stop: int) -> GradientSeries:
-        return self._local_tag.rows(start, stop)
+        return self._tag().rows(start, stop)
 
     def reading(self, thresholds: analysis.Thresholds):
         # A short tag is read by the request (well under a second); a long one's default digest
         # may be fed in the background meanwhile: the answer then says how far it got.
-        return self._local_tag.reading(thresholds, wait=not self._long or thresholds != _DEFAULTS)
+        return self._tag().reading(thresholds, wait=not self._long or thresholds != _DEFAULTS)
 
     def progress(self, thresholds: analysis.Thresholds) -> int:
-        return self._local_tag.progress(thresholds,
-                                        wait=not self._long or thresholds != _DEFAULTS)
+        return self._tag().progress(thresholds, wait=not self._long or thresholds != _DEFAULTS)
 
     @property
     def has_histograms(self) -> bool:
@@ -81,7 +90,7 @@ class LocalSource(RunSource):
                                f"{self.tag!r}{why}")
         parsed, where = self._histograms
         histogram_tag = metadata.histogram_tag(self.tag)
-        left_out = self._run_damage.steps_of(histogram_tag)
+        left_out = self._look.damage().steps_of(histogram_tag)
         kept = [i for i, s in enumerate(where.steps.tolist()) if s not in left_out]
         if not kept:
             raise UnknownError(f"no histograms were logged for run {self.run!r}, tag "
@@ -102,12 +111,13 @@ class LocalSource(RunSource):
         tag = self.tag
         epochs_tag = metadata.epochs_tag(self.like.name)
         histogram_tag = metadata.histogram_tag(tag)
-        lost_steps, lost_messages = self._local_tag.lost_report()
-        messages = (self._run_damage.messages_for(
+        run_damage = self._look.damage()
+        lost_steps, lost_messages = self._reader.lost(self.run, tag)
+        messages = (run_damage.messages_for(
             tag, (histogram_tag, f"its histograms ({histogram_tag!r})"),
             (epochs_tag, f"its epoch marks ({epochs_tag!r})"))
             + ((self._mismatch,) if self._mismatch else ()) + lost_messages)
-        return len(self._run_damage.steps_of(tag)) + lost_steps, messages
+        return len(run_damage.steps_of(tag)) + lost_steps, messages
 
 
 class LocalReader:
@@ -121,46 +131,41 @@ class LocalReader:
         self._kept_bytes = kept_bytes
         self._tags: "collections.OrderedDict[Tuple[str, str], LocalTag]" = (
             collections.OrderedDict())
-        self._marks = {}  # (run, epochs tag) -> (located look, marks)
+        self._kept_marks = {}  # (run directory, epochs tag) -> (its look, marks)
         self._lock = threading.Lock()
 
-    def tags(self) -> Dict[str, Dict[str, TagInfo]]:
-        """``{run: {tag: TagInfo}}`` of every tag of this plugin in the logdir, any kind, and
-        every run with an event file (a run of only unreadable files has no tags)."""
+    def tags(self, runs=None) -> Dict[str, Dict[str, TagInfo]]:
+        """``{run: {tag: TagInfo}}`` of every tag of this plugin in the logdir (or in ``runs``),
+        any kind, each with the look at its run's files it was listed from (`TagInfo.look`):
+        the run's sources are built from that same look, each file scanned once."""
         result = {}
-        for run in self._scan.runs():
-            result[run] = {tag: _parsed(content)
-                           for tag, content in self._scan.contents(run).items()}
+        for run in self._scan.runs() if runs is None else runs:
+            look = self._scan.look(run)
+            if look is None:
+                continue
+            result[run] = {tag: dataclasses.replace(parsed_content(content), look=look)
+                           for tag, content in look.contents().items()}
         return result
 
-    def unreadable_files(self, run: str) -> Tuple[str, ...]:
-        """Sentences on what the run holds named like an event file that is not one."""
-        return self._scan.run(run).file_messages
-
-    def like(self, run: str, tag: str, parsed: metadata.PluginData,
-             epochs: Optional[metadata.PluginData]) -> GradientSeries:
+    def _like(self, look, tag: str, parsed: metadata.PluginData,
+              epochs: Optional[metadata.PluginData]) -> GradientSeries:
         """The tag's series without steps, with its epoch marks."""
-        marks = None if epochs is None else self.marks(run, metadata.epochs_tag(parsed.name),
-                                                       epochs)
-        like = _empty_series(run, tag, parsed)
+        like = _empty_series(look.run, tag, parsed)
+        marks = None if epochs is None else self._marks(look, metadata.epochs_tag(parsed.name),
+                                                        epochs)
         if marks is None:
             return like
         return dataclasses.replace(like, epoch_starts=marks[0], epoch_indices=marks[1])
 
-    def located(self, run: str, tag: str) -> Located:
-        located = self._scan.located(run, tag)
-        if located is None:
-            raise UnknownError(f"no gradients for run {run!r}")
-        return located
-
-    def marks(self, run: str, epochs_tag: str, parsed: metadata.PluginData):
+    def _marks(self, look, epochs_tag: str, parsed: metadata.PluginData):
         """``(first steps, epoch indices)`` of the run's epoch marks (a NaN mark marks nothing),
-        read back once per look at the files."""
-        where = self._scan.located(run, epochs_tag)
-        if where is None or not len(where.steps):
+        read back once per look at the files that changed them."""
+        where = look.located(epochs_tag)
+        if not len(where.steps):
             return None
+        key = (look.directory, epochs_tag)
         with self._lock:
-            kept = self._marks.get((run, epochs_tag))
+            kept = self._kept_marks.get(key)
         if kept is not None and kept[0] == where.look:
             return kept[1]
         points = zip(where.steps.tolist(), where.wall_times.tolist(), where.locations)
@@ -169,40 +174,40 @@ class LocalReader:
         marks = (np.array([p[0] for p in decoded], np.int64),
                  np.array([int(p[2]) for p in decoded], np.int64))
         with self._lock:
-            self._marks[(run, epochs_tag)] = (where.look, marks)
+            self._kept_marks[key] = (where.look, marks)
         return marks
 
-    def signature(self, run: str, tag: str, parsed: metadata.PluginData) -> tuple:
-        """What a `LocalSource` of the tag was built from: it is built again when this changes."""
-        located = self.located(run, tag)
-        others = [self._scan.located(run, name) for name in (
-            metadata.epochs_tag(parsed.name), metadata.histogram_tag(tag),
-            metadata.digest_tag(tag), metadata.digest_blocks_tag(tag))]
-        damage = self._scan.run(run)
-        return (located.look,) + tuple(None if o is None else o.look for o in others) + (
-            damage.signature(tag, metadata.epochs_tag(parsed.name),
-                             metadata.histogram_tag(tag)),)
+    @staticmethod
+    def signature(info: TagInfo) -> tuple:
+        """What a `LocalSource` of the tag is built from (the look at its run's files): it is
+        built again when the files change."""
+        return (info.look.number,)
 
-    def source(self, run: str, tag: str, parsed: metadata.PluginData,
-               epochs: Optional[metadata.PluginData],
+    def source(self, run: str, tag: str, info: TagInfo, epochs: Optional[metadata.PluginData],
                histograms: Optional[metadata.PluginData], mismatch: Optional[str]) -> LocalSource:
-        """The tag as it stands now, its `LocalTag` brought up to date."""
-        local_tag, like = self._updated(run, tag, parsed, epochs)
-        where = None if histograms is None else self._scan.located(
-            run, metadata.histogram_tag(tag))
-        return LocalSource(local_tag, like, self._scan.run(run),
+        """The tag as its listing's look at the files found it (nothing read yet)."""
+        look = info.look
+        where = None if histograms is None else look.located(metadata.histogram_tag(tag))
+        return LocalSource(self, look, self._like(look, tag, info.parsed, epochs), info.parsed,
                            None if where is None else (histograms, where), mismatch)
 
-    def _updated(self, run: str, tag: str, parsed, epochs) -> Tuple[LocalTag, GradientSeries]:
-        """(the tag's `LocalTag`, given its points, epoch marks and the writer's digest records
-        as the files hold them now; the tag's series without steps)."""
-        like = self.like(run, tag, parsed, epochs)
-        local_tag = self._kept(run, tag, parsed)
-        written = (self._scan.located(run, metadata.digest_tag(tag)),
-                   self._scan.located(run, metadata.digest_blocks_tag(tag)))
+    def updated(self, look: RunLook, like: GradientSeries, parsed) -> LocalTag:
+        """The tag's `LocalTag`, given its points, epoch marks (``like``'s) and the writer's
+        digest records as the files held them at ``look``."""
+        tag = like.tag
+        local_tag = self._kept(look.run, tag, parsed)
+        written = (look.located(metadata.digest_tag(tag)),
+                   look.located(metadata.digest_blocks_tag(tag)))
         marks = None if like.epoch_starts is None else (like.epoch_starts, like.epoch_indices)
-        local_tag.update(self.located(run, tag), marks, None if None in written else written)
-        return local_tag, like
+        local_tag.update(look.located(tag), marks, written)
+        return local_tag
+
+    def lost(self, run: str, tag: str):
+        """(steps of the tag left out when read back, the sentences that say why): known once
+        read."""
+        with self._lock:
+            local_tag = self._tags.get((run, tag))
+        return (0, ()) if local_tag is None else local_tag.lost_report()
 
     def _kept(self, run: str, tag: str, parsed) -> LocalTag:
         with self._lock:
@@ -223,33 +228,41 @@ class LocalReader:
                     or sum(kept.nbytes() for kept in self._tags.values()) < self._kept_bytes)
 
     def long_tags(self):
-        """``(run, tag, parsed, epochs parsed)`` of every long stats tag (`local_tag.is_long`)."""
+        """``(look, tag, parsed, epochs parsed)`` of every long stats tag (`local_tag.is_long`)."""
         for run, tags in self.tags().items():
             for tag, info in tags.items():
                 parsed = info.parsed
                 if parsed is None or parsed.kind != metadata.KIND_STATS:
                     continue
-                located = self._scan.located(run, tag)
-                if located is None or not is_long(len(located.steps), len(parsed.layout.variables),
-                                                  len(parsed.layout.stats)):
+                located = info.look.located(tag)
+                if not is_long(len(located.steps), len(parsed.layout.variables),
+                               len(parsed.layout.stats)):
                     continue
                 epochs = tags.get(metadata.epochs_tag(parsed.name))
                 epochs = epochs.parsed if epochs is not None and epochs.parsed is not None and (
                     epochs.parsed.kind == metadata.KIND_EPOCHS) else None
-                yield run, tag, parsed, epochs
+                yield info.look, tag, parsed, epochs
+
+    def long_local_tag(self, look: RunLook, tag: str, parsed, epochs) -> Optional[LocalTag]:
+        """A long tag's `LocalTag` brought up to date, when it is kept or there is room for it
+        (`has_room`), else None."""
+        if not self.has_room(look.run, tag):
+            return None
+        return self.updated(look, self._like(look, tag, parsed, epochs), parsed)
 
     def digest_long_tags(self):
         """Brings the default digest of every long tag up to date, as TensorBoard reads the
         logdir: the first heatmap and alerts of a long run then answer at once, and each pass
         reads only the steps logged since the last."""
-        for run, tag, parsed, epochs in self.long_tags():
+        for look, tag, parsed, epochs in self.long_tags():
             try:
-                if self.has_room(run, tag):
-                    self._updated(run, tag, parsed, epochs)[0].digest(_DEFAULTS, background=True)
+                local_tag = self.long_local_tag(look, tag, parsed, epochs)
+                if local_tag is not None:
+                    local_tag.digest(_DEFAULTS, background=True)
             except Exception:  # noqa: BLE001 - one tag must not stop the others
                 if traffic.exiting():
                     return
-                logger.exception("run %r tag %r could not be digested", run, tag)
+                logger.exception("run %r tag %r could not be digested", look.run, tag)
 
     def digest_every(self, every: float):
         """Starts `digest_long_tags` in a background thread, every ``every`` seconds (0: once);
@@ -267,10 +280,6 @@ class LocalReader:
                 time.sleep(every)
 
         threading.Thread(target=loop, daemon=True, name="tensorboard-gradients digests").start()
-
-
-# A run list of 2,000 tags parses each distinct metadata once.
-_parsed = functools.lru_cache(maxsize=4096)(parsed_info)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -71,7 +71,9 @@ class Store:
     def source(self, ctx, experiment, run: str, tag: str, tags=None) -> RunSource:
         """The `RunSource` of a stats tag as it stands now (`UnknownError`,
         `UnreadableTagError`)."""
-        tags = self.tags(ctx, experiment) if tags is None else tags
+        if tags is None:  # a local logdir: a look at this run's files alone
+            tags = (self._local.tags([run]) if self._local is not None
+                    else self._remote.tags(ctx, experiment))
         info = stats_tag(tags, run, tag)
         epochs = _of_kind(tags[run].get(metadata.epochs_tag(info.parsed.name)),
                           metadata.KIND_EPOCHS)
@@ -79,11 +81,11 @@ class Store:
         key = ("source", experiment, run, tag)
         with _unreadable_as_error(run, tag):
             if self._local is not None:
-                signature = self._local.signature(run, tag, info.parsed)
+                signature = self._local.signature(info)
                 source = self._cache.get(key, signature)
                 if source is None:
                     source = self._local.source(
-                        run, tag, info.parsed, None if epochs is None else epochs.parsed,
+                        run, tag, info, None if epochs is None else epochs.parsed,
                         None if histograms is None else histograms.parsed, mismatch)
                     # Its digests' memory is the local reader's, bounded apart.
                     self._cache.put(key, source, signature, 0)

@@ -15,6 +15,7 @@ import abc
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 from typing import Iterator, Optional, Tuple
 
@@ -43,11 +44,13 @@ class UnreadableTagError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class TagInfo:
     """One tag of this plugin as listed: its metadata (None when unreadable, see ``error``)
-    and what changes when it grows (``signature``)."""
+    and what changes when it grows (``signature``); a local tag's ``look`` at its run's files
+    (`event_scan.RunLook`), which its source is built from."""
 
     parsed: Optional[metadata.PluginData]
     signature: tuple
     error: Optional[str] = None
+    look: Optional[object] = None
 
 
 def parsed_info(content: bytes, signature: tuple = ()) -> TagInfo:
@@ -60,6 +63,13 @@ def parsed_info(content: bytes, signature: tuple = ()) -> TagInfo:
     except Exception as error:  # noqa: BLE001 - one tag must not hide every run
         logger.exception("a tag's metadata could not be parsed")
         return TagInfo(None, signature, error=f"its metadata cannot be read ({error})")
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed_content(content: bytes) -> TagInfo:
+    """`parsed_info` of a local tag's metadata, parsed once per distinct content (a runs list of
+    2,000 tags, and the scan that checks their tensors, share it)."""
+    return parsed_info(content)
 
 
 @dataclasses.dataclass(frozen=True)
