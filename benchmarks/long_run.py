@@ -13,7 +13,7 @@ variables and steps >= 200) and one NaN step (``nan_count`` 3) are planted, list
   the sizes of the records of steps without histograms) and everything (the event file's size);
 * ``tensorboard-gradients diagnose LOGDIR --json`` in a subprocess: wall time (target < 30 s),
   peak resident memory (< 4 GiB), and whether every planted spike has an alert of kind
-  ``exploding`` by the spike rule and the NaN one of kind ``nonfinite``, each naming the planted
+  ``spike`` by the spike rule and the NaN one of kind ``nonfinite``, each naming the planted
   variable with the planted step inside its ``[first_step, last_step]``;
 * a real ``tensorboard`` on each loader (``--load_fast=true``: the Rust data server; ``false``:
   the Python multiplexer). Once it has read the run (a marker scalar written after the last step
@@ -21,7 +21,7 @@ variables and steps >= 200) and one NaN step (``nan_count`` 3) are planted, list
   times the first overview heatmap (``max_steps=4000``, packed as the tab asks; target < 1 s), a
   zoom to 2,000 steps around a planted spike at full resolution (< 1 s) and the alerts (< 2 s);
   it reads TensorBoard's resident memory (TensorBoard and its data server; < 2 GiB) and checks
-  that every plant shows in the overview (the column holding its step has class ``exploding`` /
+  that every plant shows in the overview (the column holding its step has class ``spike`` /
   ``nonfinite`` in its variable's row), in the zoom and in the alerts (no plant lost on either
   loader). Then the run grows: a new writer appends 1,000 steps (a new event file, as a
   restarted job writes), and once TensorBoard serves them the next heatmap and alerts requests
@@ -77,7 +77,7 @@ RUN = "long"
 TAG = route_latency.TAG
 STAT = "l2_norm"
 PLUGIN = "/data/plugin/gradients/"
-EXPLODING = analysis.CLASSES[analysis.EXPLODING]  # a spike's heatmap class and alert kind
+SPIKE = analysis.CLASSES[analysis.SPIKE]  # a planted spike's heatmap class and alert kind
 NONFINITE = analysis.CLASSES[analysis.NONFINITE]  # the NaN's
 PLANTED_JSON = "planted.json"
 WRITTEN_JSON = "written.json"  # the write's measurements; written last, so it marks a whole run
@@ -171,7 +171,7 @@ def plant(model, steps, spikes, seed):
     names = model.layout.variables
     rows = rng.choice(len(names), count, replace=len(names) < count)
     at = rng.choice(np.arange(FIRST_PLANT_STEP, steps), count, replace=False)
-    kinds = [EXPLODING] * spikes + [NONFINITE]
+    kinds = [SPIKE] * spikes + [NONFINITE]
     planted = [{"step": int(step), "variable": names[row], "kind": kind}
                for step, row, kind in zip(at, rows, kinds)]
     return sorted(planted, key=lambda p: p["step"])
@@ -197,7 +197,7 @@ def generate(model, rng, first, count, histogram_every, planted):
     for p in planted:
         if first <= p["step"] < first + count:
             cell = stats[p["step"] - first, model.layout.variables.index(p["variable"])]
-            if p["kind"] == EXPLODING:
+            if p["kind"] == SPIKE:
                 cell[scaled] *= SPIKE_FACTOR
             else:
                 cell[columns.position(stats_names, "nan_count")] = NAN_COUNT
@@ -263,7 +263,7 @@ def write_long_run(directory, variables=1000, steps=100_000, histogram_every=100
     and ``written.json`` (what the write measured) next to its event file.
 
     Returns the measurements with ``planted``: ``[{"step", "variable", "kind"}]``, kind
-    ``exploding`` for a spike, ``nonfinite`` for the NaN.
+    ``spike`` for a spike, ``nonfinite`` for the NaN.
     """
     model = make_model(variables, seed)
     planted = plant(model, steps, spikes, seed)
@@ -315,7 +315,10 @@ def long_run_for(workdir, settings):
         with open(os.path.join(run_dir, WRITTEN_JSON)) as f:
             written = json.load(f)
         with open(os.path.join(run_dir, PLANTED_JSON)) as f:
-            return run_dir, dict(written, planted=json.load(f), reused=True)
+            # Runs written before spikes were a class of their own labelled them "exploding".
+            planted = [dict(p, kind=SPIKE if p["kind"] == "exploding" else p["kind"])
+                       for p in json.load(f)]
+            return run_dir, dict(written, planted=planted, reused=True)
     shutil.rmtree(os.path.dirname(run_dir), ignore_errors=True)
     return run_dir, write_long_run(run_dir, s["variables"], s["steps"], s["histogram_every"],
                                    s["spikes"], s["seed"])
@@ -344,7 +347,7 @@ def missed_in_alerts(alerts, planted):
     that judges a step against the variable's history), their variable, their step in its span."""
     def covers(alert, p):
         return (alert["kind"] == p["kind"] and alert["variable"] == p["variable"]
-                and (p["kind"] != EXPLODING or alert["rule"] == "spike")
+                and (p["kind"] != SPIKE or alert["rule"] == "spike")
                 and alert["first_step"] <= p["step"] <= alert["last_step"])
 
     return [p for p in planted if not any(covers(alert, p) for alert in alerts)]
@@ -527,7 +530,7 @@ def _measure_routes(tb, row, settings, planted):
         row["sampled"] = overview_info["sampled"]
     # A zoom around a spike picked at random, the spike somewhere in the window.
     rng = np.random.default_rng([settings["seed"], 4])
-    spikes = [p for p in planted if p["kind"] == EXPLODING]
+    spikes = [p for p in planted if p["kind"] == SPIKE]
     spike = spikes[rng.integers(len(spikes))]
     zoom = min(settings["zoom_steps"], steps)
     first = int(min(max(spike["step"] - rng.integers(zoom), 0), steps - zoom))
@@ -705,7 +708,7 @@ def _found(planted, missed):
     if missed is None:
         return "-"
     counts = []
-    for kind in (EXPLODING, NONFINITE):
+    for kind in (SPIKE, NONFINITE):
         total = sum(p["kind"] == kind for p in planted)
         counts.append(f"{total - sum(p['kind'] == kind for p in missed)}/{total}")
     return ", ".join(counts)
