@@ -14,6 +14,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 
 # ----------------------------------------------------------------------------- settings
@@ -120,6 +121,16 @@ def package_version(*distributions):
             continue
         return version if name == distributions[0] else f"{version} ({name})"
     return "not installed"
+
+
+def started(settings, name):
+    """(a benchmark's config: ``settings`` with where the plugin comes from and the memory
+    available; its working folder: ``settings["workdir"]``, made if new, or a new temporary
+    folder named after the benchmark)."""
+    config = dict(settings, plugin=plugin_source(), available_gib=meminfo_gib("MemAvailable"))
+    workdir = settings["workdir"] or tempfile.mkdtemp(prefix=f"{name}_")
+    os.makedirs(workdir, exist_ok=True)
+    return config, workdir
 
 
 def plugin_source():

@@ -56,7 +56,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import NamedTuple
@@ -573,10 +572,7 @@ def _measure_refresh(tb, row, settings, run_dir):
 def collect(settings):
     """{"config", "write": the write's measurements, "planted", "rows": diagnose, then one per
     loader}. A failed measurement is an ``"error"`` in its row; the others still run."""
-    config = dict(settings, plugin=_common.plugin_source(),
-                  available_gib=_common.meminfo_gib("MemAvailable"))
-    workdir = settings["workdir"] or tempfile.mkdtemp(prefix="long_run_")
-    os.makedirs(workdir, exist_ok=True)
+    config, workdir = _common.started(settings, "long_run")
     print(f"long run: {settings['variables']:,} x {settings['steps']:,} in {workdir}; plugin "
           f"from {config['plugin']}", flush=True)
     try:

@@ -41,7 +41,6 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -215,10 +214,7 @@ def measure(settings, workdir, layout, tags, load_fast):
 
 def collect(settings):
     """{"config", "rows": one per layout, size and loader}; a failed row has an ``"error"``."""
-    config = dict(settings, plugin=_common.plugin_source(),
-                  available_gib=_common.meminfo_gib("MemAvailable"))
-    workdir = settings["workdir"] or tempfile.mkdtemp(prefix="many_tags_")
-    os.makedirs(workdir, exist_ok=True)
+    config, workdir = _common.started(settings, "many_tags")
     print(f"many tags: workdir {workdir}; plugin from {config['plugin']}", flush=True)
     rows = []
     try:

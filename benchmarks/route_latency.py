@@ -58,7 +58,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -482,10 +481,7 @@ def collect(settings, json_path=None):
     (removed). With `json_path` the raw rows are rewritten there after each row, so a long run
     that dies keeps what it measured.
     """
-    config = dict(settings, plugin=_common.plugin_source(),
-                  available_gib=_common.meminfo_gib("MemAvailable"))
-    workdir = settings["workdir"] or tempfile.mkdtemp(prefix="route_latency_")
-    os.makedirs(workdir, exist_ok=True)
+    config, workdir = _common.started(settings, "route_latency")
     print(f"route latency: workdir {workdir}; plugin from {config['plugin']}", flush=True)
     rows = []
     try:
