@@ -130,8 +130,11 @@ missed are listed below the tables). "loaded" is from TensorBoard's start until 
 last step; "first answer" is a heatmap asked right then ("partial": the plugin was still
 reading the long run from its event files, and the answer said how far it got); "plugin read"
 is from TensorBoard's start until the plugin's answers no longer say so, and the heatmap, zoom
-and alerts columns are measured after it; "peak" sums each process's peak (TensorBoard + data
-server), an upper bound. A
+and alerts columns are measured after it; "refresh heatmap" is the first heatmap once
+TensorBoard serves the appended steps ("partial": the plugin's background pass was reading
+them, and the answer said how many are left), "new steps in the heatmap after" the time from
+then until an answer holds them all (asked again every 0.25 s, as the tab does every few
+seconds); "peak" sums each process's peak (TensorBoard + data server), an upper bound. A
 "timeout" or "failed" cell is a request that did not answer; the reasons and the end of
 TensorBoard's log follow the tables."""
 
@@ -561,8 +564,17 @@ def _measure_refresh(tb, row, settings, run_dir):
         return
     row["refresh_seen_s"] = time.perf_counter() - start
     timeout = settings["request_timeout"]
-    heatmap = _ask(tb, row, "refresh_heatmap", "heatmap", timeout, run=RUN, tag=TAG, stat=STAT,
-                   encoding="base64", max_steps=settings["overview_columns"])
+    params = dict(run=RUN, tag=TAG, stat=STAT, encoding="base64",
+                  max_steps=settings["overview_columns"])
+    heatmap = _ask(tb, row, "refresh_heatmap", "heatmap", timeout, **params)
+    # An answer given while the plugin's background pass reads the new steps says how many are
+    # still to read, and the tab asks again: so does this, until they are read.
+    row["refresh_partial"] = heatmap is not None and heatmap["steps_to_read"] > 0
+    deadline = time.perf_counter() + timeout
+    while heatmap is not None and heatmap["steps_to_read"] and time.perf_counter() < deadline:
+        time.sleep(0.25)
+        heatmap = _ask(tb, row, "refresh_reread", "heatmap", timeout, **params)
+    row["refresh_read_s"] = time.perf_counter() - start
     if heatmap is not None and heatmap["last_steps"][-1] != steps + added - 1:
         row["failed"]["refresh"] = (f"the heatmap after the refresh ends at step "
                                     f"{heatmap['last_steps'][-1]}, not {steps + added - 1}")
@@ -653,7 +665,8 @@ def _tensorboard_table(rows, planted):
     headers = ["loader", "loaded s", "first answer s", "plugin read s", "steps served",
                "first heatmap s", "zoom s", "zoom columns",
                "alerts s", "RSS GiB", "peak GiB", "overview found", "zoom found", "alerts found",
-               "append s", "new steps served after s", "refresh heatmap s", "refresh alerts s"]
+               "append s", "new steps served after s", "refresh heatmap s",
+               "new steps in the heatmap after s", "refresh alerts s"]
     cells = []
     for r in rows:
         if "loaded_s" not in r:
@@ -670,8 +683,9 @@ def _tensorboard_table(rows, planted):
             _found(planted, r.get("heatmap_missed")),
             _found(r.get("zoom_planted", []), r.get("zoom_missed")),
             _found(planted, r.get("alerts_missed")), _s(r.get("append_s")),
-            _s(r.get("refresh_seen_s")), _timed(r, "refresh_heatmap"),
-            _timed(r, "refresh_alerts")])
+            _s(r.get("refresh_seen_s")),
+            _timed(r, "refresh_heatmap") + (" (partial)" if r.get("refresh_partial") else ""),
+            _s(r.get("refresh_read_s")), _timed(r, "refresh_alerts")])
     return _common.table(headers, cells, text_columns=1)
 
 
