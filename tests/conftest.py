@@ -32,22 +32,30 @@ def reference_stats(gradient, weight=None):
     return row
 
 
-def reference_histogram(gradient):
-    """Counts of |g| per column, by explicit comparisons against the documented edges."""
+def reference_bins(gradient):
+    """The histogram column of each |g| entry, by explicit comparisons against the documented
+    edges (one array for many entries: test_histogram_bins asks for every key range's)."""
     from tensorboard_gradients.format import columns
 
     a = np.abs(np.asarray(gradient, dtype=np.float64).reshape(-1))
     edges = 10.0 ** np.array(columns.HISTOGRAM_LOG10_EDGES)
-    counts = np.zeros(columns.HISTOGRAM_BINS)
-    counts[columns.HIST_ZERO] = np.sum(a == 0)
-    counts[columns.HIST_NAN] = np.sum(np.isnan(a))
-    counts[columns.HIST_INF] = np.sum(np.isinf(a))
-    finite = a[np.isfinite(a) & (a > 0)]
-    counts[columns.HIST_BELOW] = np.sum(finite < edges[0])
-    counts[columns.HIST_ABOVE] = np.sum(finite >= edges[-1])
+    bins = np.full(a.shape, -1)
+    bins[a == 0] = columns.HIST_ZERO
+    bins[np.isnan(a)] = columns.HIST_NAN
+    bins[np.isinf(a)] = columns.HIST_INF
+    finite = np.isfinite(a) & (a > 0)
+    bins[finite & (a < edges[0])] = columns.HIST_BELOW
+    bins[finite & (a >= edges[-1])] = columns.HIST_ABOVE
     for i in range(len(edges) - 1):
-        counts[columns.HIST_FIRST_LOG_BIN + i] = np.sum((finite >= edges[i]) & (finite < edges[i + 1]))
-    return counts
+        bins[finite & (a >= edges[i]) & (a < edges[i + 1])] = columns.HIST_FIRST_LOG_BIN + i
+    return bins
+
+
+def reference_histogram(gradient):
+    """Counts of |g| per column (`reference_bins`)."""
+    from tensorboard_gradients.format import columns
+
+    return np.bincount(reference_bins(gradient), minlength=columns.HISTOGRAM_BINS).astype(np.float64)
 
 
 def norm_rtol(entries, dtype=np.float32):
@@ -166,11 +174,24 @@ def plugin_client():
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    """``(logdir, stdout)`` of ``demo/train.py --quick``, run once per session as a user runs it."""
+    """``(logdir, stdout)`` of ``demo/train.py --quick``, run once per test run as a user runs
+    it, and read only. Under pytest-xdist once for all workers: the first to ask runs it in the
+    run's shared temporary directory while the others wait on a lock (three test files read it,
+    on either worker: each worker ran it again, 1.5 minutes of a 2-core machine)."""
+    import fcntl
+
     from support import run_demo
 
-    logdir = tmp_path_factory.mktemp("demo")
-    return logdir, run_demo(logdir)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        logdir = tmp_path_factory.mktemp("demo")
+        return logdir, run_demo(logdir)
+    shared = tmp_path_factory.getbasetemp().parent  # this run's; each worker's is inside it
+    logdir, stdout = shared / "demo", shared / "demo.stdout"
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not stdout.exists():
+            stdout.write_text(run_demo(logdir), encoding="utf-8")
+    return logdir, stdout.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="session")
