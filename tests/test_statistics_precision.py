@@ -6,6 +6,8 @@ XLA). Every writer's statistics go through `statistics` with its own array libra
 checked here, compiled where the library compiles, against float64 numpy.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -28,16 +30,29 @@ def numpy_stats(entries, stats=columns.GRADIENT_STATS):
     return statistics.statistics_matrix(statistics.NumpyOps, entries, None, np.float32, stats)
 
 
-def tensorflow_stats(jit):
-    tf = pytest.importorskip("tensorflow")
+# The compiled functions are kept per stats and group cap (read when traced), so that arrays of
+# the same shapes run the graph already compiled, as a training step's later steps do: the
+# arrays with and without a NaN, and the three mean / std ratios. Compiling is most of these
+# tests' time (10-20 s a graph under XLA on 2 cores), not what they check.
+@functools.lru_cache(maxsize=None)
+def _tensorflow_function(jit, stats, group_max_entries):
+    import tensorflow as tf
+
     from tensorboard_gradients.capture.tensorflow_ops import TensorFlowOps
 
-    def compute(entries, stats=columns.GRADIENT_STATS):
-        @tf.function(jit_compile=jit)
-        def traced(gradients, dense_sizes):
-            return statistics.statistics_matrix(
-                TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32, stats)
+    @tf.function(jit_compile=jit)
+    def traced(gradients, dense_sizes):
+        return statistics.statistics_matrix(
+            TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32, stats)
 
+    return traced
+
+
+def tensorflow_stats(jit):
+    tf = pytest.importorskip("tensorflow")
+
+    def compute(entries, stats=columns.GRADIENT_STATS):
+        traced = _tensorflow_function(jit, tuple(stats), statistics.array_ops.GROUP_MAX_ENTRIES)
         return traced([tf.constant(g) for g, _ in entries],
                       [tf.constant(size, tf.int64) for _, size in entries]).numpy()
 
@@ -53,13 +68,21 @@ def torch_stats(entries, stats=columns.GRADIENT_STATS):
         torch.float32, stats).numpy()
 
 
-def jax_stats(entries, stats=columns.GRADIENT_STATS):
-    jax = pytest.importorskip("jax")
+@functools.lru_cache(maxsize=None)
+def _jax_function(sizes, stats, group_max_entries):
+    import jax
+
     from tensorboard_gradients.capture.jax import JaxOps
 
-    sizes = [size for _, size in entries]
-    compute = jax.jit(lambda gradients: statistics.statistics_matrix(
+    return jax.jit(lambda gradients: statistics.statistics_matrix(
         JaxOps, list(zip(gradients, sizes)), None, jax.numpy.float32, stats))
+
+
+def jax_stats(entries, stats=columns.GRADIENT_STATS):
+    jax = pytest.importorskip("jax")
+
+    compute = _jax_function(tuple(size for _, size in entries), tuple(stats),
+                            statistics.array_ops.GROUP_MAX_ENTRIES)
     return np.asarray(compute([jax.numpy.asarray(g) for g, _ in entries]))
 
 
@@ -152,7 +175,9 @@ def test_grouped_arrays_each_get_their_own_statistics(
     several) come out row by row as each alone, within each array's own rounding bound; with a
     NaN and an Inf in one array the masked pass takes over for every row. So for every set of
     stats a writer may log: fewer passes, the same numbers."""
-    monkeypatch.setattr(statistics, "GROUP_MAX_ENTRIES", group_max_entries)
+    # Where `size_groups` reads it (statistics re-exports the name: setting it there changes
+    # nothing).
+    monkeypatch.setattr(statistics.array_ops, "GROUP_MAX_ENTRIES", group_max_entries)
     gradients = mixed_gradients(np.random.default_rng(3))
     if non_finite:
         gradients[2] = gradients[2].copy()
