@@ -217,7 +217,7 @@ class GradientMonitor(pl.Callback):
         clips = (trainer.gradient_clip_val or 0) > 0 or is_overridden(
             "configure_gradient_clipping", pl_module)
         self._clipping = bool(clips and pl_module.automatic_optimization
-                              and self.monitor._deepspeed is None)
+                              and self.monitor.deepspeed is None)
 
     def _hook(self, optimizer):
         """Measures the clipped norm when ``optimizer.step()`` has used the gradients."""

@@ -386,6 +386,11 @@ class GradientMonitor:
         return scalars
 
     @property
+    def deepspeed(self):
+        """The DeepSpeed engine around the watched model, or None."""
+        return self._distribution.deepspeed
+
+    @property
     def dropped_steps(self):
         """Logged steps that could not be written (see ``strict``)."""
         return self._writer.dropped_steps if self._writer else 0

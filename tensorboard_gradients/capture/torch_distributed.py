@@ -259,7 +259,7 @@ class Distribution:
 
     def __init__(self, model, parameters, deepspeed=None):
         self._parameters = parameters
-        self._deepspeed = deepspeed
+        self.deepspeed = deepspeed
         self._zero_stage = deepspeed.zero_optimization_stage() if deepspeed else 0
         self._fsdp1 = _fsdp1_pieces(model)
         if self._zero_stage:
@@ -273,7 +273,7 @@ class Distribution:
 
     def accumulating(self):
         """Whether DeepSpeed is inside a gradient accumulation: the gradients are not complete."""
-        engine = self._deepspeed
+        engine = self.deepspeed
         return engine is not None and not engine.is_gradient_accumulation_boundary()
 
     def in_pieces(self):
@@ -308,7 +308,7 @@ class Distribution:
     def loss_scale(self):
         """DeepSpeed fp16's current loss scale (its gradients stay multiplied by it until
         ``engine.step()``), or None."""
-        engine = self._deepspeed
+        engine = self.deepspeed
         if engine is None or not engine.fp16_enabled():
             return None
         return float(engine.optimizer.loss_scale)

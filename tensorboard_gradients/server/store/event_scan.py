@@ -263,7 +263,7 @@ class EventFileIntegrity:
 
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
-        if self._root is None:
+        if self._root is None or "\0" in run:  # no path holds a NUL byte
             return None
         directory = os.path.realpath(os.path.join(self._root, *run.split("/")))
         inside = directory == self._root or directory.startswith(self._root + os.sep)
