@@ -138,6 +138,28 @@ def assert_row_matches(series, step_index, variable, expected, input_rtol=0.0):
             )
 
 
+# The files that take longest, longest first (`pytest --durations`, summed per file, on 2
+# cores): they run first and the short files fill in behind them, so that `./dev test`'s two
+# workers (`--dist loadfile`, a file each at a time) end together rather than one running the
+# browser tests alone at the end. xdist would order the files by their number of tests instead
+# (its default): ./dev passes --no-loadscope-reorder. test_demo_end_to_end waits for the demo
+# that test_browser's worker runs first (see `demo`), so it comes third, not second.
+LONGEST_FIRST = (
+    "test_browser.py", "test_keras_backends.py", "test_demo_end_to_end.py",
+    "test_statistics_precision.py", "test_keras_monitor.py", "test_long_runs_served.py",
+    "test_docs.py", "test_torch_sharded.py", "test_readme.py", "test_demo.py",
+    "test_route_fuzz.py", "test_transformers_callback.py", "test_torch_monitor.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Runs the files of `LONGEST_FIRST` first, in its order; each file's tests and the other
+    files keep their order."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture
 def logdir(tmp_path):
     return str(tmp_path / "logs")

@@ -1,10 +1,13 @@
-"""The fast tier (`./dev test --fast`): its list of tests, kept in ./dev, names tests that exist
-and run in-process, so the tier stays fast and a renamed file cannot drop out of it unnoticed."""
+"""The test tiers. The fast tier (`./dev test --fast`): its list of tests, kept in ./dev, names
+tests that exist and run in-process, so the tier stays fast and a renamed file cannot drop out of
+it unnoticed. The full suite: the files it runs first (conftest.LONGEST_FIRST) exist."""
 
 import pathlib
 import re
 
 import pytest
+
+from conftest import LONGEST_FIRST
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAST_TESTS = re.search(r'^FAST_TESTS="([^"]*)"', (ROOT / "dev").read_text(encoding="utf-8"),
@@ -15,9 +18,15 @@ STARTS_A_PROCESS = re.compile(
     r"|def test_\w+\([^)]*\b(browser|demo)\b")
 
 
-def test_the_fast_tier_lists_test_files():
-    assert len(FAST_TESTS) >= 15
-    assert "tests/test_fast_tier.py" in FAST_TESTS
+def test_the_fast_tier_covers_analysis_format_statistics_and_routes():
+    for concern in ("test_analysis.py", "test_analysis_stream.py", "test_format.py",
+                    "test_digest.py", "test_writer_numpy.py", "test_histogram_bins.py",
+                    "test_sharded_statistics.py", "test_plugin_routes.py", "test_fast_tier.py"):
+        assert f"tests/{concern}" in FAST_TESTS, concern
+
+
+def test_the_files_run_first_exist():
+    assert [name for name in LONGEST_FIRST if not (ROOT / "tests" / name).is_file()] == []
 
 
 @pytest.mark.parametrize("entry", FAST_TESTS)
