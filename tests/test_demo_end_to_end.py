@@ -35,7 +35,8 @@ def runs(demo):
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["load_fast", "python_loader"])
 def server(request, demo, runs):
-    with TensorBoard(demo[0], load_fast=request.param) as tensorboard:
+    with TensorBoard(demo[0], load_fast=request.param,
+                     with_tensorflow=True) as tensorboard:
         tensorboard.wait_for_steps({run: len(tags["gradients"].steps) for run, tags in runs.items()})
         yield tensorboard.base
 

@@ -97,7 +97,8 @@ class Served(NamedTuple):
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["rust", "python"])
 def served(request, logdir):
-    tensorboard = TensorBoard(logdir.root, load_fast=request.param, reload_interval=0)
+    tensorboard = TensorBoard(logdir.root, load_fast=request.param, reload_interval=0,
+                              with_tensorflow=True)
     try:
         # `thresholds` reads no logdir: it answers as soon as the plugin is up, so the first
         # `runs` below cannot have waited for TensorBoard to load anything.

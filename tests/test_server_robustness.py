@@ -165,7 +165,7 @@ class Client:
 @pytest.fixture(scope="module", params=["true", "false"], ids=["rust", "python"])
 def served(request, logdir):
     expected = expected_steps(request.param)
-    with TensorBoard(logdir, load_fast=request.param) as tensorboard:
+    with TensorBoard(logdir, load_fast=request.param, with_tensorflow=True) as tensorboard:
         client = Client(tensorboard.base)
 
         def loaded():
