@@ -52,8 +52,12 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads, qk_norm):
+    """A transformer block, pre-LN (GPT-2) or post-LN (the original Transformer, which needs a
+    learning-rate warm-up to train: Xiong et al. 2020, arXiv 2002.04745)."""
+
+    def __init__(self, width, heads, qk_norm, post_ln=False):
         super().__init__()
+        self.post_ln = post_ln
         self.ln_1 = nn.LayerNorm(width)
         self.attn = Attention(width, heads, qk_norm)
         self.ln_2 = nn.LayerNorm(width)
@@ -63,20 +67,24 @@ class Block(nn.Module):
         self.mlp.add_module("c_proj", nn.Linear(4 * width, width))
 
     def forward(self, x):
+        if self.post_ln:
+            x = self.ln_1(x + self.attn(x))
+            return self.ln_2(x + self.mlp(x))
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
 class TinyGPT(nn.Module):
-    """A nanoGPT-sized decoder: token and position embeddings, ``layers`` pre-LN blocks, a final
-    LayerNorm and an untied head; GPT-2's init (normal 0.02, residual projections scaled by
+    """A nanoGPT-sized decoder: token and position embeddings, ``layers`` blocks (pre-LN unless
+    ``post_ln``), a final LayerNorm and an untied head; GPT-2's init (normal 0.02, residual projections scaled by
     1/sqrt(2 * layers))."""
 
-    def __init__(self, vocabulary, length, width=64, layers=2, heads=4, qk_norm=False):
+    def __init__(self, vocabulary, length, width=64, layers=2, heads=4, qk_norm=False,
+                 post_ln=False):
         super().__init__()
         self.wte = nn.Embedding(vocabulary, width)
         self.wpe = nn.Embedding(length, width)
-        self.blocks = nn.ModuleList(Block(width, heads, qk_norm) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, qk_norm, post_ln) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocabulary, bias=False)
         for name, parameter in self.named_parameters():
