@@ -463,6 +463,7 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
     assert checker.run("run") == event_scan.NO_DAMAGE
     assert checker.wait_until_verified(30)  # that look started verifying again
     _same_located(checker, whole)
+    assert whole.wait_until_verified(30)  # its first look (above) verifies in the background
     assert checker.run("run") == whole.run("run")
 
 
