@@ -78,8 +78,11 @@ def alarms_of(detector, series):
     if detector == "ours":
         return [getattr(a, "raised_step", a.first_step) for a in tg.diagnose(series)
                 if a.severity in SCORED_SEVERITIES]
-    norms = series.global_norm() if hasattr(series, "global_norm") else np.sqrt(
-        np.nansum(series.stat("l2_norm").astype(np.float64) ** 2, axis=1))
+    # The norm `clip_grad_norm_` returns: NaN at a step where any gradient held NaN/Inf (the
+    # logged l2_norm covers finite entries only).
+    norms = np.sqrt(np.nansum(series.stat("l2_norm").astype(np.float64) ** 2, axis=1))
+    nonfinite = (series.stat("nan_count") + series.stat("inf_count") > 0).any(axis=1)
+    norms[nonfinite] = np.nan
     detect = references.zclip_alarms if detector == "zclip" else references.olmo_alarms
     return detect(series.steps, norms)
 
