@@ -501,6 +501,8 @@ def test_the_tabs_form_parameters_and_class_descriptions():
         "exploding_norm": "exploding above (norm)",
         "depth_ratio": "vanishing by depth below (x output layers)",
         "spike_zscore": "spike at robust z-score",
+        "loss_spike_ratio": "loss spike at (x its median)",
+        "precursor_loss_ratio": "warn at loss (x its median)",
         "sustain_steps": "sustained for (logged steps)",
     }
     assert set(analysis.CLASS_DESCRIPTIONS) == set(analysis.CLASSES)

@@ -71,17 +71,40 @@ def random_series(seed):
         start = int(rng.integers(steps))
         values[start:, -max(1, variables // 4):, column["l2_norm"]] *= 10 ** -np.linspace(
             0, rng.uniform(1, 6), steps - start)[:, None]
+    loss = {}
+    if rng.random() < 0.6:
+        # A noisy loss with climbs and spikes (some with the gradient), NaN and Inf steps, and
+        # steps without a logged loss.
+        curve = np.exp(rng.normal(scale=rng.uniform(0.01, 0.6), size=steps)) * 2.0
+        for _ in range(rng.integers(0, 6) if steps else 0):
+            start = int(rng.integers(steps))
+            climb = 10 ** np.linspace(0, rng.uniform(0.1, 2), int(rng.integers(1, 8)))
+            curve[start:start + len(climb)] *= climb[:steps - start]
+            values[start:start + len(climb), :, column["l2_norm"]] *= rng.uniform(0.5, 20)
+        curve[rng.random(steps) < 0.01] = np.nan
+        curve[rng.random(steps) < 0.005] = np.inf
+        logged = rng.random(steps) >= rng.choice([0, 0.1, 0.5])
+        loss = dict(loss=np.where(logged, curve, np.nan), loss_logged=logged)
+    if rng.random() < 0.5:
+        thresholds = dataclasses.replace(thresholds, loss_window=int(rng.integers(1, 30)),
+                                         loss_episode_steps=int(rng.integers(1, 30)))
     series = GradientSeries(
         run="run", tag="gradients", name="gradients", variables=layout.variables,
         layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
-        steps=step_numbers, wall_times=np.arange(steps, dtype=float), values=values,
+        steps=step_numbers, wall_times=np.arange(steps, dtype=float), values=values, **loss,
     )
     return series, thresholds
 
 
 def _prefix(series, rows):
-    return dataclasses.replace(series, steps=series.steps[:rows],
-                               wall_times=series.wall_times[:rows], values=series.values[:rows])
+    return series.at_rows(slice(0, rows))
+
+
+def _feed(stream, series, start, end):
+    """Feeds rows ``start:end`` of ``series`` (with their losses) to ``stream``."""
+    rows = series.at_rows(slice(start, end))
+    return stream.feed(rows.steps, rows.wall_times, rows.values, loss=rows.loss,
+                       loss_logged=rows.loss_logged)
 
 
 def _same_alerts(got, expected):
@@ -103,8 +126,7 @@ def test_a_series_fed_in_random_pieces_is_judged_as_the_whole_series(seed):
     stream = analysis.AnalysisStream(series, thresholds)
     decided = []
     for start, end in zip([0] + cuts, cuts + [count]):
-        decided.append(stream.feed(series.steps[start:end], series.wall_times[start:end],
-                                   series.values[start:end]))
+        decided.append(_feed(stream, series, start, end))
         # Until the stream is closed, decided + provisional = the analysis of the steps so far.
         so_far = analysis.analyze(_prefix(series, end), thresholds)
         np.testing.assert_array_equal(
@@ -116,6 +138,30 @@ def test_a_series_fed_in_random_pieces_is_judged_as_the_whole_series(seed):
     assert _same_alerts(stream.alerts(), whole.alerts)
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_every_alert_is_raised_at_the_first_step_a_stream_fed_step_by_step_reports_it(seed):
+    """`Alert.raised_step`: feeding the run one step at a time (no look-ahead), the alert
+    (its rule, subject and first step) first appears after the step ``raised_step``."""
+    series, thresholds = random_series(seed)
+    stream, first_seen = analysis.AnalysisStream(series, thresholds), {}
+    for row, step in enumerate(series.steps.tolist()):
+        _feed(stream, series, row, row + 1)
+        for alert in stream.alerts():
+            first_seen.setdefault(_identity(alert), step)
+    stream.close()
+    # Fed step by step, the stream judges as the whole series (a spike's excursion that
+    # crosses a block boundary is scored on both sides of it).
+    assert _same_alerts(stream.alerts(), analysis.analyze(series, thresholds).alerts)
+    for alert in stream.alerts():
+        assert first_seen[_identity(alert)] == alert.raised_step, alert
+        assert alert.first_step <= alert.raised_step <= alert.last_step or (
+            alert.kind == "update_ratio" and alert.raised_step >= alert.first_step)
+
+
+def _identity(alert):
+    return (alert.kind, alert.rule, alert.variable, alert.layer, alert.first_step)
+
+
 def test_a_long_run_fed_step_by_step_keeps_only_its_windows():
     series, _ = random_series(7)
     thresholds = analysis.Thresholds(spike_window=10, sustain_steps=4)
@@ -123,7 +169,7 @@ def test_a_long_run_fed_step_by_step_keeps_only_its_windows():
     values = np.repeat(series.values[:1], 2000, axis=0) * 10 ** rng.normal(
         scale=0.1, size=(2000, len(series.variables), 1))
     long_run = dataclasses.replace(series, steps=np.arange(2000), wall_times=np.arange(2000.0),
-                                   values=values.astype(np.float32))
+                                   values=values.astype(np.float32), loss=None, loss_logged=None)
     stream = analysis.AnalysisStream(long_run, thresholds)
     decided = []
     for row in range(2000):
@@ -173,22 +219,17 @@ def test_a_stream_resumed_from_its_written_state_goes_on_as_if_never_stopped(see
     stop_at = int(rng.integers(len(cuts)))  # the writer stops after this feed
     stream, states, final_rows = analysis.AnalysisStream(series, thresholds), [], 0
     for start, end in zip([0] + cuts[:stop_at], cuts[:stop_at + 1]):
-        stream.feed(series.steps[start:end], series.wall_times[start:end],
-                    series.values[start:end])
+        _feed(stream, series, start, end)
         states.append(_through_a_record(stream.state(final_rows)))
         final_rows = stream.final_rows
     rows, kept_from = stream.rows, int(states[-1]["stream_kept_from"])
     resumed = analysis.AnalysisStream.resumed(
         series, thresholds, states,
-        dataclasses.replace(series, steps=series.steps[kept_from:rows],
-                            wall_times=series.wall_times[kept_from:rows],
-                            values=series.values[kept_from:rows]),
-        series.steps[:rows])
+        series.at_rows(slice(kept_from, rows)), series.steps[:rows])
     decided = [np.zeros((0, len(series.variables)), np.int8)]
     later = [c for c in cuts if c > rows]
     for start, end in zip([rows] + later, later + [count]):
-        decided.append(resumed.feed(series.steps[start:end], series.wall_times[start:end],
-                                    series.values[start:end]))
+        decided.append(_feed(resumed, series, start, end))
         so_far = analysis.analyze(_prefix(series, end), thresholds)
         np.testing.assert_array_equal(
             np.concatenate(decided + [resumed.provisional_classes()]),

@@ -14,9 +14,7 @@ from tensorboard_gradients.analysis import digest, heatmap
 
 
 def _piece(series, start, stop):
-    return dataclasses.replace(series, steps=series.steps[start:stop],
-                               wall_times=series.wall_times[start:stop],
-                               values=series.values[start:stop])
+    return series.at_rows(slice(start, stop))
 
 
 def _random_epochs(series, random):

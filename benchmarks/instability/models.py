@@ -27,6 +27,21 @@ class MLP(nn.Module):
         return x
 
 
+class RNNLanguageModel(nn.Module):
+    """An Elman RNN (tanh) language model: ``embed``, ``rnn``, ``head`` (Pascanu et al. 2013's
+    setting for exploding gradients)."""
+
+    def __init__(self, vocabulary, width=64):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.rnn = nn.RNN(width, width, batch_first=True, nonlinearity="tanh")
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, tokens):
+        outputs, _ = self.rnn(self.embed(tokens))
+        return self.head(outputs)
+
+
 class Attention(nn.Module):
     """nanoGPT's causal self-attention (``c_attn``, ``c_proj``), with optional qk-layernorm
     (Wortsman et al. 2023, arXiv 2309.14322: it removes attention-logit growth)."""

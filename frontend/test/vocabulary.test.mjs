@@ -101,7 +101,8 @@ test("the thresholds form and the non-finite class", () => {
   const offered = VOCABULARY.formThresholds().map((threshold) => threshold.name);
   assert.deepEqual(offered, SERVED.thresholds.filter((threshold) => threshold.in_form).map((threshold) => threshold.name));
   assert.deepEqual([...offered].sort(),
-    ["depth_ratio", "exploding_norm", "spike_zscore", "sustain_steps", "vanishing_norm"]);
+    ["depth_ratio", "exploding_norm", "loss_spike_ratio", "precursor_loss_ratio", "spike_zscore",
+      "sustain_steps", "vanishing_norm"]);
   assert.ok(SERVED.thresholds.some((threshold) => !threshold.in_form), "not every threshold is in the form");
   assert.equal(VOCABULARY.nonfiniteClass.label, "NaN/Inf");
   assert.throws(() => VOCABULARY.classCode("melting"), /unknown cell class "melting"/);

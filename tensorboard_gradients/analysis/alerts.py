@@ -1,7 +1,7 @@
 """`Alert` and how the rules build them: one message layout, one sort order for every rule."""
 
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -10,7 +10,14 @@ SEVERITIES = ("critical", "warning", "info")  # sort order of alerts: most urgen
 
 @dataclasses.dataclass(frozen=True)
 class Alert:
-    """One finding. ``variable``/``layer`` are None for whole-model findings (the global norm)."""
+    """One finding. ``variable``/``layer`` are None for whole-model findings (the global norm).
+
+    ``raised_step``: the first step at which the analysis fed the run step by step, with no
+    look-ahead, reports this finding as it stands (from ``first_step``): ``first_step`` for a
+    rule that judges each step on the steps up to it, the step that completes the stretch for a
+    sustained one (``sustain_steps`` logged steps later), the step where the run's median left
+    the band for the update-ratio rule. What a monitor could have told during training.
+    """
 
     kind: str  # one of KINDS
     rule: str  # which rule of the kind fired: e.g. "absolute", "spike", "global", "depth"
@@ -23,6 +30,7 @@ class Alert:
     threshold: float
     severity: str  # one of SEVERITIES
     message: str
+    raised_step: int = -1  # -1 only in alerts from before it was recorded (`Alert.from_json`)
 
     def to_json(self) -> Dict:
         return dataclasses.asdict(self)
@@ -57,17 +65,41 @@ class Finding:
     describe: Callable  # describe(value) or, with a detail, describe(value, detail)
     detail: Optional[float] = None  # a second measure the message reports (reduced by worst)
     detail_worst: Optional[Callable] = None
+    # When it is raised (`Alert.raised_step`): at its hit number ``raised_at_hit`` (0: its first
+    # step; ``sustain_steps - 1``: the step completing a sustained stretch); ``first_hits`` are
+    # the steps of its first ``raised_at_hit + 1`` hits, all that merging rounds needs.
+    # ``raised_step`` set: a rule that knows it otherwise (the update-ratio rule's median).
+    raised_at_hit: int = 0
+    first_hits: Tuple[int, ...] = ()
+    raised_step: Optional[int] = None
+    # Tells apart findings of one rule and subject that are separate events (a loss spike
+    # episode: its first step); None for a rule with one finding per subject.
+    episode: Optional[int] = None
 
     @property
     def key(self):
-        return (self.kind, self.rule, self.variable, self.layer)
+        return (self.kind, self.rule, self.variable, self.layer, self.episode)
+
+    @property
+    def raised(self) -> int:
+        """`Alert.raised_step` (the last step while fewer hits than it needs were fed)."""
+        if self.raised_step is not None:
+            return self.raised_step
+        if len(self.first_hits) > self.raised_at_hit:
+            return self.first_hits[self.raised_at_hit]
+        return self.last_step
 
     def merge(self, later: "Finding") -> "Finding":
-        """This finding and one over later steps as one (the earlier one's message wording)."""
+        """This finding and one over later steps as one (the earlier one's message wording,
+        the more urgent severity)."""
         return dataclasses.replace(
             self,
+            severity=min(self.severity, later.severity, key=SEVERITIES.index),
             last_step=later.last_step,
             steps=self.steps + later.steps,
+            first_hits=(self.first_hits + later.first_hits)[:self.raised_at_hit + 1],
+            raised_step=(self.raised_step if self.raised_step is not None
+                         else later.raised_step),
             value=_reduced(self.worst, [self.value, later.value]),
             detail=(None if self.detail is None
                     else _reduced(self.detail_worst, [self.detail, later.detail])),
@@ -77,6 +109,7 @@ class Finding:
         """This finding as JSON-able data (`from_data` reads it back)."""
         data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data.update(worst=_REDUCER_NAMES[self.worst], describe=self.describe.to_data(),
+                    first_hits=list(self.first_hits),
                     detail_worst=(None if self.detail_worst is None
                                   else _REDUCER_NAMES[self.detail_worst]))
         return data
@@ -88,12 +121,18 @@ class Finding:
         data = dict(data)
         data["worst"] = REDUCERS[data["worst"]]
         data["describe"] = Wording.from_data(data["describe"])
+        data["first_hits"] = tuple(data["first_hits"])
         if data["detail_worst"] is not None:
             data["detail_worst"] = REDUCERS[data["detail_worst"]]
         finding = cls(**data)
-        for name in ("first_step", "last_step", "steps"):
+        for name in ("first_step", "last_step", "steps", "raised_at_hit"):
             if type(getattr(finding, name)) is not int:
                 raise ValueError(f"a finding's {name} is not an integer")
+        for name in ("raised_step", "episode"):
+            if getattr(finding, name) is not None and type(getattr(finding, name)) is not int:
+                raise ValueError(f"a finding's {name} is not an integer")
+        if not all(type(step) is int for step in finding.first_hits):
+            raise ValueError("a finding's first hits are not steps")
         for name in ("value", "threshold", "detail"):
             value = getattr(finding, name)
             if type(value) not in (int, float) and not (name == "detail" and value is None):
@@ -117,7 +156,7 @@ class Finding:
             kind=self.kind, rule=self.rule, variable=self.variable, layer=self.layer,
             first_step=self.first_step, last_step=self.last_step, steps=self.steps,
             value=self.value, threshold=self.threshold, severity=self.severity,
-            message=f"{subject}: {described} {span}.",
+            message=f"{subject}: {described} {span}.", raised_step=self.raised,
         )
 
 
@@ -213,13 +252,18 @@ class AlertBuilder:
 
     def add(self, kind: str, rule: str, severity: str, mask: np.ndarray, values: np.ndarray,
             worst: Callable, threshold: float, describe: Callable, row=None, layer=None,
-            detail=None) -> None:
+            detail=None, raised_at_hit: int = 0, raised_step: Optional[int] = None,
+            episode: Optional[int] = None, escalated=None) -> None:
         """One finding for the steps where ``mask`` (1-D over steps) holds, if any.
 
         ``value`` is ``worst`` of the non-NaN ``values`` at those steps; the message is
         ``"<subject>: <describe(value)> <steps>."``. ``row`` names a variable (its layer comes
         along); ``layer`` alone a whole layer; neither the whole model. ``detail = (values,
         worst)``: a second measure over the same steps, passed as ``describe(value, detail)``.
+        ``raised_at_hit``, ``raised_step``, ``episode``: see `Finding` (``raised_at_hit``: how
+        many more flagged steps than the first the rule needed to flag it, e.g.
+        ``sustain_steps - 1`` for a sustained stretch). ``escalated = (severity, mask)``: the
+        finding has that severity instead when one of its steps is in ``mask``.
         """
         low, split, high = self.rows
         for findings, part in ((self.findings, slice(low, split)),
@@ -228,14 +272,19 @@ class AlertBuilder:
             if hits.size == 0:
                 continue
             variable = None if row is None else self.series.variables[row]
+            urgent = escalated is not None and escalated[1][hits].any()
             finding = Finding(
-                kind=kind, rule=rule, severity=severity, variable=variable,
+                kind=kind, rule=rule, severity=escalated[0] if urgent else severity,
+                variable=variable,
                 layer=self.series.layers[row] if row is not None else layer,
                 first_step=int(self.steps[hits[0]]), last_step=int(self.steps[hits[-1]]),
                 steps=int(hits.size), value=_reduced(worst, values[hits]),
                 threshold=float(threshold), worst=worst, describe=describe,
                 detail=None if detail is None else _reduced(detail[1], detail[0][hits]),
                 detail_worst=None if detail is None else detail[1],
+                raised_at_hit=int(raised_at_hit),
+                first_hits=tuple(int(s) for s in self.steps[hits[:raised_at_hit + 1]]),
+                raised_step=None if raised_step is None else int(raised_step), episode=episode,
             )
             findings[finding.key] = finding
 

@@ -101,7 +101,8 @@ class Digest:
         summarising = (alongside.submit(self._summarise, cuts)
                        if alongside is not None and len(cuts) > 1 else None)
         try:  # the summary reads only rows already final, and nothing the stream changes
-            final = self._stream.feed(rows.steps, rows.wall_times, rows.values)
+            final = self._stream.feed(rows.steps, rows.wall_times, rows.values,
+                                      loss=rows.loss, loss_logged=rows.loss_logged)
         finally:
             if summarising is not None:
                 summarising.result()
@@ -462,9 +463,7 @@ class _Records:
 
 def _rows_from(series, start: int):
     """``series`` from its row ``start`` on."""
-    return dataclasses.replace(series, steps=series.steps[start:],
-                               wall_times=series.wall_times[start:],
-                               values=series.values[start:])
+    return series.at_rows(slice(start, None))
 
 
 def _whole(groups: Groups, width) -> bool:

@@ -103,6 +103,19 @@ class Evidence:
             return np.sqrt(np.nansum(self.norms**2, axis=1))
 
     @functools.cached_property
+    def loss(self) -> np.ndarray:
+        """``float64[steps]``: the training loss logged at each step (NaN where none was, and
+        where it was NaN: `loss_logged` tells them apart)."""
+        loss = getattr(self.series, "loss", None)
+        return np.full(len(self.series.steps), np.nan) if loss is None else loss
+
+    @functools.cached_property
+    def loss_logged(self) -> np.ndarray:
+        """``bool[steps]``: steps at which a loss was logged."""
+        logged = getattr(self.series, "loss_logged", None)
+        return np.zeros(len(self.series.steps), bool) if logged is None else logged
+
+    @functools.cached_property
     def global_present(self) -> np.ndarray:
         """``bool[steps]``: steps whose global norm means something (logged, all finite)."""
         return ~self.missing.all(axis=1) & ~self.nonfinite.any(axis=1)

@@ -62,6 +62,7 @@ class AnalysisStream:
         self._steps: List[np.ndarray] = []
         self._wall_times: List[np.ndarray] = []
         self._values: List[np.ndarray] = []
+        self._losses: List[np.ndarray] = []  # [rows, 2]: the loss, and 1 where one was logged
         self._width = width
         self._kept_from = 0
         self.rows = 0  # rows fed
@@ -78,9 +79,11 @@ class AnalysisStream:
         self._records = {rule.name: [] for rule in RULES if rule.whole_run}
         self._provisional_records = {}
 
-    def feed(self, steps, wall_times, values, last: bool = False) -> np.ndarray:
+    def feed(self, steps, wall_times, values, last: bool = False, loss=None,
+             loss_logged=None) -> np.ndarray:
         """Adds logged steps (increasing, after every step fed before) and judges them;
-        ``last`` also `close`s the stream.
+        ``last`` also `close`s the stream. ``loss``, ``loss_logged``: the training loss at
+        those steps and where one was logged (`GradientSeries.loss`; None: nowhere).
 
         Returns ``int8[rows, variables]``: the `CLASSES` codes of the rows that became final
         (the run's rows from the previous `final_rows` on, in order)."""
@@ -99,6 +102,7 @@ class AnalysisStream:
         self._steps.append(steps)
         self._wall_times.append(np.asarray(wall_times, dtype=np.float64))
         self._values.append(values)
+        self._losses.append(_losses(len(steps), loss, loss_logged))
         self._all_steps.append(steps)
         self.rows += len(steps)
         self.gradient_rows += int((~np.isnan(values[:, :, self._size_column])).any(axis=1).sum())
@@ -241,6 +245,7 @@ class AnalysisStream:
             raise ValueError("the stream's rows do not match its state")
         stream._steps, stream._wall_times = [kept.steps], [kept.wall_times]
         stream._values = [kept.values]
+        stream._losses = [_losses(len(kept.steps), kept.loss, kept.loss_logged)]
         stream._all_steps = [np.asarray(all_steps, np.int64)]
         stream._findings, stream._provisional_findings = (
             {finding.key: finding for finding in map(Finding.from_data, _from_json_array(
@@ -299,15 +304,18 @@ class AnalysisStream:
 
     def _kept_series(self, first_row: int):
         """A series of the kept rows from the run's row ``first_row`` on."""
-        self._steps, self._wall_times, self._values = (
-            _joined(self._steps), _joined(self._wall_times), _joined(self._values))
+        self._steps, self._wall_times, self._values, self._losses = (
+            _joined(self._steps), _joined(self._wall_times), _joined(self._values),
+            _joined(self._losses))
         cut = first_row - self._kept_from
         empty = np.zeros((0,) + self._width, dtype=np.float32)
+        losses = self._losses[0][cut:] if self._losses else np.zeros((0, 2))
         return dataclasses.replace(
             self._like,
             steps=self._steps[0][cut:] if self._steps else np.zeros(0, np.int64),
             wall_times=self._wall_times[0][cut:] if self._wall_times else np.zeros(0),
             values=self._values[0][cut:] if self._values else empty,
+            loss=losses[:, 0], loss_logged=losses[:, 1] > 0,
         )
 
     def _keep_from(self, row: int):
@@ -316,6 +324,7 @@ class AnalysisStream:
             self._steps = [self._steps[0][cut:]]
             self._wall_times = [self._wall_times[0][cut:]]
             self._values = [self._values[0][cut:]]
+            self._losses = [self._losses[0][cut:]]
             self._kept_from = row
         self._all_steps = _joined(self._all_steps)
 
@@ -333,6 +342,13 @@ def _json_array(value) -> np.ndarray:
 
 def _from_json_array(array) -> object:
     return json.loads(np.asarray(array, np.uint8).tobytes().decode("utf-8"))
+
+
+def _losses(rows: int, loss, logged) -> np.ndarray:
+    """``float64[rows, 2]``: the loss at each row and 1 where one was logged (NaN, 0: none)."""
+    if loss is None:
+        return np.column_stack([np.full(rows, np.nan), np.zeros(rows)])
+    return np.column_stack([np.asarray(loss, np.float64), np.asarray(logged, np.float64)])
 
 
 def _joined(parts: List[np.ndarray]) -> List[np.ndarray]:

@@ -4,6 +4,8 @@ Everything is vectorised over whole arrays (a 1,000-variable x 10,000-step run i
 cells): no Python loop runs per cell or per step.
 """
 
+import heapq
+
 import numpy as np
 
 # 1.4826 * MAD estimates the standard deviation of normally distributed data.
@@ -83,20 +85,22 @@ def robust_zscores(values: np.ndarray, window: int, min_sigma: float, exclude=No
 
     Streaming (`analysis.stream`): ``values[0]`` is the run's logged step number ``first_row``,
     blocks start at row ``start`` (``first_row + start`` is a multiple of ``window``: blocks
-    stay the run's), and ``reference`` is the ``(median, mad)`` that held before that block
-    (None: nothing yet). Rows before ``start`` are context: their scores are NaN.
+    stay the run's), and ``reference`` is ``(median, mad, median, mad, ...)``: the reference of
+    the block starting there, then those of the blocks before it, latest first (None: nothing
+    yet). Rows before ``start`` are context, scored against their own blocks' references (NaN
+    where none was given): a z-score never depends on how the run was cut into calls.
 
-    ``references(block_start)``, the third result, gives the ``(median, mad)`` reference of the
-    block starting at the run's row ``block_start`` (a multiple of ``window`` from
-    ``first_row + start`` to the end of the last complete block): what a later call continues from.
+    ``references(block_start, blocks)``, the third result, gives that tuple for the block
+    starting at the run's row ``block_start`` (a multiple of ``window``, at most the end of the
+    last complete block) and ``blocks - 1`` blocks before it: what a later call continues from.
     """
     steps = values.shape[0]
     offset = start
     assert (first_row + start) % window == 0, "blocks must stay aligned to the run's"
     blocks = max(0, (steps - offset) // window)
     columns = values.shape[1:]
-    if reference is None:
-        reference = (np.full(columns, np.nan, np.float32), np.full(columns, np.nan, np.float32))
+    unknown = np.full(columns, np.nan, np.float32)
+    reference = tuple(reference or (unknown, unknown))
     usable = np.isfinite(values)
     if exclude is not None:
         usable &= ~exclude
@@ -110,19 +114,73 @@ def robust_zscores(values: np.ndarray, window: int, min_sigma: float, exclude=No
     mad = nanmedian(np.abs(blocked - median[..., None])).astype(np.float32, copy=False)
     # chain[j]: the reference of the j-th block starting in `values` (the last usable block
     # before it, or the one given); chain[blocks]: of the steps after the last complete block.
-    medians = np.concatenate([reference[0][None], median])
-    mads = np.concatenate([reference[1][None], np.where(np.isnan(median), np.nan, mad)])
+    medians = np.concatenate([np.asarray(reference[0])[None], median])
+    mads = np.concatenate([np.asarray(reference[1])[None], np.where(np.isnan(median), np.nan,
+                                                                    mad)])
     chain_median, chain_mad = forward_filled(medians), forward_filled(mads)
     sigma = np.maximum(np.float32(MAD_TO_SIGMA) * chain_mad, np.float32(min_sigma))
     block_of_row = np.clip((np.arange(steps) - offset) // window, 0, blocks)
     excess = np.full(values.shape, np.nan, dtype=np.float32)
     z = np.full(values.shape, np.nan, dtype=np.float32)
+    earlier = reference[2:]  # the context rows' blocks, latest first
     with np.errstate(invalid="ignore"):
         np.subtract(values[offset:], chain_median[block_of_row[offset:]], out=excess[offset:])
         z[offset:] = excess[offset:] / sigma[block_of_row[offset:]]
+        for back in range(min(len(earlier) // 2, -(-offset // window))):
+            rows = slice(max(0, offset - (back + 1) * window), offset - back * window)
+            median_before, mad_before = earlier[2 * back], earlier[2 * back + 1]
+            excess[rows] = values[rows] - median_before
+            z[rows] = excess[rows] / np.maximum(np.float32(MAD_TO_SIGMA) * mad_before,
+                                                np.float32(min_sigma))
 
-    def references(block_start: int):
-        index = (block_start - first_row - offset) // window
-        return chain_median[index], chain_mad[index]
+    def references(block_start: int, blocks: int = 1):
+        kept = []
+        for back in range(blocks):
+            index = (block_start - back * window - first_row - offset) // window
+            if index >= 0:
+                kept += [chain_median[index], chain_mad[index]]
+            else:  # a block before this call's: its reference was given
+                given = 2 * (-index - 1)
+                kept += list(earlier[given:given + 2]) or [unknown, unknown]
+        return tuple(kept)
 
     return z, excess, references
+
+
+def trailing_medians(values: np.ndarray, length: int) -> np.ndarray:
+    """``out[t]`` = the median of the finite ``values[t - length : t]`` (1-D), NaN for the first
+    ``length`` rows (no full history yet) and where none of them is finite: what each step is
+    compared with when nothing after it may be known."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full(len(values), np.nan)
+    if len(values) <= length:
+        return out
+    history = np.lib.stride_tricks.sliding_window_view(
+        np.where(np.isfinite(values), values, np.nan), length)[:-1]
+    out[length:] = nanmedian(history)
+    return out
+
+
+def first_expanding_median(values: np.ndarray, holds, from_row: int = 0) -> int:
+    """The first row ``k >= from_row`` where ``holds(median of the non-NaN values[:k + 1])``
+    (``np.nanmedian``'s median: the mean of the two middle values of an even count); the last
+    row when none. Two heaps, O(k log k): the median a stream reports after each step."""
+    values = np.asarray(values)
+    typed = values.dtype.type  # the mean of the middle two in the values' precision, as numpy
+    low, high = [], []  # max-heap (negated) of the lower half, min-heap of the upper half
+    for row, value in enumerate(values.tolist()):
+        if value == value:  # not NaN
+            if low and value > -low[0]:
+                heapq.heappush(high, value)
+            else:
+                heapq.heappush(low, -value)
+            if len(low) > len(high) + 1:
+                heapq.heappush(high, -heapq.heappop(low))
+            elif len(high) > len(low):
+                heapq.heappush(low, -heapq.heappop(high))
+        if row >= from_row and low:
+            median = (-low[0] if len(low) > len(high)
+                      else (typed(-low[0]) + typed(high[0])) / typed(2))
+            if holds(median):
+                return row
+    return len(values) - 1

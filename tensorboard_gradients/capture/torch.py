@@ -77,6 +77,7 @@ Order of calls in the usual recipes:
   not (pipeline stages) all fail with a ValueError at the first logged step.
 """
 
+import dataclasses
 import logging
 import re
 from typing import Optional
@@ -102,6 +103,11 @@ def _on(tensor, device, dtype):
     if tensor.device == device and tensor.dtype == dtype:
         return tensor
     return tensor.to(device=device, dtype=dtype)
+
+
+def _detached(loss):
+    """A loss tensor without its graph (its value is all the writer takes), else as given."""
+    return loss.detach() if isinstance(loss, torch.Tensor) else loss
 
 
 def _unwrapped(model):
@@ -134,6 +140,15 @@ def _deepspeed_engine(model):
             getattr(model, "is_gradient_accumulation_boundary", None)):
         return model
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extras:
+    """What a logged step writes besides the gradients: the loss and the scalars' inputs."""
+
+    loss: object = None
+    total_norm: object = None
+    scaler: object = None
 
 
 class GradientMonitor:
@@ -201,7 +216,8 @@ class GradientMonitor:
         self._checked = False
         self._missing = MissingGradientWarnings(logger)
 
-    def step(self, step: Optional[int] = None, *, total_norm=None, scaler=None) -> bool:
+    def step(self, step: Optional[int] = None, *, loss=None, total_norm=None,
+             scaler=None) -> bool:
         """Logs this optimizer step's gradients if the schedule says so.
 
         Call after ``loss.backward()`` (and ``scaler.unscale_(optimizer)`` under AMP), before
@@ -212,6 +228,11 @@ class GradientMonitor:
             Default: the number of earlier `step` calls (0-based, as ``enumerate(loader)``).
             The schedules log the steps whose number is a multiple of ``every_n_steps`` (and
             of ``histograms_every_n_steps``): ``if step % N == 0``, as loops log their loss.
+          loss: this step's training loss (a number or a one-element tensor; NaN and Inf are
+            kept), logged beside the gradients at the steps they are: the rules judge gradients
+            against it (a gradient spike the loss never felt is not a warning) and it marks the
+            loss spikes. Without it the rules read the run's own ``loss`` scalar, when logged.
+            A tensor on an accelerator is copied to the host at the logged steps only.
           total_norm: what ``torch.nn.utils.clip_grad_norm_`` returned (the global norm before
             clipping), logged as ``<name>/global_norm_before_clipping``.
           scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
@@ -228,9 +249,9 @@ class GradientMonitor:
         every_histograms = self.histograms_every_n_steps
         return self.log(step, statistics=step % self.every_n_steps == 0,
                         histograms=every_histograms is not None and step % every_histograms == 0,
-                        total_norm=total_norm, scaler=scaler)
+                        loss=loss, total_norm=total_norm, scaler=scaler)
 
-    def log(self, step: int, *, statistics=True, histograms=False, total_norm=None,
+    def log(self, step: int, *, statistics=True, histograms=False, loss=None, total_norm=None,
             scaler=None) -> bool:
         """Logs the gradients now at ``step``, whatever the schedule: the statistics and/or the
         histograms. For integrations with a schedule of their own (and for a step you want
@@ -247,7 +268,8 @@ class GradientMonitor:
         dropped = self.dropped_steps
         log = self._log_pieces if in_pieces else self._log
         with torch.no_grad():
-            logged = log(int(step), bool(statistics), bool(histograms), total_norm, scaler)
+            logged = log(int(step), bool(statistics), bool(histograms),
+                         _Extras(_detached(loss) if statistics else None, total_norm, scaler))
         return logged and self.dropped_steps == dropped
 
     def write_scalars(self, step: int, scalars) -> None:
@@ -304,7 +326,7 @@ class GradientMonitor:
                 entries.append((gradient, gradient.numel()))
         return entries, dtype
 
-    def _log_pieces(self, step, stats_due, histograms_due, total_norm, scaler):
+    def _log_pieces(self, step, stats_due, histograms_due, extras):
         """`_log` for parameters in pieces: every rank reduces its own, rank 0 combines them
         (`Distribution.gather_step`) and writes."""
         gathered = self._distribution.gather_step(step, self._gradient_stats, self._logs_weights,
@@ -318,9 +340,9 @@ class GradientMonitor:
             stats = statistics.statistics_from_reductions(
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
-        return self._write(step, stats, gathered.histograms, total_norm, scaler)
+        return self._write(step, stats, gathered.histograms, extras)
 
-    def _log(self, step, stats_due, histograms_due, total_norm, scaler):
+    def _log(self, step, stats_due, histograms_due, extras):
         entries, dtype = self._entries()
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
@@ -335,7 +357,7 @@ class GradientMonitor:
         stats = None
         if stats_due:
             stats = self._statistics(ops, entries, dtype)
-        return self._write(step, stats, counts, total_norm, scaler)
+        return self._write(step, stats, counts, extras)
 
     def _statistics(self, ops, entries, dtype):
         """The stats matrix (numpy) with ONE device-to-host copy: the reductions and weight norms
@@ -364,14 +386,15 @@ class GradientMonitor:
             return statistics.statistics_from_reductions(
                 statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
 
-    def _write(self, step, stats, counts, total_norm, scaler):
-        """Writes one logged step: statistics (with their scalars) and/or histograms."""
+    def _write(self, step, stats, counts, extras):
+        """Writes one logged step: statistics (with their loss and scalars) and/or histograms."""
         writer = self._run_writer()
         if stats is None:
             writer.write_histograms(step, self._layout, counts)
         else:
-            writer.write_statistics(step, self._layout, stats, counts)
-            writer.write_scalars(step, self._scalars(self._layout, stats, total_norm, scaler))
+            writer.write_statistics(step, self._layout, stats, counts, loss=extras.loss)
+            writer.write_scalars(step, self._scalars(self._layout, stats, extras.total_norm,
+                                                     extras.scaler))
         return True
 
     @staticmethod

@@ -25,7 +25,7 @@ import numpy as np
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import digest
 from tensorboard_gradients.format import metadata
-from tensorboard_gradients.format.series import series_from_points
+from tensorboard_gradients.format.series import loss_curve, series_from_points, with_loss
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class DigestFeed:
         self._parsed = metadata.parse_plugin_data(metadata.stats_metadata_content(name, layout))
         self._tag = tag
         self._emit = emit
-        self._rows: List[tuple] = []  # (step, stats matrix) not handed to the digest yet
+        self._rows: List[tuple] = []  # (step, stats matrix, loss) not handed to the digest yet
         self._last_step = None  # the last step added
         self._fed_step = None  # the last step handed to the digest
         self._epochs = ([], [])  # (first steps, indices)
@@ -72,16 +72,16 @@ class DigestFeed:
             max_workers=1, thread_name_prefix="tensorboard-gradients digest")
         self._jobs: List[concurrent.futures.Future] = []
 
-    def add(self, step: int, stats: np.ndarray) -> None:
-        """Takes a step just written, as written (call `add`, `epoch` and `hand_over_rest`
-        under the writer's lock)."""
+    def add(self, step: int, stats: np.ndarray, loss: Optional[float] = None) -> None:
+        """Takes a step just written, as written, with the loss written beside it (None: none;
+        call `add`, `epoch` and `hand_over_rest` under the writer's lock)."""
         if self._stopped:
             return
         if self._last_step is not None and step <= self._last_step:
             self._stop(f"step {step} was written after step {self._last_step}")
             return
         self._last_step = step
-        self._rows.append((step, stats))
+        self._rows.append((step, stats, loss))
         if len(self._rows) >= EVERY_STEPS:
             self._hand_over()
 
@@ -132,8 +132,11 @@ class DigestFeed:
                                              block_steps=FIRST_BLOCK_STEPS)
                 self._written = digest.Written()
             self._digest.set_epochs(*epochs)
-            self._digest.feed(series_from_points(
-                "", self._tag, self._parsed, [(step, 0.0, stats) for step, stats in rows]))
+            rows_series = series_from_points(
+                "", self._tag, self._parsed, [(step, 0.0, stats) for step, stats, _ in rows])
+            self._digest.feed(with_loss(rows_series, loss_curve(
+                "", self._tag, [(step, 0.0, loss) for step, _, loss in rows if loss is not None]),
+                metadata.loss_tag(self._parsed.name)))
             arrays, written = self._digest.record(self._written)
             arrays["analysis"] = digest.analysis_identity(self._digest.thresholds)
             arrays["writer"] = self._id

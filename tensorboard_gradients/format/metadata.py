@@ -23,15 +23,21 @@ Training monitors (the Keras `GradientMonitor`) also mark where epochs start: ta
 counts), logged at the step that starts the epoch. Readers take the epochs of a name for every tag
 of that name.
 
+Monitors given the training loss log it beside the gradients: tag ``<name>_loss`` (``kind =
+"loss"``), one float64 scalar per logged step (NaN and Inf as they were: a loss that went NaN is
+the finding, not noise), at the step of that step's statistics. Readers take the loss of a name for
+every tag of that name; a run without that tag has its loss read from its own scalars
+(`LOSS_SCALARS`) where one is logged.
+
 Metadata ``content`` is small UTF-8 JSON:
 
 ```text
-{"format_version": [1, 3], "kind": "stats" | "histograms" | "epochs" | "digest",
+{"format_version": [1, 4], "kind": "stats" | "histograms" | "epochs" | "loss" | "digest",
  "name": "gradients",
  "variables": [...], "layers": [...], "shapes": [[...], ...],
  "stats": [...]                      # kind == "stats"
  "log10_edges": [...], "bins": [...] # kind == "histograms"
-}                                    # kinds "epochs", "digest": no variables/layers/shapes
+}                                    # kinds "epochs", "loss", "digest": no variables/...
 ```
 
 The writer also keeps a digest of each stats tag (the classes, alerts and block summaries the
@@ -50,7 +56,8 @@ not know the digest reads the statistics.
 History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l2_norm`` stat;
 1.2 adds the ``digest`` kind; 1.3 lets ``stats`` hold a subset of the gradient stats (the ones
 a writer was asked for, always including `columns.REQUIRED_STATS`; 1.0-1.2 writers wrote them
-all). A 1.2 reader refuses a 1.3 tag that lacks a stat it requires, naming the stat.
+all). A 1.2 reader refuses a 1.3 tag that lacks a stat it requires, naming the stat. 1.4 adds
+the ``loss`` kind (an older reader names such a tag unreadable and reads the rest).
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -80,16 +87,24 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 DIGEST_PLUGIN_NAME = "gradients_digest"
-FORMAT_VERSION = (1, 3)
+FORMAT_VERSION = (1, 4)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"
 KIND_EPOCHS = "epochs"
+KIND_LOSS = "loss"
 KIND_DIGEST = "digest"
 
 DEFAULT_NAME = "gradients"
 HISTOGRAM_TAG_SUFFIX = "_histograms"
 EPOCHS_TAG_SUFFIX = "_epochs"
+LOSS_TAG_SUFFIX = "_loss"
+# The run's own scalars that hold the training loss, looked for in this order when a run has no
+# ``<name>_loss`` tag: what `torch.utils.tensorboard`, Keras' TensorBoard callback (``batch_loss``,
+# ``epoch_loss``: per epoch, too coarse to judge steps, so not here), Lightning and the Hugging Face
+# Trainer (``train/loss``, ``train_loss``) log. `read_logdir(loss_scalar=...)` and the plugin's
+# ``--gradients_loss_scalar`` name another.
+LOSS_SCALARS = ("loss", "train/loss", "train_loss", "batch_loss", "loss/train")
 DIGEST_TAG_SUFFIX = "_digest"
 DIGEST_BLOCKS_TAG_SUFFIX = "_digest_blocks"
 
@@ -104,7 +119,7 @@ class PluginData:
 
     kind: str
     name: str
-    layout: Optional[Layout]  # None for kinds "epochs" and "digest"
+    layout: Optional[Layout]  # None for kinds "epochs", "loss" and "digest"
     format_version: Tuple[int, int]
     log10_edges: Optional[Tuple[float, ...]] = None
     bins: Optional[Tuple[str, ...]] = None
@@ -116,6 +131,10 @@ def histogram_tag(stats_tag: str) -> str:
 
 def epochs_tag(name: str) -> str:
     return name + EPOCHS_TAG_SUFFIX
+
+
+def loss_tag(name: str) -> str:
+    return name + LOSS_TAG_SUFFIX
 
 
 def digest_tag(stats_tag: str) -> str:
@@ -154,6 +173,10 @@ def histogram_metadata_content(name: str, layout: Layout) -> bytes:
 
 def epochs_metadata_content(name: str) -> bytes:
     return _content(KIND_EPOCHS, name, None)
+
+
+def loss_metadata_content(name: str) -> bytes:
+    return _content(KIND_LOSS, name, None)
 
 
 def digest_metadata_content(name: str) -> bytes:
@@ -291,13 +314,13 @@ def _validated_plugin_data(content: bytes) -> PluginData:
         )
     kind = data.get("kind")
     _require(
-        kind in (KIND_STATS, KIND_HISTOGRAMS, KIND_EPOCHS, KIND_DIGEST),
-        f"'kind' is {_shown(kind)}, not {KIND_STATS!r}, {KIND_HISTOGRAMS!r}, {KIND_EPOCHS!r} "
-        f"or {KIND_DIGEST!r}",
+        kind in (KIND_STATS, KIND_HISTOGRAMS, KIND_EPOCHS, KIND_LOSS, KIND_DIGEST),
+        f"'kind' is {_shown(kind)}, not {KIND_STATS!r}, {KIND_HISTOGRAMS!r}, {KIND_EPOCHS!r}, "
+        f"{KIND_LOSS!r} or {KIND_DIGEST!r}",
     )
     name = data.get("name")
     _require(_is_text(name), f"'name' is {_shown(name)}, not a string")
-    if kind in (KIND_EPOCHS, KIND_DIGEST):
+    if kind in (KIND_EPOCHS, KIND_LOSS, KIND_DIGEST):
         return PluginData(kind=kind, name=name, layout=None, format_version=version)
     variables = _unique(_strings(data, "variables"), "variables")
     layers = _strings(data, "layers")

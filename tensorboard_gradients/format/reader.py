@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,7 +28,9 @@ from tensorboard_gradients.format.series import (
     decode_tensor,
     expected_shape,
     histograms_from_points,
+    loss_curve,
     series_from_points,
+    with_loss,
 )
 
 logger = logging.getLogger(__name__)
@@ -137,10 +139,15 @@ def _layout_summary(parsed: metadata.PluginData) -> str:
 class _RunReader:
     """Reads one run's event files in order, keeping what can be trusted, reporting the rest."""
 
-    def __init__(self, run: str, problems: List[Problem], other_tags: Dict[str, set]):
+    def __init__(self, run: str, problems: List[Problem], other_tags: Dict[str, set],
+                 loss_scalars: Sequence[str] = metadata.LOSS_SCALARS):
         self.run = run
         self.problems = problems
         self.tags: Dict[str, _Tag] = {}
+        # The run's own loss scalars (`metadata.LOSS_SCALARS`), for names logged without their
+        # ``<name>_loss`` tag: {scalar tag: [(step, wall_time, value)]}.
+        self.loss_scalars = tuple(loss_scalars)
+        self.scalar_losses: Dict[str, list] = {}
         self.unreadable_tags = set()
         # {plugin name: tags} that other plugins logged: what to name when there are no gradients.
         self.other_tags = other_tags
@@ -184,6 +191,8 @@ class _RunReader:
                     "scalars" if value.HasField("simple_value") else None)
                 if other:
                     self.other_tags.setdefault(other, set()).add(value.tag)
+                if other == "scalars" and value.tag in self.loss_scalars:
+                    self._take_loss_scalar(event, value)
                 return
             try:
                 parsed = metadata.parse_plugin_data(plugin_data.content)
@@ -208,6 +217,30 @@ class _RunReader:
         if reason not in counted[1] and len(counted[1]) < _REASONS_SHOWN:
             counted[1].append(reason)
 
+    def _take_loss_scalar(self, event, value):
+        if value.HasField("simple_value"):
+            number = value.simple_value
+        else:
+            try:
+                number = float(decode_tensor(value.tensor, ()))
+            except DamagedPointError:
+                return  # not a scalar: not a loss this reader can take
+        self.scalar_losses.setdefault(value.tag, []).append((event.step, event.wall_time, number))
+
+    def _loss_of(self, name: str):
+        """``(curve, source)`` of the loss for summary name ``name`` (`series.loss_curve`):
+        its ``<name>_loss`` tag, else the first of the run's loss scalars logged; None."""
+        tag_name = metadata.loss_tag(name)
+        tag = self._tag_of_kind(tag_name, metadata.KIND_LOSS)
+        if tag is not None and tag.points:
+            points = read_back(tag_name, tag.parsed, tag.points,
+                               lambda *problem: self.report(*problem))
+            return loss_curve(self.run, tag_name, points), tag_name
+        for scalar in self.loss_scalars:
+            if scalar in self.scalar_losses:
+                return loss_curve(self.run, scalar, self.scalar_losses[scalar]), scalar
+        return None
+
     def collect_series(self) -> Dict[str, "LoggedSeries"]:
         """``{tag: LoggedSeries}`` of the stats tags with readable points (once all files are
         read); a stats tag none of whose points could be read is reported `UNREADABLE`."""
@@ -222,7 +255,8 @@ class _RunReader:
                 continue
             epochs = self._tag_of_kind(metadata.epochs_tag(tag.parsed.name), metadata.KIND_EPOCHS)
             result[name] = LoggedSeries(
-                self.run, name, tag, epochs, self._histograms(name, tag), self.report)
+                self.run, name, tag, epochs, self._histograms(name, tag), self.report,
+                self._loss_of(tag.parsed.name))
         return result
 
     def _tag_of_kind(self, name: str, kind: str) -> Optional[_Tag]:
@@ -250,8 +284,9 @@ class LoggedSeries:
     """
 
     def __init__(self, run: str, tag: str, stats: _Tag, epochs: Optional[_Tag],
-                 histograms: Optional[_Tag], report):
+                 histograms: Optional[_Tag], report, loss=None):
         self.run, self.tag = run, tag
+        self.loss = loss  # (curve, source) of the run's loss (`_RunReader._loss_of`), or None
         self.parsed = stats.parsed
         self._stats, self._epochs, self._histograms = stats, epochs, histograms
         self._report = report
@@ -265,9 +300,10 @@ class LoggedSeries:
         return len(self.steps)
 
     def rows(self, start: int, stop: int) -> GradientSeries:
-        """The logged steps ``start:stop`` (no epochs, no histograms) as a `GradientSeries`;
-        a point that no longer reads back is left out and reported."""
-        return located_rows(self.run, self.tag, self.parsed, self, start, stop, self._report)
+        """The logged steps ``start:stop`` (no epochs, no histograms; their loss) as a
+        `GradientSeries`; a point that no longer reads back is left out and reported."""
+        rows = located_rows(self.run, self.tag, self.parsed, self, start, stop, self._report)
+        return rows if self.loss is None else with_loss(rows, *self.loss)
 
     def series(self) -> GradientSeries:
         """Every logged step, its epoch marks and histograms, as a `GradientSeries`."""
@@ -284,6 +320,8 @@ class LoggedSeries:
         steps = self.rows(0, len(self))
         points = zip(steps.steps.tolist(), steps.wall_times.tolist(), steps.values)
         series = series_from_points(self.run, self.tag, self.parsed, points, epochs, histograms)
+        if self.loss is not None:
+            series = with_loss(series, *self.loss)
         return dataclasses.replace(
             series, damaged_points=series.damaged_points + self.refused_points)
 
@@ -344,7 +382,8 @@ def read_back(tag, parsed, points, report) -> List[tuple]:
     return decoded
 
 
-def read_logdir_report(logdir: str) -> LogdirReport:
+def read_logdir_report(logdir: str,
+                       loss_scalars: Sequence[str] = metadata.LOSS_SCALARS) -> LogdirReport:
     """Reads every gradient summary under ``logdir``, and reports what could not be read.
 
     `scan_logdir_report` does the same without decoding a step until asked: for runs too long
@@ -372,7 +411,7 @@ def read_logdir_report(logdir: str) -> LogdirReport:
     Raises:
       FileNotFoundError: ``logdir`` is not a directory.
     """
-    scan = scan_logdir_report(logdir)
+    scan = scan_logdir_report(logdir, loss_scalars)
     runs = {run: {tag: logged.series() for tag, logged in tags.items()}
             for run, tags in scan.runs.items()}
     return LogdirReport(runs=runs, problems=tuple(scan.problems))
@@ -389,7 +428,8 @@ class LogdirScan:
     inventory: inventory.Inventory
 
 
-def scan_logdir_report(logdir: str) -> LogdirScan:
+def scan_logdir_report(logdir: str,
+                       loss_scalars: Sequence[str] = metadata.LOSS_SCALARS) -> LogdirScan:
     """Locates every logged step under ``logdir`` without decoding any (`LoggedSeries`): the
     rules and problems of `read_logdir_report`, in memory bounded by the number of steps.
 
@@ -414,7 +454,7 @@ def scan_logdir_report(logdir: str) -> LogdirScan:
         if not event_file_names:
             continue
         file_count += len(event_file_names)
-        run = _RunReader(run_name(directory), problems, other_tags)
+        run = _RunReader(run_name(directory), problems, other_tags, loss_scalars)
         all_runs.append(run.run)
         for filename in sorted(event_file_names):
             run.read_file(os.path.join(directory, filename))
@@ -427,7 +467,8 @@ def scan_logdir_report(logdir: str) -> LogdirScan:
     return LogdirScan(runs=runs, problems=problems, inventory=found)
 
 
-def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
+def read_logdir(logdir: str, loss_scalars: Sequence[str] = metadata.LOSS_SCALARS
+                ) -> Dict[str, Dict[str, GradientSeries]]:
     """Reads every gradient summary under ``logdir`` (every step: no sampling).
 
     What cannot be read is skipped with a warning per problem (see `read_logdir_report`, which
@@ -441,7 +482,7 @@ def read_logdir(logdir: str) -> Dict[str, Dict[str, GradientSeries]]:
     Raises:
       FileNotFoundError: ``logdir`` does not exist.
     """
-    report = read_logdir_report(logdir)
+    report = read_logdir_report(logdir, loss_scalars)
     for problem in report.problems:
         logger.warning("%s gradients data: %s", problem.kind.capitalize(), problem)
     return report.runs

@@ -51,6 +51,26 @@ class GradientSeries:
     epoch_indices: Optional[np.ndarray] = None
     # Logged points refused as damaged (see `decode_tensor`): shown to the user, never plotted.
     damaged_points: int = 0
+    # The training loss at each of `steps` (float64; a loss that was NaN or Inf is kept as it
+    # was) and where one was logged (``loss_logged``; elsewhere ``loss`` is NaN), from the
+    # ``<name>_loss`` tag or the run's own loss scalar (`loss_source` names which); all three
+    # None when the run logged no loss.
+    loss: Optional[np.ndarray] = None
+    loss_logged: Optional[np.ndarray] = None
+    loss_source: Optional[str] = None
+
+    def __post_init__(self):
+        if self.loss is not None and not (self.loss.shape == self.loss_logged.shape
+                                          == self.steps.shape):
+            raise ValueError(f"{len(self.loss)} losses for {len(self.steps)} steps")
+
+    def at_rows(self, rows) -> "GradientSeries":
+        """This series cut to ``rows`` (a slice, or an index or mask array, of its steps), with
+        their losses."""
+        cut = {} if self.loss is None else dict(loss=self.loss[rows],
+                                                loss_logged=self.loss_logged[rows])
+        return dataclasses.replace(self, steps=self.steps[rows], wall_times=self.wall_times[rows],
+                                   values=self.values[rows], **cut)
 
     def stat(self, name: str) -> np.ndarray:
         """``[steps, variables]`` of one statistic, e.g. ``series.stat("l2_norm")``.
@@ -102,8 +122,8 @@ class GradientSeries:
 
 
 def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
-    """The shape of one logged matrix of a tag (``()`` for epoch marks)."""
-    if parsed.kind == metadata.KIND_EPOCHS:
+    """The shape of one logged matrix of a tag (``()`` for epoch marks and losses)."""
+    if parsed.kind in (metadata.KIND_EPOCHS, metadata.KIND_LOSS):
         return ()
     width = len(parsed.layout.stats) if parsed.kind == metadata.KIND_STATS else len(parsed.bins)
     return (len(parsed.layout.variables), width)
@@ -213,6 +233,42 @@ def histograms_from_points(where, tag, parsed, points) -> Optional[GradientHisto
         log10_edges=parsed.log10_edges,
         bin_labels=parsed.bins,
     )
+
+
+def loss_curve(where: str, tag: str, points: Iterable) -> Tuple[np.ndarray, np.ndarray]:
+    """``(steps, float64 losses)`` of a loss tag's ``(step, wall_time, value)`` points, the last
+    write of a step winning, in step order."""
+    by_step = {}
+    for step, _, value in points:
+        value = np.asarray(value)
+        if value.size != 1 or value.dtype.kind not in "iuf":
+            logger.warning("%s: a point of %s at step %s is not one number: left out", where,
+                           tag, step)
+            continue
+        by_step[int(step)] = float(value.reshape(()))
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    return steps, np.array([by_step[s] for s in steps.tolist()], dtype=np.float64)
+
+
+def aligned_loss(steps: np.ndarray, curve: Tuple[np.ndarray, np.ndarray]):
+    """``(losses, logged)``: the loss of ``curve`` (`loss_curve`) at each of ``steps`` and
+    whether it has one there (where not, the loss is NaN)."""
+    curve_steps, losses = curve
+    aligned = np.full(len(steps), np.nan)
+    found = np.zeros(len(steps), dtype=bool)
+    if len(curve_steps):
+        where = np.minimum(np.searchsorted(curve_steps, steps), len(curve_steps) - 1)
+        found = curve_steps[where] == steps
+        aligned[found] = losses[where[found]]
+    return aligned, found
+
+
+def with_loss(series: GradientSeries, curve, source: Optional[str]) -> GradientSeries:
+    """``series`` with the loss of ``curve`` at its steps (None, or no step: no loss)."""
+    if curve is None or not len(curve[0]):
+        return dataclasses.replace(series, loss=None, loss_logged=None, loss_source=None)
+    loss, logged = aligned_loss(series.steps, curve)
+    return dataclasses.replace(series, loss=loss, loss_logged=logged, loss_source=source)
 
 
 def series_from_points(

@@ -127,6 +127,7 @@ class GradientWriter:
         gradients: Mapping[str, Optional[object]],
         weights: Optional[Mapping[str, object]] = None,
         histograms: bool = False,
+        loss=None,
     ) -> str:
         """Writes one step's statistics (and, if `histograms`, the |g| distribution).
 
@@ -137,6 +138,8 @@ class GradientWriter:
           weights: variable name -> value, for the `weight_l2_norm` column (unless the writer's
             ``stats`` leave it out); every variable of `gradients` must have one.
           histograms: also write the log10|g| histograms under ``<tag>_histograms``.
+          loss: this step's training loss (a number; NaN and Inf are kept), written under
+            ``<name>_loss``: the rules judge the gradients against it (None: not logged).
 
         Returns:
           The tag written to.
@@ -178,7 +181,7 @@ class GradientWriter:
                 self._gradient_stats,
             )
             counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
-        return self.write_statistics(step, layout, stats, counts)
+        return self.write_statistics(step, layout, stats, counts, loss=loss)
 
     def write_statistics(
         self,
@@ -187,6 +190,7 @@ class GradientWriter:
         stats: np.ndarray,
         histogram_counts: Optional[np.ndarray] = None,
         description: Optional[str] = None,
+        loss=None,
     ) -> str:
         """Writes matrices computed elsewhere (e.g. on the accelerator, inside a train step).
 
@@ -196,10 +200,12 @@ class GradientWriter:
           stats: ``[len(layout.variables), len(layout.stats)]``.
           histogram_counts: optional ``[len(layout.variables), columns.HISTOGRAM_BINS]``.
           description: optional, stored with the tag's metadata.
+          loss: this step's training loss, as `write`'s.
 
         Returns:
           The tag written to (also when the step was dropped: see `dropped_steps`).
         """
+        loss = _loss_value(loss)
         expected = (len(layout.variables), len(layout.stats))
         if np.shape(stats) != expected:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
@@ -211,9 +217,14 @@ class GradientWriter:
                 tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
             if histogram_counts is not None:
                 values.append(self._histogram_value(tag, layout, histogram_counts, description))
+            if loss is not None:
+                values.append(self._tensor_value(
+                    metadata.loss_tag(self._name), np.array(loss, dtype=np.float64),
+                    lambda: metadata.loss_metadata_content(self._name), None))
             if self._emit(step, values) and self._digest:
                 # As written: the digest judges what the readers will read.
-                self._feed(tag, layout).add(int(step), tensor_util.make_ndarray(values[0].tensor))
+                self._feed(tag, layout).add(int(step), tensor_util.make_ndarray(values[0].tensor),
+                                            loss)
         return tag
 
     def _feed(self, tag, layout) -> digest_feed.DigestFeed:
@@ -407,6 +418,18 @@ def _note_stats_tags(record, name, found):
             continue
         if parsed.kind == metadata.KIND_STATS and parsed.name == name:
             found[value.tag] = parsed.layout
+
+
+def _loss_value(loss) -> Optional[float]:
+    """``loss`` as a float (None stays None): a Python or numpy number, or a one-element array or
+    tensor (a framework's scalar tensor converts through ``__float__``)."""
+    if loss is None:
+        return None
+    try:
+        return float(loss)
+    except (TypeError, ValueError):
+        raise ValueError(f"loss must be a number or a one-element tensor, got "
+                         f"{type(loss).__name__}") from None
 
 
 def _check_histogram_shape(layout, counts):

@@ -230,8 +230,7 @@ def _held_rows(source, digest, first: int, stop: int):
     positions = np.searchsorted(held, rows.steps)
     inside = positions < len(held)
     inside[inside] = held[positions[inside]] == rows.steps[inside]
-    rows = dataclasses.replace(rows, steps=rows.steps[inside], wall_times=rows.wall_times[inside],
-                               values=rows.values[inside])
+    rows = rows.at_rows(inside)
     return rows, digest.classes(first, stop)[positions[inside]]
 
 

@@ -12,13 +12,14 @@ from typing import Dict, Tuple
 
 from tensorboard_gradients.analysis.rule import Rule
 from tensorboard_gradients.analysis.rules import (
-    dead, exploding, never_updated, nonfinite, spike, update_ratio, vanishing,
+    dead, exploding, loss_spike, never_updated, nonfinite, spike, update_ratio, vanishing,
 )
 
 RULES: Tuple[Rule, ...] = (
     nonfinite.Nonfinite(),
     exploding.Exploding(),
     spike.Spike(),
+    loss_spike.LossSpike(),
     vanishing.Vanishing(),
     dead.Dead(),
     never_updated.NeverUpdated(),
@@ -27,8 +28,9 @@ RULES: Tuple[Rule, ...] = (
 
 # Bumped whenever a rule judges the same series differently: a long run's digest written under
 # another revision is recomputed, not served (`digest.analysis_identity`). 2: a vanishing-by-depth
-# finding lasts until its layer recovers by itself (issue 33).
-RULES_REVISION = 2
+# finding lasts until its layer recovers by itself (issue 33). 3: the loss-spike rule; alerts carry
+# their raised step (issue 35).
+RULES_REVISION = 3
 
 PARAMETERS = tuple(parameter for rule in RULES for parameter in rule.parameters)
 

@@ -50,5 +50,5 @@ class Dead(Rule):
                 self.kind, "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,
                 limits.dead_fraction,
                 _ZERO_FRACTION,
-                row=row,
+                row=row, raised_at_hit=limits.sustain_steps - 1,
             )

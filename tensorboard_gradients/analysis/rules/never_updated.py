@@ -22,13 +22,15 @@ class NeverUpdated(Rule):
     kind = "never_updated"
 
     def alerts(self, evidence, builder):
+        sustain = evidence.thresholds.sustain_steps
         missing = evidence.missing
         others_present = ~missing.all(axis=1)
         without = missing & others_present[:, None]
         no_update = np.zeros(len(missing))  # the value: no gradient, so no update at all
         for row in flagged_columns(without):
+            # It holds (`holds`) from its sustain_steps-th step with gradients elsewhere on.
             builder.add(self.kind, "no_gradient", "warning", without[:, row], no_update, np.max,
-                        0.0, _NO_GRADIENT, row=row)
+                        0.0, _NO_GRADIENT, row=row, raised_at_hit=sustain - 1)
 
     def holds(self, finding, gradient_rows, thresholds):
         """Only while the variable missed every logged step with a gradient, and for at least

@@ -14,6 +14,12 @@ nears 0; an explosion that stays is the exploding rule's, and NaN the non-finite
 History is the robust running median and MAD of log10(norm) (`window.robust_zscores`); cells
 that any rule calls vanishing are left out of it, so a layer recovering from a vanishing stretch
 is compared with its level before it, not flagged as a spike.
+
+Severity follows consequences: a spike at steps where the training loss was logged is ``info``,
+since the loss-spike rule (`loss_spike.py`) warns when the loss feels a gradient (and names the
+variable that moved first); healthy runs have gradient spikes their loss never feels (a
+mini-batch's rare tokens: 12-30x on the instability set's converged GPT and healthy CNN). Without
+a logged loss a spike is a ``warning``: nothing else can tell.
 """
 
 import numpy as np
@@ -96,7 +102,10 @@ class Spike(Rule):
             log_norms, limits.spike_window, limits.spike_min_sigma, exclude=exclude,
             first_row=evidence.first_row, start=evidence.fresh, reference=evidence.kept(key))
         if evidence.resume_row is not None:
-            evidence.keep(key, references(evidence.resume_row))
+            # The next round's context rows (up to sustain_steps - 1 before its first block)
+            # are scored against their own blocks' references, carried with the first one's.
+            context_blocks = -(-(limits.sustain_steps - 1) // limits.spike_window)
+            evidence.keep(key, references(evidence.resume_row, 1 + context_blocks))
         return z, excess
 
     def _is_spike(self, evidence, z):
@@ -107,12 +116,16 @@ class Spike(Rule):
             elevated = z >= limits.spike_zscore / 2
             return (z >= limits.spike_zscore) & ~window.sustained(elevated, limits.sustain_steps)
 
-    def _variable_scores(self, evidence):
+    def variable_scores(self, evidence):
+        """(robust z-score, log10 of norm / running median) of each variable's finite norm,
+        ``float32[steps, variables]``, NaN without a reference yet: causal (a step is compared
+        with complete blocks before its own). The loss-spike rule names the variable that
+        moved first from them."""
         return self._scores(evidence, _log10(evidence.finite_norms), "variables",
                             exclude=evidence.cells_of_class(VANISHING))
 
     def cells(self, evidence):
-        z, _ = evidence.once(self._variable_scores)
+        z, _ = evidence.once(self.variable_scores)
         with np.errstate(invalid="ignore"):
             matters = (evidence.finite_norms
                        >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
@@ -121,7 +134,7 @@ class Spike(Rule):
 
     def alerts(self, evidence, builder):
         spikes = evidence.cells(self)
-        z, excess = evidence.once(self._variable_scores)
+        z, excess = evidence.once(self.variable_scores)
         for row in flagged_columns(spikes):
             self._add(evidence, builder, spikes[:, row], z[:, row], excess[:, row], _VARIABLE,
                       row=row)
@@ -140,7 +153,9 @@ class Spike(Rule):
         limit = evidence.thresholds.spike_zscore
         with np.errstate(over="ignore"):
             ratios = 10.0 ** excess
+        # With the loss logged at every spiking step, the loss-spike rule warns if the loss felt
+        # it (and names the gradient that moved first): the spike alone is context.
         builder.add(
-            self.kind, rule, "warning", mask, z, np.max, limit, wording.bound(limit=limit),
-            row=row, detail=(ratios, np.max),
+            self.kind, rule, "info", mask, z, np.max, limit, wording.bound(limit=limit), row=row,
+            detail=(ratios, np.max), escalated=("warning", ~evidence.loss_logged),
         )

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 
+from tensorboard_gradients.analysis import window
 from tensorboard_gradients.analysis.alerts import Wording
 from tensorboard_gradients.analysis.rule import Parameter, Rule
 
@@ -92,9 +93,14 @@ class UpdateRatio(Rule):
             too_low = median < low
             with np.errstate(invalid="ignore"):
                 mask = ratios[:, column] < low if too_low else ratios[:, column] > high
+            # Raised where the median of the steps so far first left the band on this side,
+            # once the side had a step (its first step).
+            outside = window.first_expanding_median(
+                ratios[:, column], (lambda m: m < low) if too_low else (lambda m: m > high),
+                from_row=int(np.argmax(mask)))
             builder.add(
                 self.kind, rule, "info", mask, ratios[:, column], lambda _: median,
                 low if too_low else high,
                 (_BELOW if too_low else _ABOVE).bound(what=what, limit=low if too_low else high),
-                row=int(rows[column]),
+                row=int(rows[column]), raised_step=int(builder.steps[outside]),
             )

@@ -173,7 +173,7 @@ class Vanishing(Rule):
                 self.kind, "absolute", "warning", below_floor[:, position],
                 layer_norms[:, position], np.min, limits.vanishing_norm,
                 _ABSOLUTE.bound(limit=limits.vanishing_norm),
-                layer=names[position],
+                layer=names[position], raised_at_hit=limits.sustain_steps - 1,
             )
         depth = evidence.once(self._depth_profile)
         if depth is None:
@@ -183,7 +183,7 @@ class Vanishing(Rule):
                 self.kind, "depth", "warning", depth.vanishing[:, position],
                 depth.ratios[:, position], np.min, limits.depth_ratio,
                 _DEPTH.bound(limit=limits.depth_ratio),
-                layer=names[position],
+                layer=names[position], raised_at_hit=limits.sustain_steps - 1,
             )
 
 

@@ -533,7 +533,7 @@ def _expected_shape(content: Optional[bytes]):
     writer's digests, metadata that does not parse: reported with the tag)."""
     parsed = None if content is None else parsed_content(content).parsed
     if parsed is None or parsed.kind not in (metadata.KIND_STATS, metadata.KIND_HISTOGRAMS,
-                                             metadata.KIND_EPOCHS):
+                                             metadata.KIND_EPOCHS, metadata.KIND_LOSS):
         return None
     return expected_shape(parsed)
 

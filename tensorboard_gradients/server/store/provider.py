@@ -49,9 +49,7 @@ class ProviderSource(RunSource):
     def __init__(self, series: GradientSeries, sampled: Optional[str], damaged: int,
                  damage: Tuple[str, ...],
                  histograms: Optional[Callable[[], GradientHistograms]]):
-        super().__init__(dataclasses.replace(series, steps=series.steps[:0],
-                                             wall_times=series.wall_times[:0],
-                                             values=series.values[:0]))
+        super().__init__(series.at_rows(slice(0, 0)))
         self.series, self.sampled = series, sampled
         self._damaged, self._damage = damaged, damage
         self._histograms = histograms
@@ -63,9 +61,7 @@ class ProviderSource(RunSource):
 
     def rows(self, start: int, stop: int) -> GradientSeries:
         series = self.series
-        return dataclasses.replace(series, steps=series.steps[start:stop],
-                                   wall_times=series.wall_times[start:stop],
-                                   values=series.values[start:stop], epoch_starts=None,
+        return dataclasses.replace(series.at_rows(slice(start, stop)), epoch_starts=None,
                                    epoch_indices=None)
 
     @contextlib.contextmanager

@@ -1,0 +1,198 @@
+"""The loss-spike rule: the loss spiking (warning; critical when it is no longer finite), and the
+steps just before, when the loss climbs with the gradient (the precursor warning), each episode a
+finding of its own that names the variable whose gradient moved first.
+
+Why the loss, and why both. A gradient norm jump the loss never feels changes nothing a user
+cares about, and healthy runs have many (a mini-batch with rare tokens, the first steps after a
+learning-rate change); a loss spike is what costs the run. What comes before one, measured on the
+instability set (`benchmarks/early_warning.py`: Adam's preconditioner collapsing, learning rates
+raised 30x or ramped past stability, RNNs without clipping, with healthy controls of the same
+shapes): the loss leaves its band a step or a few before it spikes, and the gradient with it. On
+the six healthy controls the loss never reached 1.7x the median of its previous 50 logged steps
+(mini-batch noise of cross-entropy and regression losses); before a spike it passes 2x one to
+four steps ahead, with the global gradient norm above its own median (Adam's collapse: both grow
+geometrically for 5-20 steps, arXiv 2506.04805; an unstable rate: the first steps past the edge
+of stability, Cohen et al. 2021, arXiv 2103.00065). Neither alone separates the two: the norm
+alone rose 3-8x on healthy mini-batch runs while their loss fell, the loss alone (above 1.5x)
+fires on noisy runs that never spike.
+
+Everything here is causal: a step is judged on itself and the ``loss_window`` logged steps before
+it, so each finding is raised at its first step (`Alert.raised_step`), as a monitor watching the
+run would raise it. The rule judges the whole run's record (loss, global norm and the variable
+that moved most, per step: 4 numbers a step) at once, in a stream too (`Rule.whole_run`).
+"""
+
+import numpy as np
+
+from tensorboard_gradients.analysis import window
+from tensorboard_gradients.analysis.alerts import Wording
+from tensorboard_gradients.analysis.rule import Parameter, Rule
+
+LOSS_WINDOW = Parameter("loss_window", 50, int, "loss history (logged steps)", doc="""
+A step's loss and global gradient norm are compared with their medians over the previous
+this-many logged steps (finite values only), as the loss-spike definitions of Megatron-LM
+(``--check-for-spiky-loss``), llm-foundry's ``KillLossSpike`` and issue 35's labels do; the
+first this-many logged steps are not judged (they have no history: a run's first steps fall
+fast). Needs a logged loss (`GradientSeries.loss`).
+""")
+
+LOSS_SPIKE_RATIO = Parameter(
+    "loss_spike_ratio", 3.0, float, "loss spike at (x its median)", in_form=True, doc="""
+A loss above this multiple of its median over the previous ``loss_window`` logged steps, or
+not finite, is a loss spike (warning; critical when not finite). 3x: the definition of a loss
+spike in issue 35 and the instability set's labels; Megatron-LM flags a loss 10x its running
+average as spiky, llm-foundry's ``KillLossSpike`` 2x-5x depending on the run.
+""")
+
+PRECURSOR_LOSS_RATIO = Parameter(
+    "precursor_loss_ratio", 2.0, float, "warn at loss (x its median)", in_form=True, doc="""
+Below a spike, a loss at least this multiple of its median, with the global gradient norm
+at ``precursor_norm_ratio`` x its own, is the precursor warning: the loss climbing with the
+gradient. Tuned on the tune half of the instability set (1.5, 1.7, 2.0 and 2.3 tried): the
+healthy controls' loss never passed 1.65x (a converged model's noisy loss near its floor);
+at 1.5 the noisy sick runs (an RNN at SGD 20, a loss jittering near 1e-15) gave false
+warnings, at 2.3 recall fell to 0.63. Validation on the held-out half and both references:
+benchmarks/NOTES.md, "Early warning".
+""")
+
+PRECURSOR_NORM_RATIO = Parameter(
+    "precursor_norm_ratio", 1.5, float, "warn at global norm (x its median)", doc="""
+The global gradient norm's part of the precursor warning: at least this multiple of its median
+over the previous ``loss_window`` logged steps. A loss above its band with the gradient at its
+usual size is a hard batch; with the gradient 1.5x up it is the optimizer climbing (1.0, 1.2,
+1.3 and 1.5 tried on the tune half: 1.5 halved the false warnings for 2 of 38 spikes warned).
+""")
+
+LOSS_EPISODE_STEPS = Parameter(
+    "loss_episode_steps", 20, int, "loss episode gap (logged steps)", doc="""
+Warnings and spikes less than this many logged steps apart are one episode: one finding
+each, with the episode's first step as its identity. 20, as the instability set's labels
+merge spiking steps (a spike's recovery oscillates for a few steps).
+""")
+
+# The least rise (x its running median) that names a variable as the one that moved first.
+_MOVED = np.log10(2.0)
+
+_CLIMB = ("loss at {value:.3g}x its median of the previous {window} logged steps and the global "
+          "gradient norm at {detail:.3g}x its own (warned from {limit:g}x): the loss is climbing "
+          "with the gradient, a loss spike may follow")
+_SPIKED = ("loss spiked to {value:.3g}x its median of the previous {window} logged steps (from "
+           "{limit:g}x), the global gradient norm at {detail:.3g}x its own")
+_NOT_FINITE = ("loss was not finite (NaN or Inf), the global gradient norm at {detail:.3g}x its "
+               "median of the previous {window} logged steps")
+_MOVED_FIRST = "; {mover}'s gradient moved first: x{rise:.3g} its running median from step {since}"
+_WORDINGS = {
+    (kind, moved): Wording.define(f"loss_spike.{kind}{'_moved' if moved else ''}",
+                                  template + (_MOVED_FIRST if moved else ""))
+    for kind, template in (("precursor", _CLIMB), ("spike", _SPIKED), ("not_finite", _NOT_FINITE))
+    for moved in (False, True)
+}
+
+# The record's columns.
+_LOSS, _LOGGED, _NORM, _MOVER, _MOVER_RISE = range(5)
+
+
+class LossSpike(Rule):
+    name = "loss_spike"
+    kind = "loss_spike"
+    parameters = (LOSS_WINDOW, LOSS_SPIKE_RATIO, PRECURSOR_LOSS_RATIO, PRECURSOR_NORM_RATIO,
+                  LOSS_EPISODE_STEPS)
+    whole_run = True
+
+    def check(self, thresholds):
+        if thresholds.precursor_loss_ratio >= thresholds.loss_spike_ratio:
+            raise ValueError("threshold precursor_loss_ratio must be below loss_spike_ratio")
+
+    def record(self, evidence):
+        """``("loss", columns, [steps, 5])``: per step the loss, whether one was logged, the
+        global norm (NaN at a step with NaN/Inf gradients), the variable whose norm stood
+        highest above its running median (`Spike.variable_scores`; -1: none) and that height in
+        decades. float64: a loss near 1e-15 keeps its digits. Recorded whether or not a loss
+        was logged (a stream's rounds must all record), judged only where one was."""
+        spike_rule = next(rule for rule in evidence.rules if rule.name == "spike")
+        _, excess = evidence.once(spike_rule.variable_scores)
+        with np.errstate(invalid="ignore"):
+            matters = (evidence.finite_norms
+                       >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
+        excess = np.where(matters & np.isfinite(excess), excess, -np.inf)
+        rows = len(evidence.series.steps)
+        mover = np.argmax(excess, axis=1) if excess.shape[1] else np.zeros(rows, np.int64)
+        rise = excess[np.arange(rows), mover] if excess.shape[1] else np.full(rows, -np.inf)
+        record = np.column_stack([
+            evidence.loss, evidence.loss_logged,
+            np.where(evidence.global_present, evidence.global_norm, np.nan),
+            np.where(np.isfinite(rise), mover, -1), np.where(np.isfinite(rise), rise, np.nan),
+        ]).astype(np.float64)
+        return "loss", np.arange(record.shape[1], dtype=np.int64), record
+
+    def alerts(self, evidence, builder):
+        self.alerts_on(self.record(evidence), evidence.thresholds, builder)
+
+    def alerts_on(self, record, limits, builder):
+        """This rule's findings from a `record` of the whole run (None: no step fed)."""
+        if record is None or not (record[2][:, _LOGGED] > 0).any():
+            return
+        values = record[2]
+        loss, logged = values[:, _LOSS], values[:, _LOGGED] > 0
+        norm = values[:, _NORM]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            loss_ratio = loss / window.trailing_medians(np.where(logged, loss, np.nan),
+                                                        limits.loss_window)
+            norm_ratio = norm / window.trailing_medians(norm, limits.loss_window)
+            spike = logged & (~np.isfinite(loss) | (loss_ratio >= limits.loss_spike_ratio))
+            precursor = (logged & ~spike & (loss_ratio >= limits.precursor_loss_ratio)
+                         & (norm_ratio >= limits.precursor_norm_ratio))
+        # A non-finite loss is infinitely far above its median (its own wording says so).
+        shown = np.where(np.isfinite(loss), loss_ratio, np.inf)
+        steps = builder.steps
+        for episode in _episodes(steps, spike | precursor, limits.loss_episode_steps):
+            spiking = spike & episode
+            # Before the episode's first spiking step: what follows it is the spike's recovery.
+            before = np.arange(len(steps)) < (np.argmax(spiking) if spiking.any() else len(steps))
+            identity = int(steps[np.argmax(episode)])
+            for rule, mask in (("precursor", precursor & episode & before), ("spike", spiking)):
+                if not mask.any():
+                    continue
+                finite = bool(np.isfinite(loss[mask]).all())
+                wording = ("precursor" if rule == "precursor" else
+                           "spike" if finite else "not_finite")
+                limit = (limits.precursor_loss_ratio if rule == "precursor"
+                         else limits.loss_spike_ratio)
+                mover = _first_mover(values, int(np.argmax(mask)), limits.loss_episode_steps)
+                params = dict(limit=limit, window=limits.loss_window)
+                if mover is not None:
+                    params.update(mover=builder.series.variables[mover[0]], rise=mover[1],
+                                  since=int(steps[mover[2]]))
+                builder.add(self.kind, rule, "warning" if finite else "critical", mask, shown,
+                            np.max, limit, _WORDINGS[wording, mover is not None].bound(**params),
+                            detail=(norm_ratio, np.max), episode=identity)
+
+
+def _episodes(steps, alarms, gap: int):
+    """A ``bool[steps]`` mask per episode: alarmed rows less than ``gap`` logged steps apart
+    belong together."""
+    rows = np.flatnonzero(alarms)
+    if not rows.size:
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(rows) >= gap) + 1])
+    ends = np.concatenate([starts[1:], [rows.size]])
+    masks = []
+    for start, end in zip(starts, ends):
+        mask = np.zeros(len(steps), bool)
+        mask[rows[start]:rows[end - 1] + 1] = alarms[rows[start]:rows[end - 1] + 1]
+        masks.append(mask)
+    return masks
+
+
+def _first_mover(values, row: int, lookback: int):
+    """``(variable, rise, since row)``: the variable that stood highest above its running
+    median at ``row``, its rise (x), and the first row of its climb (it led at every row from
+    there, within ``lookback`` rows, at least 2x up); None when no variable was 2x up."""
+    mover, rise = values[row, _MOVER], values[row, _MOVER_RISE]
+    if not mover >= 0 or not rise >= _MOVED:
+        return None
+    since = row
+    while (since > 0 and row - since < lookback and values[since - 1, _MOVER] == mover
+           and values[since - 1, _MOVER_RISE] >= _MOVED):
+        since -= 1
+    return int(mover), float(10.0 ** rise), since

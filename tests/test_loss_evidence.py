@@ -1,0 +1,121 @@
+"""The training loss as evidence: logged beside the gradients by the monitors (or read from the
+run's own loss scalar), read back at the gradients' steps, and judged by the loss-spike rule,
+whose warnings come before the spike and name the gradient that moved first."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from tensorboard_gradients.format import metadata
+from tensorboard_gradients.format.writer import GradientWriter
+
+torch = pytest.importorskip("torch")
+
+
+def _model_steps(monitor, model, losses, log_loss=True):
+    """One backward pass per loss (the monitor's `step` given the loss, or not)."""
+    for step, loss in enumerate(losses):
+        model.zero_grad()
+        output = model(torch.ones(2, 3)).sum()
+        output.backward()
+        monitor.step(step, loss=torch.tensor(loss, requires_grad=True) if log_loss else None)
+
+
+def test_the_torch_monitor_logs_the_loss_beside_the_gradients_nan_included(tmp_path):
+    from tensorboard_gradients.torch import GradientMonitor
+
+    model = torch.nn.Linear(3, 1)
+    losses = [2.0, 1.5, float("nan"), 1.0, float("inf"), 0.5]
+    with GradientMonitor(model, str(tmp_path), every_n_steps=2) as monitor:
+        _model_steps(monitor, model, losses)
+    series = tg.read_logdir(str(tmp_path))["."]["gradients"]
+    # Logged at the steps the gradients are (0, 2, 4), as given: a NaN or Inf loss is kept.
+    assert series.steps.tolist() == [0, 2, 4]
+    assert series.loss[0] == 2.0 and math.isnan(series.loss[1]) and series.loss[2] == math.inf
+    assert series.loss_logged.tolist() == [True, True, True]
+    assert series.loss_source == metadata.loss_tag("gradients")
+
+
+def test_without_a_logged_loss_the_runs_own_loss_scalar_is_read(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tensorboard_gradients.torch import GradientMonitor
+
+    model = torch.nn.Linear(3, 1)
+    with SummaryWriter(str(tmp_path)) as writer, GradientMonitor(model, writer) as monitor:
+        for step in range(4):
+            model.zero_grad()
+            model(torch.ones(2, 3)).sum().backward()
+            if step != 2:  # a step without the scalar: no loss there
+                writer.add_scalar("train/loss", 10.0 - step, step)
+            writer.add_scalar("my_loss", 100.0 + step, step)
+            monitor.step(step)
+    series = tg.read_logdir(str(tmp_path))["."]["gradients"]
+    assert series.loss_source == "train/loss"
+    assert series.loss_logged.tolist() == [True, True, False, True]
+    assert series.loss[[0, 1, 3]].tolist() == [10.0, 9.0, 7.0] and math.isnan(series.loss[2])
+    named = tg.read_logdir(str(tmp_path), loss_scalars=("my_loss",))["."]["gradients"]
+    assert named.loss_source == "my_loss" and named.loss.tolist() == [100.0, 101.0, 102.0, 103.0]
+    assert tg.read_logdir(str(tmp_path), loss_scalars=())["."]["gradients"].loss is None
+
+
+def test_a_loss_that_is_not_a_number_is_refused_with_a_clear_error(tmp_path):
+    with GradientWriter(str(tmp_path)) as writer:
+        with pytest.raises(ValueError, match="loss must be a number or a one-element tensor"):
+            writer.write(0, {"w": np.ones(3)}, loss="high")
+        with pytest.raises(ValueError, match="loss must be a number"):
+            writer.write(0, {"w": np.ones(3)}, loss=np.ones(2))
+
+
+def _run(tmp_path, losses, norms):
+    """A run of two variables whose first one's gradient follows ``norms`` (the other stays at
+    1), with ``losses``, written by the numpy writer."""
+    with GradientWriter(str(tmp_path)) as writer:
+        for step, (loss, norm) in enumerate(zip(losses, norms)):
+            writer.write(step, {"encoder/w": np.full(4, norm / 2.0), "head/w": np.full(4, 0.5)},
+                         loss=loss)
+    return tg.read_logdir(str(tmp_path))["."]["gradients"]
+
+
+def test_a_loss_climbing_with_the_gradient_is_warned_before_it_spikes(tmp_path):
+    rng = np.random.default_rng(0)
+    steps = 120
+    losses = 1.0 + 0.05 * rng.standard_normal(steps)
+    norms = 1.0 + 0.05 * rng.standard_normal(steps)
+    # From step 100 the encoder's gradient grows 2x a step and the loss follows it: 1.5x, 2.5x
+    # (the precursor), then 6x and 15x (the spike).
+    norms[100:106] *= 2.0 ** np.arange(1, 7)
+    losses[101:105] *= [1.5, 2.5, 6.0, 15.0]
+    series = _run(tmp_path, losses, norms)
+    alerts = [a for a in tg.diagnose(series) if a.kind == "loss_spike"]
+    precursor, spike = sorted(alerts, key=lambda a: a.first_step)
+    assert (precursor.rule, precursor.severity, precursor.first_step, precursor.raised_step) == (
+        "precursor", "warning", 102, 102)
+    assert (spike.rule, spike.severity, spike.first_step, spike.raised_step) == (
+        "spike", "warning", 103, 103)
+    # The gradient that moved first, and from when.
+    assert "encoder/w's gradient moved first" in precursor.message
+    assert "from step 100" in precursor.message
+    # The encoder's gradient spikes alone are context now that the loss is logged.
+    assert all(a.severity == "info" for a in tg.diagnose(series) if a.kind == "spike")
+
+
+def test_a_noisy_loss_and_a_gradient_spike_the_loss_never_felt_raise_no_warning(tmp_path):
+    rng = np.random.default_rng(1)
+    steps = 200
+    losses = np.exp(0.2 * rng.standard_normal(steps))  # mini-batch noise
+    norms = np.exp(0.2 * rng.standard_normal(steps))
+    norms[150] *= 30  # a rare batch: the gradient jumps, the loss does not
+    series = _run(tmp_path, losses, norms)
+    assert [a for a in tg.diagnose(series) if a.severity != "info"] == []
+    assert any(a.kind == "spike" and a.severity == "info" for a in tg.diagnose(series))
+
+
+def test_a_loss_that_goes_nan_is_critical(tmp_path):
+    losses = [1.0] * 60 + [float("nan")] * 3
+    series = _run(tmp_path, losses, [1.0] * 63)
+    (spike,) = [a for a in tg.diagnose(series) if a.kind == "loss_spike"]
+    assert (spike.severity, spike.first_step, spike.steps) == ("critical", 60, 3)
+    assert "loss was not finite" in spike.message
