@@ -93,6 +93,10 @@ def _parser():
         f"(default: {DEFAULT_FAIL_ON})",
     )
     diagnose.add_argument(
+        "--loss-scalar", action="append", metavar="TAG",
+        help="the run's loss scalar, when a monitor did not log the loss beside the gradients "
+        f"(repeatable; looked for first, then {', '.join(metadata.LOSS_SCALARS)})")
+    diagnose.add_argument(
         "--threshold",
         action="append",
         default=[],
@@ -233,7 +237,7 @@ def diagnose_logged(logged: reader.LoggedSeries, thresholds) -> List[analysis.Al
     stream = analysis.AnalysisStream(logged.rows(0, 0), thresholds)
     for start in range(0, len(logged), STEPS_PER_READ):
         rows = logged.rows(start, start + STEPS_PER_READ)
-        stream.feed(rows.steps, rows.wall_times, rows.values)
+        stream.feed_rows(rows)
     stream.close()
     return stream.alerts()
 
@@ -304,7 +308,8 @@ def diagnose_command(args, parser) -> int:
     fails = _fails(args.fail_on, parser)
     thresholds = _thresholds(args.threshold, parser)
     try:
-        scan = reader.scan_logdir_report(args.logdir)
+        scan = reader.scan_logdir_report(args.logdir, tuple(args.loss_scalar or ())
+                                         + metadata.LOSS_SCALARS)
     except FileNotFoundError as error:
         _complain(str(error))
         return EXIT_USAGE

@@ -102,9 +102,7 @@ def _prefix(series, rows):
 
 def _feed(stream, series, start, end):
     """Feeds rows ``start:end`` of ``series`` (with their losses) to ``stream``."""
-    rows = series.at_rows(slice(start, end))
-    return stream.feed(rows.steps, rows.wall_times, rows.values, loss=rows.loss,
-                       loss_logged=rows.loss_logged)
+    return stream.feed_rows(series.at_rows(slice(start, end)))
 
 
 def _same_alerts(got, expected):

@@ -34,6 +34,7 @@ EPOCH_STEPS = 250
 SPIKES = {(300, 3), (777, 8), (1201, 0)}  # (step, variable)
 NAN_CELL = (650, 5)
 LATE_NAN_STEP = STEPS + 100  # the same cell again, in steps a growing run appends
+LOSS_CLIMB = (1100, (1.5, 5.0))  # from this step the loss rises by these: x2.5 (warned), x6
 
 
 def _gradients(rng, step, scale):
@@ -48,7 +49,16 @@ def _gradients(rng, step, scale):
     if 900 <= step < 940:  # layer_5 vanishing for 40 steps
         for row in (10, 11):
             grads[names[row]] = grads[names[row]] * 1e-12
+    if LOSS_CLIMB[0] <= step < LOSS_CLIMB[0] + len(LOSS_CLIMB[1]):  # the gradient climbs too
+        grads = {name: grad * 4 for name, grad in grads.items()}
     return grads
+
+
+def _loss(step):
+    """The loss: flat, but for a climb (a loss-spike precursor, then the spike)."""
+    first, climb = LOSS_CLIMB
+    return 1.0 + 0.01 * np.sin(step) + (climb[step - first] if 0 <= step - first < len(climb)
+                                        else 0.0)
 
 
 def _write(directory, first, last, seed, digest=False, writer=None):
@@ -61,7 +71,7 @@ def _write(directory, first, last, seed, digest=False, writer=None):
             if step % EPOCH_STEPS == 0:
                 writer.write_epoch(step, step // EPOCH_STEPS)
             writer.write(step, _gradients(rng, step, scale), weights=weights,
-                         histograms=step % 50 == 0)
+                         histograms=step % 50 == 0, loss=_loss(step))
 
 
 @pytest.fixture()
@@ -131,6 +141,10 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS
     assert long == short and long["run"]["gradients"]["steps"] == steps
     long, short = both("alerts")
     assert long == short
+    # The loss logged beside the gradients: its precursor and its spike, each raised at its
+    # first step, as the run read whole.
+    assert {(a["rule"], a["first_step"], a["raised_step"]) for a in long["alerts"]
+            if a["kind"] == "loss_spike"} == {("precursor", 1100, 1100), ("spike", 1101, 1101)}
     assert {(a["first_step"], a["variable"]) for a in long["alerts"] if a["rule"] == "spike"} >= {
         (step, short_name) for step, short_name in
         ((s, f"layer_{r // 2}/{'kernel' if r % 2 == 0 else 'bias'}") for s, r in SPIKES)}

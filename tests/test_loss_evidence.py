@@ -119,3 +119,26 @@ def test_a_loss_that_goes_nan_is_critical(tmp_path):
     (spike,) = [a for a in tg.diagnose(series) if a.kind == "loss_spike"]
     assert (spike.severity, spike.first_step, spike.steps) == ("critical", 60, 3)
     assert "loss was not finite" in spike.message
+
+
+def test_the_cli_judges_a_loss_scalar_it_is_named(tmp_path, capsys):
+    import json
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tensorboard_gradients import cli
+
+    losses = [1.0] * 60 + [2.5, 9.0, 1.0]
+    with SummaryWriter(str(tmp_path)) as scalars, GradientWriter(str(tmp_path)) as writer:
+        for step, loss in enumerate(losses):
+            scalars.add_scalar("objective", loss, step)
+            writer.write(step, {"w": np.full(4, 3.0 if loss > 2 else 1.0)})
+
+    def loss_findings(*options):
+        assert cli.main(["diagnose", str(tmp_path), "--json", "--fail-on", "none", *options]) == 0
+        return [(a["rule"], a["first_step"], a["raised_step"])
+                for a in json.loads(capsys.readouterr().out)["alerts"] if a["kind"] == "loss_spike"]
+
+    assert loss_findings() == []  # "objective" is no loss scalar it knows
+    assert loss_findings("--loss-scalar", "objective") == [("precursor", 60, 60),
+                                                           ("spike", 61, 61)]

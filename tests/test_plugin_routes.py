@@ -384,6 +384,9 @@ def test_a_tag_over_the_data_servers_message_limit_is_read_sampled_and_says_so(p
         def list_tensors(self, ctx, **kwargs):
             return real.list_tensors(ctx, **kwargs)
 
+        def read_scalars(self, ctx, **kwargs):
+            return real.read_scalars(ctx, **kwargs)
+
         def read_tensors(self, ctx, *, downsample, run_tag_filter, **kwargs):
             if run_tag_filter.tags == {"gradients"} and downsample > 50:
                 raise _TooBigForOneRead()
@@ -617,3 +620,42 @@ def test_rows_by_layer_combine_each_layers_variables(client):
     status, body = get(client, "heatmap", run="train", tag="gradients", stat="l2_norm",
                        rows="tensors")
     assert status == 400 and "'rows' must be one of variables, layers" in body["error"]
+
+
+def _scalar_loss_run(directory, losses):
+    """A run of gradients with its loss logged only as the ordinary scalar ``train/loss``
+    (a legacy ``simple_value``, as `torch.utils.tensorboard` writes it)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from tensorboard_gradients.format.event_files import EventFileWriter
+
+    with tg.GradientWriter(str(directory)) as writer:
+        for step, loss in enumerate(losses):
+            scale = 4.0 if loss > 2 else 1.0  # the gradient climbs with the loss
+            writer.write(step, {"dense/kernel": np.full((3, 3), scale, np.float32)})
+    scalars = EventFileWriter(str(directory), filename_suffix=".scalars")
+    scalars.write(*(event_pb2.Event(step=step, wall_time=1.0, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=loss)]))
+        for step, loss in enumerate(losses)))
+    scalars.close()
+
+
+def test_the_runs_own_loss_scalar_is_judged_when_no_monitor_logged_the_loss(tmp_path,
+                                                                          plugin_client):
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    losses = [1.0] * 80 + [2.5, 8.0, 1.0, 1.0]
+    _scalar_loss_run(tmp_path / "run", losses)
+    status, body = get(plugin_client(str(tmp_path)), "alerts", run="run", tag="gradients")
+    assert status == 200
+    assert [(a["rule"], a["first_step"], a["raised_step"]) for a in body["alerts"]
+            if a["kind"] == "loss_spike"] == [("precursor", 80, 80), ("spike", 81, 81)]
+    # Through TensorBoard's data provider (a logdir the plugin cannot read itself).
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    source = store.Store(data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))).source(
+        context.RequestContext(), "", "run", "gradients")
+    rows = source.rows(0, len(losses))
+    assert rows.loss_source == "train/loss" and rows.loss.tolist() == losses

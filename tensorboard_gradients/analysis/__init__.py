@@ -115,8 +115,7 @@ def analyze(series, thresholds: Optional[Thresholds] = None, **overrides) -> Ana
     The whole series is one feed of an `AnalysisStream` (which a long or growing run is fed a
     few steps at a time, with equal results)."""
     stream = AnalysisStream(series, _limits(thresholds, overrides))
-    classes = stream.feed(series.steps, series.wall_times, series.values, last=True,
-                          loss=series.loss, loss_logged=series.loss_logged)
+    classes = stream.feed_rows(series, last=True)
     return Analysis(classes, stream.alerts())
 
 

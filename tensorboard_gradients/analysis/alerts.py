@@ -152,6 +152,9 @@ class Finding:
         subject = self.variable or (f"layer {self.layer}" if self.layer else "whole model")
         described = (self.describe(self.value) if self.detail_worst is None
                      else self.describe(self.value, self.detail))
+        raised = self.raised
+        if raised != self.first_step:  # a sustained stretch, a run's median: told later
+            span += f", raised at step {raised}"
         return Alert(
             kind=self.kind, rule=self.rule, variable=self.variable, layer=self.layer,
             first_step=self.first_step, last_step=self.last_step, steps=self.steps,

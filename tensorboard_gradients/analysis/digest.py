@@ -101,8 +101,7 @@ class Digest:
         summarising = (alongside.submit(self._summarise, cuts)
                        if alongside is not None and len(cuts) > 1 else None)
         try:  # the summary reads only rows already final, and nothing the stream changes
-            final = self._stream.feed(rows.steps, rows.wall_times, rows.values,
-                                      loss=rows.loss, loss_logged=rows.loss_logged)
+            final = self._stream.feed_rows(rows)
         finally:
             if summarising is not None:
                 summarising.result()

@@ -26,6 +26,9 @@ _PHRASES = {
     ("never_updated", "no_gradient"): "never received a gradient",
     ("update_ratio", "update/weight"): "had a median update/weight ratio outside the healthy "
                                        "band",
+    # Whole-model findings: one per episode, never several subjects.
+    ("loss_spike", "precursor"): "had the loss climbing with the gradient",
+    ("loss_spike", "spike"): "had a loss spike",
 }
 
 
@@ -35,7 +38,8 @@ class AlertGroup:
 
     ``alerts`` are indices into the list `group` was given; ``subjects`` how many variables
     (or layers, or the whole model) they name, of ``of`` in the model; ``first`` the subject
-    hit first (model order breaks ties).
+    hit first (model order breaks ties); ``raised_step`` the earliest of their
+    `Alert.raised_step`: when a monitor watching the run could first have told.
     """
 
     kind: str
@@ -49,6 +53,7 @@ class AlertGroup:
     first: str
     message: str
     alerts: List[int]
+    raised_step: int
 
     def to_json(self) -> Dict:
         return dataclasses.asdict(self)
@@ -113,5 +118,5 @@ def _group(alerts, members, variable_count, layer_count) -> AlertGroup:
     return AlertGroup(
         kind=head.kind, rule=head.rule, severity=head.severity, first_step=first_step,
         last_step=last_step, subjects=len(chosen), of=of, unit=unit, first=first_name,
-        message=message, alerts=list(members),
+        message=message, alerts=list(members), raised_step=min(a.raised_step for a in chosen),
     )

@@ -112,6 +112,12 @@ class AnalysisStream:
             return np.zeros((0, self._width[0]), dtype=np.int8)
         return self._round(closed=last)
 
+    def feed_rows(self, rows, last: bool = False) -> np.ndarray:
+        """`feed` of a `GradientSeries` of the next rows, with their losses."""
+        return self.feed(rows.steps, rows.wall_times, rows.values, last=last,
+                         loss=getattr(rows, "loss", None),
+                         loss_logged=getattr(rows, "loss_logged", None))
+
     def close(self) -> np.ndarray:
         """Says no step follows: returns the classes of the rows still provisional, now final."""
         if self._closed:

@@ -218,14 +218,10 @@ class _RunReader:
             counted[1].append(reason)
 
     def _take_loss_scalar(self, event, value):
-        if value.HasField("simple_value"):
-            number = value.simple_value
-        else:
-            try:
-                number = float(decode_tensor(value.tensor, ()))
-            except DamagedPointError:
-                return  # not a scalar: not a loss this reader can take
-        self.scalar_losses.setdefault(value.tag, []).append((event.step, event.wall_time, number))
+        number = scalar_value(value)
+        if number is not None:  # else not a scalar: not a loss this reader can take
+            self.scalar_losses.setdefault(value.tag, []).append(
+                (event.step, event.wall_time, number))
 
     def _loss_of(self, name: str):
         """``(curve, source)`` of the loss for summary name ``name`` (`series.loss_curve`):
@@ -351,6 +347,35 @@ def located_events(points, location):
 def _events_in(path, offsets):
     with event_files.open_regular_file(path) as file:
         yield from event_files.events_at(file, offsets)
+
+
+def scalar_value(value) -> Optional[float]:
+    """The number of an ordinary scalar summary value (a legacy ``simple_value``, as
+    `torch.utils.tensorboard` writes, or a scalar tensor, as ``tf.summary.scalar``); None for
+    anything else."""
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    try:
+        return float(decode_tensor(value.tensor, ()))
+    except DamagedPointError:
+        return None
+
+
+def read_back_scalars(tag, points) -> List[tuple]:
+    """``(step, wall_time, number)`` of an ordinary scalar tag's ``(step, wall_time, (path,
+    record offset, value index))`` points; a point that no longer reads back as a scalar is
+    left out."""
+    numbers = []
+    for _, in_file, events in located_events(points, lambda point: point[2]):
+        try:
+            for (step, wall_time, (_, _, index)), event in zip(in_file, events):
+                value = None if event is None else event.summary.value[index]
+                number = None if value is None or value.tag != tag else scalar_value(value)
+                if number is not None:
+                    numbers.append((step, wall_time, number))
+        except (OSError, IndexError):
+            continue  # the file changed since: its points are left out
+    return numbers
 
 
 def read_back(tag, parsed, points, report) -> List[tuple]:

@@ -496,6 +496,13 @@ def _note_points(record: bytes, offset: int, scan: _FileScan):
         return
     for index, value in enumerate(event.summary.value):
         tag = value.tag
+        if tag in _LOSS_SCALARS and tag not in scan.ours and not (
+                value.metadata.plugin_data.plugin_name in _OURS):
+            # A run's own loss scalar: the loss where no monitor logged it (read as a scalar,
+            # `reader.scalar_value`, never as one of this plugin's tensors).
+            scan.points.setdefault(tag, []).append(
+                (int(event.step), float(event.wall_time), offset, index))
+            continue
         if tag in scan.others:
             continue
         if tag not in scan.ours:
@@ -540,6 +547,7 @@ def _expected_shape(content: Optional[bytes]):
 
 # This plugin's tags: its statistics and the writer's digests of them (`format.digest_feed`).
 _OURS = (metadata.PLUGIN_NAME, metadata.DIGEST_PLUGIN_NAME)
+_LOSS_SCALARS = frozenset(metadata.LOSS_SCALARS)
 
 
 def _note_damaged_record(record: bytes, scan: _FileScan):

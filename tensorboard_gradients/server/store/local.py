@@ -25,7 +25,7 @@ import numpy as np
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
-from tensorboard_gradients.format.series import GradientSeries, series_from_points
+from tensorboard_gradients.format.series import GradientSeries, loss_curve, series_from_points
 from tensorboard_gradients.server.store import traffic
 from tensorboard_gradients.server.store.event_scan import EventFileIntegrity, Located, RunLook
 from tensorboard_gradients.server.store.local_tag import LocalTag, is_long
@@ -131,7 +131,7 @@ class LocalReader:
         self._kept_bytes = kept_bytes
         self._tags: "collections.OrderedDict[Tuple[str, str], LocalTag]" = (
             collections.OrderedDict())
-        self._kept_marks = {}  # (run directory, epochs tag) -> (its look, marks)
+        self._kept_marks = {}  # (run directory, epochs or loss tag) -> (its look, what it holds)
         self._lock = threading.Lock()
 
     def tags(self, runs=None) -> Dict[str, Dict[str, TagInfo]]:
@@ -177,6 +177,35 @@ class LocalReader:
             self._kept_marks[key] = (where.look, marks)
         return marks
 
+    def _loss(self, look, name: str):
+        """``(curve, source)`` of the run's loss for summary name ``name``
+        (`series.loss_curve`): its ``<name>_loss`` tag, else the first of the run's own loss
+        scalars (`metadata.LOSS_SCALARS`) logged; None. Read back once per look at the files
+        that changed it."""
+        loss_tag = metadata.loss_tag(name)
+        for tag in (loss_tag,) + metadata.LOSS_SCALARS:
+            where = look.located(tag)
+            if not len(where.steps):
+                continue
+            parsed = None
+            if tag == loss_tag:
+                parsed = parsed_content(look.contents().get(tag, b"")).parsed
+                if parsed is None or parsed.kind != metadata.KIND_LOSS:
+                    continue
+            key = (look.directory, tag)
+            with self._lock:
+                kept = self._kept_marks.get(key)
+            if kept is not None and kept[0] == where.look:
+                return kept[1]
+            points = zip(where.steps.tolist(), where.wall_times.tolist(), where.locations)
+            decoded = (reader.read_back(tag, parsed, points, lambda *report: None)
+                       if parsed is not None else reader.read_back_scalars(tag, points))
+            loss = (loss_curve(look.run, tag, decoded), tag)
+            with self._lock:
+                self._kept_marks[key] = (where.look, loss)
+            return loss
+        return None
+
     @staticmethod
     def signature(info: TagInfo) -> tuple:
         """What a `LocalSource` of the tag is built from (the look at its run's files): it is
@@ -199,7 +228,7 @@ class LocalReader:
         written = (look.located(metadata.digest_tag(tag)),
                    look.located(metadata.digest_blocks_tag(tag)))
         marks = None if like.epoch_starts is None else (like.epoch_starts, like.epoch_indices)
-        local_tag.update(look.located(tag), marks, written)
+        local_tag.update(look.located(tag), marks, written, self._loss(look, like.name))
         return local_tag
 
     def lost(self, run: str, tag: str):

@@ -29,7 +29,7 @@ import numpy as np
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.format import metadata, reader
-from tensorboard_gradients.format.series import GradientSeries, series_from_points
+from tensorboard_gradients.format.series import GradientSeries, series_from_points, with_loss
 from tensorboard_gradients.analysis.digest import MAX_BLOCKS, Digest, chained
 from tensorboard_gradients.server.store import traffic
 
@@ -77,6 +77,7 @@ class LocalTag:
         # and whether that failed (crafted records), until the run's steps change.
         self._taken_up = self._no_taking_up = False
         self.epoch_starts = self.epoch_indices = None
+        self.loss = None  # (curve, source) of the run's loss (`LocalReader._loss`), or None
         self.lost = {}  # (path, message) of points left out when read back: None
         self._lost_steps = set()  # their steps
         self._kept_rows = None  # (located, start, stop, rows) of the last `rows`
@@ -91,22 +92,26 @@ class LocalTag:
     def steps(self):
         return self.located.steps
 
-    def update(self, located, epochs=None, written=None):
+    def update(self, located, epochs=None, written=None, loss=None):
         """Takes the tag's current points (`event_scan.Located`), epoch marks (``epochs``:
-        ``(first steps, epoch indices)`` or None) and the points of the writer's digest records
-        (``written``, or None). Digests grow by the new steps only; when the old steps changed
-        (or an epoch mark appeared among them) they are dropped, and rebuilt when next asked
-        for. ``written``: (records, their blocks) located."""
+        ``(first steps, epoch indices)`` or None), the points of the writer's digest records
+        (``written``, or None) and the run's loss (``(curve, source)``, or None). Digests grow
+        by the new steps only; when the old steps changed (or an epoch mark appeared among
+        them, or their loss changed) they are dropped, and rebuilt when next asked for.
+        ``written``: (records, their blocks) located."""
         epoch_starts, epoch_indices = (None, None) if epochs is None else epochs
         with self._lock:
             old = self.located
             if old is not None and located.look < old.look:
                 return  # an older look at the files than the one already taken
             self.written = written
-            grew = old is not None and _extends(old, located) and _same_marks(
-                self.epoch_starts, epoch_starts, old.steps[-1] if len(old.steps) else None)
+            last_step = old.steps[-1] if old is not None and len(old.steps) else None
+            grew = (old is not None and _extends(old, located)
+                    and _same_marks(self.epoch_starts, epoch_starts, last_step)
+                    and _same_loss(self.loss, loss, last_step))
             self.located = located
             self.epoch_starts, self.epoch_indices = epoch_starts, epoch_indices
+            self.loss = loss
             if not grew:
                 self._digests.clear()
                 self._taken_up = self._no_taking_up = False
@@ -131,6 +136,9 @@ class LocalTag:
     def _rows_of(self, located, start: int, stop: int) -> GradientSeries:
         rows = reader.located_rows(self.run, self.tag, self.parsed, located, start, stop,
                                    self.lost_point)
+        loss = self.loss
+        if loss is not None:
+            rows = with_loss(rows, *loss)
         asked = located.steps[start:stop]
         if len(rows.steps) < len(asked):
             with self._lock:
@@ -224,7 +232,10 @@ class LocalTag:
         with self._lock:
             written, located, marks = self.written, self.located, self._marks()
             own = self._digests.get(thresholds)
+            # The writer judged the loss it wrote beside the gradients, not a scalar of the run.
             if (thresholds != _DEFAULTS or written is None or not len(written[0].steps)
+                    or (self.loss is not None
+                        and self.loss[1] != metadata.loss_tag(self.parsed.name))
                     or (own is not None and (own[1] == len(located.steps) or self._taken_up))):
                 self._restored = None  # the plugin's own digest (or none) answers from now on
                 return None
@@ -433,6 +444,21 @@ def _covers(digest, located) -> bool:
     return all(path == file and offset < record_offset
                for start, end, file, record_offset in digest.sources
                for path, offset, _ in located.locations[start:end])
+
+
+def _same_loss(old, new, last_step) -> bool:
+    """Whether the loss at the steps up to ``last_step`` (what a digest has judged) is
+    unchanged (a loss logged later for an earlier step changes what those steps say)."""
+    def upto(loss):
+        if loss is None or last_step is None:
+            return None, np.zeros(0, np.int64), np.zeros(0)
+        (steps, values), source = loss
+        kept = steps <= last_step
+        return (source if kept.any() else None), steps[kept], values[kept]
+
+    (old_source, old_steps, old_values), (new_source, new_steps, new_values) = upto(old), upto(new)
+    return (old_source == new_source and np.array_equal(old_steps, new_steps)
+            and np.array_equal(old_values, new_values, equal_nan=True))
 
 
 def _same_marks(old_starts, new_starts, last_step) -> bool:

@@ -23,7 +23,8 @@ from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis.digest import Digest
 from tensorboard_gradients.format import metadata
 from tensorboard_gradients.format.series import (
-    GradientHistograms, GradientSeries, expected_shape, histograms_from_points, series_from_points,
+    GradientHistograms, GradientSeries, expected_shape, histograms_from_points, loss_curve,
+    series_from_points, with_loss,
 )
 from tensorboard_gradients.server.store.damage import refusal_message
 from tensorboard_gradients.server.store.decode_guard import decoding_as, install_decode_guard
@@ -117,10 +118,12 @@ class ProviderReader:
         return result
 
     def source(self, ctx, experiment, run, tag, info: TagInfo, epochs: Optional[TagInfo],
-               histograms: Optional[TagInfo], mismatch: Optional[str], kept) -> ProviderSource:
-        """The series of stats tag ``tag`` (its `TagInfo` ``info``), its epoch marks and its
-        histograms (``mismatch``: why they are left out whole, or None); ``kept(key,
-        signature, nbytes, read)``: what the registry keeps, for the histograms."""
+               histograms: Optional[TagInfo], mismatch: Optional[str], kept,
+               loss: Optional[TagInfo] = None) -> ProviderSource:
+        """The series of stats tag ``tag`` (its `TagInfo` ``info``), its epoch marks, its loss
+        (the ``loss`` tag, else the run's own loss scalar) and its histograms (``mismatch``:
+        why they are left out whole, or None); ``kept(key, signature, nbytes, read)``: what the
+        registry keeps, for the histograms."""
         points, sampled, refusals = self._read(ctx, experiment, run, tag, info.parsed)
         epochs_tag = metadata.epochs_tag(info.parsed.name)
         epoch_points, epochs_refused = (), ()
@@ -133,6 +136,7 @@ class ProviderReader:
                     refused_marks, epoch_refusals, f"its epoch marks ({epochs_tag!r})"),)
         series = series_from_points(run, tag, info.parsed, points, epoch_points)
         refused = series.damaged_points
+        series = with_loss(series, *self._loss(ctx, experiment, run, info.parsed.name, loss))
 
         histogram_tag = metadata.histogram_tag(tag)
 
@@ -147,6 +151,24 @@ class ProviderReader:
             + ((mismatch,) if mismatch else ()),
             None if histograms is None else read_histograms,
         )
+
+    def _loss(self, ctx, experiment, run, name, loss: Optional[TagInfo]):
+        """``(curve, source)`` of the run's loss: its ``<name>_loss`` tag, else the first of
+        its own loss scalars (`metadata.LOSS_SCALARS`, as TensorBoard keeps them: sampled by
+        its ``--samples_per_plugin``); ``(None, None)`` without one."""
+        if loss is not None:
+            loss_tag = metadata.loss_tag(name)
+            points, _, _ = self._read(ctx, experiment, run, loss_tag, loss.parsed)
+            return loss_curve(run, loss_tag, [p for p in points if p[2] is not None]), loss_tag
+        scalars = self._provider.read_scalars(
+            ctx, experiment_id=experiment, plugin_name="scalars", downsample=_ALL_POINTS,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(metadata.LOSS_SCALARS)),
+        ).get(run, {})
+        for tag in metadata.LOSS_SCALARS:
+            if scalars.get(tag):
+                return loss_curve(run, tag, [(d.step, d.wall_time, d.value)
+                                             for d in scalars[tag]]), tag
+        return None, None
 
     def _histograms(self, ctx, experiment, run, histogram_tag, parsed) -> GradientHistograms:
         points, _, _ = self._read(ctx, experiment, run, histogram_tag, parsed)

@@ -77,6 +77,7 @@ class Store:
         info = stats_tag(tags, run, tag)
         epochs = _of_kind(tags[run].get(metadata.epochs_tag(info.parsed.name)),
                           metadata.KIND_EPOCHS)
+        loss = _of_kind(tags[run].get(metadata.loss_tag(info.parsed.name)), metadata.KIND_LOSS)
         histograms, mismatch = _histograms_next_to(tags, run, tag)
         key = ("source", experiment, run, tag)
         with _unreadable_as_error(run, tag):
@@ -91,11 +92,11 @@ class Store:
                     self._cache.put(key, source, signature, 0)
                 return source
             signature = (info.signature, None if epochs is None else epochs.signature,
-                         mismatch)
+                         None if loss is None else loss.signature, mismatch)
             source = self._cache.get(key, signature)
             if source is None:
                 source = self._remote.source(ctx, experiment, run, tag, info, epochs, histograms,
-                                             mismatch, self._kept)
+                                             mismatch, self._kept, loss)
                 self._cache.put(key, source, signature, source.series.values.nbytes)
             return source
 
