@@ -84,10 +84,10 @@ def test_a_loss_climbing_with_the_gradient_is_warned_before_it_spikes(tmp_path):
     steps = 120
     losses = 1.0 + 0.05 * rng.standard_normal(steps)
     norms = 1.0 + 0.05 * rng.standard_normal(steps)
-    # From step 100 the encoder's gradient grows 2x a step and the loss follows it: 1.5x, 2.5x
-    # (the precursor), then 6x and 15x (the spike).
+    # From step 100 the encoder's gradient grows 2x a step and the loss climbs with it: 1.3x,
+    # 1.7x, 2.5x (the precursor: a third rise, past 2x), then 6x and 15x (the spike).
     norms[100:106] *= 2.0 ** np.arange(1, 7)
-    losses[101:105] *= [1.5, 2.5, 6.0, 15.0]
+    losses[100:105] *= [1.3, 1.7, 2.5, 6.0, 15.0]
     series = _run(tmp_path, losses, norms)
     alerts = [a for a in tg.diagnose(series) if a.kind == "loss_spike"]
     precursor, spike = sorted(alerts, key=lambda a: a.first_step)
@@ -128,7 +128,7 @@ def test_the_cli_judges_a_loss_scalar_it_is_named(tmp_path, capsys):
 
     from tensorboard_gradients import cli
 
-    losses = [1.0] * 60 + [2.5, 9.0, 1.0]
+    losses = [1.0] * 60 + [1.3, 1.7, 2.5, 9.0, 1.0]
     with SummaryWriter(str(tmp_path)) as scalars, GradientWriter(str(tmp_path)) as writer:
         for step, loss in enumerate(losses):
             scalars.add_scalar("objective", loss, step)
@@ -140,5 +140,5 @@ def test_the_cli_judges_a_loss_scalar_it_is_named(tmp_path, capsys):
                 for a in json.loads(capsys.readouterr().out)["alerts"] if a["kind"] == "loss_spike"]
 
     assert loss_findings() == []  # "objective" is no loss scalar it knows
-    assert loss_findings("--loss-scalar", "objective") == [("precursor", 60, 60),
-                                                           ("spike", 61, 61)]
+    assert loss_findings("--loss-scalar", "objective") == [("precursor", 62, 62),
+                                                           ("spike", 63, 63)]

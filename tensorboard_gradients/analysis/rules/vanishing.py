@@ -72,6 +72,16 @@ one layer), so one odd output layer does not set the scale. Output-side layers a
 healthy layer below it look vanishing.
 """)
 
+CONVERGED_LOSS_FRACTION = Parameter(
+    "converged_loss_fraction", 1e-2, float, "converged below (x the first loss)", maximum=1,
+    doc="""
+A layer that vanishes while the logged loss is at most this fraction of the run's first
+logged (finite) loss is an ``info`` finding, not a warning: a converged model's gradients are
+small because its loss is (issue 35: a small transformer that converged to a loss of ~1e-8 got
+16 vanishing warnings; on the instability set an MLP interpolating its data, loss 1e-15, got
+3). A stalled model's loss stays near where it began. Without a logged loss, a warning.
+""")
+
 SUSTAIN_STEPS = Parameter(
     "sustain_steps", 5, int, "sustained for (logged steps)", in_form=True, doc="""
 Vanishing and dead gradients must hold for this many consecutive logged steps: one noisy
@@ -92,6 +102,8 @@ class DepthProfile:
 # What a stream carries to its next round under this key: the recovery level of each layer's
 # episode holding before the round's first fresh row (NaN: none), by variable (its layer's).
 _EPISODES = "depth_episodes"
+# ... and the run's first finite logged loss, the reference of convergence.
+_FIRST_LOSS = "first_loss"
 # Rows an episode scan looks at per column and pass: the scan loops per event and per this
 # many rows, never per step.
 _SCAN_ROWS = 256
@@ -108,7 +120,8 @@ class Vanishing(Rule):
     name = "vanishing"
     kind = "vanishing"
     cell_class = VANISHING
-    parameters = (VANISHING_NORM, DEPTH_RATIO, DEPTH_REFERENCE_FRACTION, SUSTAIN_STEPS)
+    parameters = (VANISHING_NORM, DEPTH_RATIO, DEPTH_REFERENCE_FRACTION, CONVERGED_LOSS_FRACTION,
+                  SUSTAIN_STEPS)
 
     def _layers(self, evidence) -> Tuple[List[str], np.ndarray, np.ndarray]:
         """(layer names, row -> layer position, ``[steps, layers]`` finite layer norms)."""
@@ -164,26 +177,44 @@ class Vanishing(Rule):
             vanishing = vanishing | depth.vanishing
         return vanishing[:, rows] & ~evidence.missing
 
+    def _converged(self, evidence) -> np.ndarray:
+        """``bool[steps]``: the logged loss at most ``converged_loss_fraction`` of the run's
+        first finite logged loss (carried from round to round of a stream, in float32)."""
+        kept = evidence.kept(_FIRST_LOSS)
+        first = None if kept is None else np.float32(kept[0][0])
+        loss, logged = evidence.loss, evidence.loss_logged & np.isfinite(evidence.loss)
+        if first is None and logged.any():
+            first = np.float32(loss[np.argmax(logged)])
+        if first is None:
+            return np.zeros(len(loss), bool)
+        evidence.keep(_FIRST_LOSS, (np.array([first], np.float32),))
+        with np.errstate(invalid="ignore"):
+            return logged & (loss <= evidence.thresholds.converged_loss_fraction * abs(first))
+
     def alerts(self, evidence, builder):
         limits = evidence.thresholds
+        # Vanishing after the loss converged is information; at any step before, a warning.
+        escalated = ("warning", ~evidence.once(self._converged))
         names, _, layer_norms = evidence.once(self._layers)
         below_floor = evidence.once(self._below_floor)
         for position in flagged_columns(below_floor):
             builder.add(
-                self.kind, "absolute", "warning", below_floor[:, position],
+                self.kind, "absolute", "info", below_floor[:, position],
                 layer_norms[:, position], np.min, limits.vanishing_norm,
                 _ABSOLUTE.bound(limit=limits.vanishing_norm),
                 layer=names[position], raised_at_hit=limits.sustain_steps - 1,
+                escalated=escalated,
             )
         depth = evidence.once(self._depth_profile)
         if depth is None:
             return
         for position in flagged_columns(depth.vanishing):
             builder.add(
-                self.kind, "depth", "warning", depth.vanishing[:, position],
+                self.kind, "depth", "info", depth.vanishing[:, position],
                 depth.ratios[:, position], np.min, limits.depth_ratio,
                 _DEPTH.bound(limit=limits.depth_ratio),
                 layer=names[position], raised_at_hit=limits.sustain_steps - 1,
+                escalated=escalated,
             )
 
 
