@@ -336,3 +336,35 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         tx.update(params, state, step=1.5)
     with pytest.raises(ValueError, match="params has no leaves"):
         tx.update(params, state, {"v": jnp.ones(3)})
+
+
+def test_the_loss_is_logged_beside_the_gradients_through_optax_value_and_log_gradients(tmp_path):
+    """optax's ``value=`` extra argument (the loss, as ``reduce_on_plateau`` takes it) inside
+    ``nnx.jit``, and `log_gradients(loss=)` inside and outside ``jit``: each logged step's loss
+    is the one computed there."""
+    model = MLP(nnx.Rngs(3))
+    optimizer = nnx.Optimizer(model, optax.chain(
+        gradient_monitor(str(tmp_path / "optax"), every_n_steps=2), optax.adam(1e-3)),
+        wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(lambda m: mse(m(x), y))(model)
+        optimizer.update(model, grads, value=loss)
+        return loss
+
+    losses = [float(train_step(model, optimizer, x, y)) for x, y in batches(4)]
+    jax.effects_barrier()
+    series = series_of(tmp_path / "optax")
+    assert series.steps.tolist() == [0, 2] and series.loss_logged.all()
+    # float32 losses, read back exactly: the same number the step returned.
+    assert series.loss.tolist() == [losses[0], losses[2]]
+
+    params = {"dense": {"kernel": jnp.ones((3, 2))}}
+    with tg.GradientWriter(str(tmp_path / "plain")) as writer:
+        jitted = jax.jit(lambda g, step, loss: log_gradients(writer, g, step, loss=loss))
+        jitted(params, 0, jnp.float32(2.5))
+        jax.effects_barrier()
+        log_gradients(writer, params, 1, loss=float("nan"))
+    series = series_of(tmp_path / "plain")
+    assert series.loss[0] == 2.5 and np.isnan(series.loss[1]) and series.loss_logged.all()

@@ -439,3 +439,25 @@ def test_mirrored_strategy_logs_the_all_reduced_gradient_once_per_step(logdir):
     result = subprocess.run([sys.executable, script, logdir], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK [1, 2, 3, 4]" in result.stdout
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_the_batch_logs_loss_is_logged_at_the_step_that_ends_each_batch(logdir,
+                                                                        steps_per_execution):
+    """The loss Keras reports to callbacks (its running mean over the epoch) beside the
+    gradients of the step that ends the batch (each execution of `steps_per_execution`)."""
+    x, y = data()
+    model = mlp(steps_per_execution=steps_per_execution)
+    reported = {}
+
+    class Losses(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            reported[len(reported) + 1] = float(logs["loss"])
+
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[GradientMonitor(logdir), Losses()])
+    series = train_series(logdir)
+    assert series.steps.tolist() == list(range(1, 13))
+    with_loss = series.steps[series.loss_logged].tolist()
+    assert with_loss == [steps_per_execution * k for k in range(1, 12 // steps_per_execution + 1)]
+    assert series.loss[series.loss_logged].tolist() == [reported[k] for k in reported]

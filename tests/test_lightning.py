@@ -86,7 +86,13 @@ def test_the_gradients_of_each_optimizer_step_are_logged_at_its_loss_step(tmp_pa
     # In automatic optimization that is also trainer.global_step at on_before_optimizer_step.
     assert [row["global_step"] for row in rows] == [row["step"] for row in rows]
     assert list(runs) == ["run"]  # the TensorBoardLogger's run: the loss's
-    _check_logged_as_measured(rows, runs["run"]["gradients"], scalars, clipped="clip" in config)
+    series = runs["run"]["gradients"]
+    _check_logged_as_measured(rows, series, scalars, clipped="clip" in config)
+    # The loss training_step returned for the batch completing each step, beside its gradients:
+    # without accumulation the loss Lightning logs at that step (the same float32 tensor).
+    assert series.loss_logged.all()
+    if "accumulate" not in config:
+        assert series.loss.tolist() == [scalars["train_loss"][step] for step in series.steps]
     if config.get("clip_algorithm", "norm") == "norm" and "clip" in config:
         assert all(row["norm"] > 0.05 for row in rows)  # so every step was clipped
         assert max(scalars["gradients/global_norm_clipped"].values()) <= 0.05 * (1 + RTOL)

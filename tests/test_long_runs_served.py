@@ -62,7 +62,7 @@ def _loss(step):
                                         else 0.0)
 
 
-def _write(directory, first, last, seed, digest=False, writer=None):
+def _write(directory, first, last, seed, digest=False, writer=None, late_loss=False):
     rng = np.random.default_rng(seed)
     scale = 10 ** np.linspace(-3, -1, VARIABLES)
     weights = {f"layer_{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}":
@@ -72,7 +72,9 @@ def _write(directory, first, last, seed, digest=False, writer=None):
             if step % EPOCH_STEPS == 0:
                 writer.write_epoch(step, step // EPOCH_STEPS)
             writer.write(step, _gradients(rng, step, scale), weights=weights,
-                         histograms=step % 50 == 0, loss=_loss(step))
+                         histograms=step % 50 == 0, loss=None if late_loss else _loss(step))
+            if late_loss:  # as a trainer reports it, once the step is done
+                writer.write_loss(step, _loss(step))
 
 
 @pytest.fixture()
@@ -111,6 +113,17 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_c
     with _plugin_busy(client, monkeypatch, written) as fed:
         _assert_routes_answer_as_the_run_read_whole(client, monkeypatch)
         assert (fed == []) == written  # the writer's digest answers: no step judged again
+
+
+def test_a_loss_written_after_its_step_is_judged_in_the_writers_digest(tmp_path, plugin_client,
+                                                                      monkeypatch):
+    """`GradientWriter.write_loss` after the step's statistics (Lightning, the Trainer): the
+    writer's digest takes it with its step, and answers as the run read whole."""
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=True, late_loss=True)
+    client = plugin_client(str(tmp_path))
+    with _plugin_busy(client, monkeypatch) as fed:
+        _assert_routes_answer_as_the_run_read_whole(client, monkeypatch)
+        assert fed == []  # the writer's digest answered
 
 
 @contextlib.contextmanager

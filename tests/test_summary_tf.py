@@ -254,3 +254,27 @@ def test_statistics_are_computed_where_the_gradients_are_not_pinned_to_the_cpu(t
     assert reductions and all("CPU" not in op.device for op in reductions), [
         (op.name, op.device) for op in reductions if "CPU" in op.device]
     assert any(op.type == "WriteSummary" for op in operations)
+
+
+def test_the_loss_is_written_beside_the_statistics_by_either_writer_inside_tf_function(tmp_path):
+    model = Model()
+    tf_writer = tf.summary.create_file_writer(str(tmp_path / "tf_writer"))
+    own_writer = tg.GradientWriter(str(tmp_path / "gradient_writer"))
+    losses = [0.5, float("nan"), 0.25]
+
+    @tf.function
+    def log(step, loss):
+        grads = model.gradients()
+        with tf_writer.as_default(step=step):
+            summary.gradients(grads, model.variables, loss=loss)
+        return summary.gradients(grads, model.variables, step=step, writer=own_writer, loss=loss)
+
+    for step, loss in enumerate(losses):
+        assert bool(log(tf.constant(step, tf.int64), tf.constant(loss, tf.float32)))
+    tf_writer.close()
+    own_writer.close()
+    runs = tg.read_logdir(str(tmp_path))
+    for run in ("tf_writer", "gradient_writer"):
+        series = runs[run]["gradients"]
+        assert series.loss_source == "gradients_loss" and series.loss_logged.all()
+        assert series.loss[0] == 0.5 and np.isnan(series.loss[1]) and series.loss[2] == 0.25

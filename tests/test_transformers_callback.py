@@ -161,6 +161,11 @@ def test_a_row_per_optimizer_step_at_its_loss_step_in_the_trainers_run(tmp_path,
     np.testing.assert_allclose(clipped, np.minimum(grad_norm, 1.0),
                                rtol=norms_rtol() + 1e-6 / grad_norm.min())
     assert "gradients/loss_scale" not in logged
+    # The Trainer's logged loss beside each step's gradients (its train/loss: logging_steps=1):
+    # ours keeps the float the Trainer logged, train/loss is stored in float32 (one rounding,
+    # at most 2**-24 of the value, apart).
+    assert series.loss_source == "gradients_loss" and series.loss_logged.all()
+    np.testing.assert_allclose(series.loss, values(logged["train/loss"], steps), rtol=2**-24)
     # The plugin serves the run under the name TensorBoard gives the Trainer's run.
     client = plugin_client(str(tmp_path / "out"))
     run = os.path.relpath(run_dir, tmp_path / "out")

@@ -262,19 +262,20 @@ def _traced(*values):
     return any(isinstance(value, jax.core.Tracer) for value in values)
 
 
-def _write_from_callback(writer, layout, step, stats, counts, with_histograms=True):
+def _write_from_callback(writer, layout, step, stats, counts, loss, with_histograms=True):
     """The host side of a step logged inside ``jit``: receives the small matrices (``stats``
-    None: the histograms alone)."""
+    None: the histograms alone) and the loss (None: none)."""
     if jax.process_index() != 0:
         return
     counts = np.asarray(counts) if counts is not None and bool(with_histograms) else None
     if stats is None:
         writer.write_histograms(int(step), layout, counts)
     else:
-        writer.write_statistics(int(step), layout, np.asarray(stats), counts)
+        writer.write_statistics(int(step), layout, np.asarray(stats), counts,
+                                loss=None if loss is None else np.asarray(loss))
 
 
-def log_gradients(writer, grads, step, params=None, histograms=False, stats=None):
+def log_gradients(writer, grads, step, params=None, histograms=False, stats=None, loss=None):
     """Writes the statistics of a gradient pytree at ``step`` with a `GradientWriter`.
 
     In a multi-process run, call it on every process with the same arguments: all of them
@@ -301,6 +302,9 @@ def log_gradients(writer, grads, step, params=None, histograms=False, stats=None
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
         always logged; weight_l2_norm only when named.
+      loss: this step's training loss (a number or a scalar array, traced inside ``jit``; NaN
+        and Inf are kept), written beside the statistics: the rules judge the gradients
+        against it (see `GradientWriter.write`). None: not logged.
 
     Returns:
       The tag written to, on the writing process (process 0; the only one in a single-process
@@ -330,15 +334,18 @@ def log_gradients(writer, grads, step, params=None, histograms=False, stats=None
                                   bool(histograms) if histograms_known else True,
                                   gradient_stats=gradient_stats)
         write = functools.partial(_write_from_callback, writer, layout)
-        operands = (step, stats, counts) if counts is None else (step, stats, counts, histograms)
+        operands = ((step, stats, counts, loss) if counts is None
+                    else (step, stats, counts, loss, histograms))
         io_callback(write, None, *operands, ordered=True)
         return None
     writes = jax.process_index() == 0
     stats, counts = _matrices(gradients, weights, bool(histograms), gradient_stats=gradient_stats)
     stats, counts = _host_matrix(stats, writes), _host_matrix(counts, writes)
+    if isinstance(loss, jax.Array):
+        loss = _host_matrix(loss, writes)
     if not writes:
         return None
-    return writer.write_statistics(int(step), layout, stats, counts)
+    return writer.write_statistics(int(step), layout, stats, counts, loss=loss)
 
 
 @jax.tree_util.register_static
@@ -401,7 +408,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     module, "Steps"). A step is logged when it is a multiple of ``every_n_steps`` (``step %
     every_n_steps == 0``: 0, N, 2N, ... by default). ``update``'s ``params`` give the weight
     norms (the ``weight_l2_norm`` column and the gradient/weight ratio); without them those
-    columns are left out of the logs.
+    columns are left out of the logs. ``update``'s ``value=`` (optax's name for the loss, as
+    ``optax.contrib.reduce_on_plateau`` takes it) is logged beside the statistics, for the
+    loss-spike rule: ``optimizer.update(grads, state, params, value=loss)``.
 
     Args:
       log_dir: where to write: a run directory, or anything else `GradientWriter` takes (a
@@ -462,7 +471,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             stats=jnp.full((len(rows), len(layout.stats)), jnp.nan, dtype),
             names=StatsNames(layout.variables, layout.stats))
 
-    def update(updates, state, params=None, *, step=None, **extra_args):
+    def update(updates, state, params=None, *, step=None, value=None, **extra_args):
         del extra_args  # the other members' of a chain
         rows = watched(updates)
         names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
@@ -479,14 +488,15 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             due += 2 * (step % histograms_every_n_steps == 0).astype(jnp.int32)
 
         def branch(stats_due, histograms_due):
-            def run(gradients, weights, step, last):
+            def run(gradients, weights, step, loss, last):
                 if not (stats_due or histograms_due):
                     return last
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
                                           gradient_stats)
                 if writer is not None:
                     write = functools.partial(_write_from_callback, writer, layout)
-                    io_callback(write, None, step, stats, counts, ordered=True)
+                    io_callback(write, None, step, stats, counts,
+                                loss if stats_due else None, ordered=True)
                 if stats is None:
                     return last
                 return _in_columns(stats, layout.stats, state.columns).astype(last.dtype)
@@ -494,7 +504,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
 
         branches = [branch(bool(k & 1), bool(k & 2))
                     for k in range(2 if histograms_every_n_steps is None else 4)]
-        stats = jax.lax.switch(due, branches, gradients, weights, step, state.stats)
+        stats = jax.lax.switch(due, branches, gradients, weights, step, value, state.stats)
         logged = due % 2 == 1
         return updates, state._replace(
             count=state.count + 1, step=jnp.where(logged, step, state.step), stats=stats)

@@ -39,6 +39,9 @@ Besides the ``<name>`` statistics (and ``<name>_histograms``), the monitor write
 ``log_dir/train``:
 
 * ``<name>_epochs``: the step at which each epoch starts (the UI marks epochs with it);
+* ``<name>_loss``: the loss of the batch logs at each logged step that ends a batch
+  (``logs["loss"]``, which Keras 3 reports as the mean over the epoch so far: a spike moves it
+  less late in an epoch than the batch's own loss would); the loss-spike rule judges it;
 * ordinary scalars ``<name>/global_norm`` (all trainable variables, before clipping),
   ``<name>/global_norm_clipped`` (after the optimizer's clipping rule, when it clips),
   ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where mixed precision skipped the update);
@@ -221,6 +224,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self._batch_begin = 0
         self._last_stats_step = 0
         self._last_histogram_step = 0
+        self._losses = {}  # step -> the batch logs' loss, until the step's statistics are written
 
     @property
     def dropped_steps(self):
@@ -305,6 +309,8 @@ class GradientMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._host_completed += batch - self._batch_begin + 1
+        if logs and logs.get("loss") is not None:
+            self._losses[self._host_completed] = float(logs["loss"])
         if any(
             every and _recorded_between(self._host_read_at, self._host_completed, every)
             >= RECORDED_STEPS_PER_READ
@@ -360,12 +366,14 @@ class GradientMonitor(keras.callbacks.Callback):
         for step, stats, scalars in sorted(rows, key=lambda row: row[0]):
             if step <= self._last_stats_step:
                 continue
-            self._writer.write_statistics(step, self._layout, stats)
+            self._writer.write_statistics(step, self._layout, stats, loss=self._losses.get(step))
             self._writer.write_scalars(step, scalars)
             self._missing.warn(
                 [v for v, size in zip(self._layout.variables, stats[:, size_column]) if np.isnan(size)]
             )
             self._last_stats_step = step
+        self._losses = {step: loss for step, loss in self._losses.items()
+                        if step > self._last_stats_step}
         for step, counts in sorted(histogram_rows, key=lambda row: row[0]):
             if step <= self._last_histogram_step:
                 continue

@@ -35,6 +35,10 @@ loss and the gradients of an optimizer step share its step number in TensorBoard
 equal every gradient column has its loss point (Lightning's default ``log_every_n_steps`` is
 50: set it to N). The start of each epoch is marked (``<name>_epochs``) for the UI.
 
+The loss ``training_step`` returns for the batch that completes a logged optimizer step (a
+tensor, or a dict's ``"loss"``) is logged beside its gradients (``<name>_loss``), for the
+loss-spike rule.
+
 Besides the ``<name>`` statistics (and ``<name>_histograms``), the run gets the scalars
 ``<name>/global_norm`` (the watched parameters, before clipping), ``<name>/loss_scale`` under
 ``16-mixed`` (the GradScaler of Lightning's precision plugin), and, when the trainer clips
@@ -159,6 +163,7 @@ class GradientMonitor(pl.Callback):
         self._hooked = {}  # id(optimizer) -> its step post-hook's handle
         self._epoch_mark = None  # (step, epoch) to write
         self._warned_fused = False
+        self._loss_step = None  # the step whose statistics this batch logged: its loss is due
 
     # Lightning hooks ----------------------------------------------------------------------
 
@@ -193,9 +198,18 @@ class GradientMonitor(pl.Callback):
         logged = self.monitor.log(step, statistics=stats_due, histograms=histograms_due,
                                   scaler=scaler)
         self._clipped_step = step if (stats_due and self._clipping) else None
+        self._loss_step = step if stats_due else None
         if logged and self._epoch_mark is not None:
             self.monitor.write_epoch(*self._epoch_mark)
             self._epoch_mark = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        """Writes the loss ``training_step`` returned for the batch that completed the logged
+        optimizer step (a tensor, or a dict's ``"loss"``), at that step."""
+        step, self._loss_step = self._loss_step, None
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if step is not None and self.monitor is not None and loss is not None:
+            self.monitor.write_loss(step, loss)
 
     def teardown(self, trainer, pl_module, stage):
         if stage == "fit":

@@ -144,7 +144,8 @@ def _on_the_gradients_device(compute):
     return computed
 
 
-def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_condition):
+def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_condition,
+           loss=None):
     tag = _tag_for(name, layout)
     stats_fn, histograms_fn = _on_the_gradients_device(stats_fn), _on_the_gradients_device(
         histograms_fn)
@@ -157,6 +158,10 @@ def _write(layout, name, step, description, stats_fn, histograms_fn, histograms_
                 metadata.stats_metadata_content(name, layout), description
             ),
         )
+        if loss is not None:
+            tf.summary.write(
+                metadata.loss_tag(name), tf.cast(loss, tf.float64), step=step,
+                metadata=metadata.create_summary_metadata(metadata.loss_metadata_content(name)))
         if histograms_condition is False:
             return written
         recording = (
@@ -209,7 +214,7 @@ def _writes_here(variables):
 
 
 def _write_with(writer, layout, step, description, stats_fn, histograms_fn, histograms,
-                variables):
+                variables, loss=None):
     """Writes with a `GradientWriter` from eager code or a graph (through ``tf.py_function``,
     so a disk error is the writer's to drop and count, never an op error), on the writing
     replica and process only (`_writes_here`); elsewhere nothing is computed and False returned."""
@@ -225,13 +230,18 @@ def _write_with(writer, layout, step, description, stats_fn, histograms_fn, hist
             lambda: tf.cast(histograms_fn(), tf.float64),
             lambda: tf.zeros([len(layout.variables), columns.HISTOGRAM_BINS], tf.float64),
         ) if histograms_fn is not None else tf.zeros([0], tf.float64)
+        # No loss: an empty vector (a loss of NaN is a loss, and is written).
+        loss_value = (tf.zeros([0], tf.float64) if loss is None
+                      else tf.reshape(tf.cast(loss, tf.float64), [1]))
         return tf.py_function(
-            write, [tf.cast(step, tf.int64), stats, counts, with_histograms], tf.bool)
+            write, [tf.cast(step, tf.int64), stats, counts, with_histograms, loss_value], tf.bool)
 
-    def write(step, stats, counts, with_histograms):
+    def write(step, stats, counts, with_histograms, loss_value):
         dropped = writer.dropped_steps
+        losses = loss_value.numpy()
         writer.write_statistics(int(step), layout, stats.numpy(),
-                                counts.numpy() if bool(with_histograms) else None, description)
+                                counts.numpy() if bool(with_histograms) else None, description,
+                                loss=losses[0] if losses.size else None)
         return writer.dropped_steps == dropped
 
     writes = _writes_here(variables)
@@ -251,6 +261,7 @@ def gradients(
     description=None,
     writer=None,
     stats=None,
+    loss=None,
 ):
     """Writes per-variable gradient statistics as one summary, like `tf.summary.scalar`.
 
@@ -276,6 +287,11 @@ def gradients(
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
         always logged; weight_l2_norm only when named.
+      loss: this step's training loss (a number or a scalar tensor; NaN and Inf are kept),
+        written beside the statistics under ``<name>_loss``: the rules judge the gradients
+        against it (a gradient spike the loss never felt is not a warning; the loss climbing
+        with the gradient is the early warning of a loss spike). None: not logged (the rules
+        then read the run's own ``loss`` scalar, when it has one).
 
     Returns:
       True (a boolean tensor in graph mode) if the statistics were written, False if no default
@@ -294,7 +310,7 @@ def gradients(
     if writer is not None:
         return _write_with(writer, layout, step, description, compute,
                            lambda: tensorflow_ops.histogram_counts(gradients, variables),
-                           histograms, variables)
+                           histograms, variables, loss)
     return _write(
         layout,
         name,
@@ -303,4 +319,5 @@ def gradients(
         compute,
         lambda: tensorflow_ops.histogram_counts(gradients, variables),
         histograms,
+        loss,
     )

@@ -278,6 +278,13 @@ class GradientMonitor:
         if writes_here():
             self._run_writer().write_scalars(step, scalars)
 
+    def write_loss(self, step: int, loss) -> None:
+        """Writes the loss of ``step`` after its gradients were logged (`step`'s ``loss``
+        writes it with them): for trainers that report the loss once the step is done. On the
+        writing process; nothing elsewhere."""
+        if writes_here():
+            self._run_writer().write_loss(step, _detached(loss))
+
     def write_epoch(self, step: int, epoch: int) -> None:
         """Marks the start of ``epoch`` at ``step`` for the tab (on the writing process)."""
         if writes_here():

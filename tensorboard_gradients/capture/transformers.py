@@ -43,6 +43,8 @@ What is logged, and how it relates to clipping (``max_grad_norm``, 1.0 by defaul
   is the norm of the logged (then unclipped) gradients, at every logged step.
 * ``<name>/global_norm_clipped``: with clipping on, the norm of the logged gradients (the watched
   parameters) after clipping.
+* ``<name>_loss``: the Trainer's logged loss (the mean over its ``logging_steps``) at the logged
+  steps it also logs at, for the loss-spike rule (the rules read ``train/loss`` otherwise).
 * ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where the update was skipped) when the
   Trainer's optimizer has an enabled ``GradScaler`` (fp16 on a GPU); the gradients are already
   unscaled by the Trainer's norm computation when the callback reads them.
@@ -155,9 +157,14 @@ class GradientMonitorCallback(transformers.TrainerCallback):
             self._monitor.write_scalars(step, {"skipped_step": float(skipped)})
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        grad_norm = (logs or {}).get("grad_norm")
-        if self._clipping and grad_norm is not None and self._stats_step == state.global_step:
+        logs = logs or {}
+        grad_norm = logs.get("grad_norm")
+        logged_here = self._stats_step == state.global_step
+        if self._clipping and grad_norm is not None and logged_here:
             self._monitor.write_scalars(state.global_step, {"global_norm": float(grad_norm)})
+        # The Trainer's train/loss (the mean over its logging_steps) at the gradients' step.
+        if logged_here and logs.get("loss") is not None:
+            self._monitor.write_loss(state.global_step, logs["loss"])
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close()

@@ -81,9 +81,11 @@ class DigestFeed:
             self._stop(f"step {step} was written after step {self._last_step}")
             return
         self._last_step = step
-        self._rows.append((step, stats, loss))
+        # The rows are handed over when the next step comes: a loss reported once its step is
+        # done (`loss`) still finds its row.
         if len(self._rows) >= EVERY_STEPS:
             self._hand_over()
+        self._rows.append((step, stats, loss))
 
     def epoch(self, step: int, epoch: int) -> None:
         """Takes an epoch mark (blocks are cut where epochs start)."""
@@ -95,6 +97,22 @@ class DigestFeed:
             return
         self._epochs[0].append(int(step))
         self._epochs[1].append(int(epoch))
+
+    def loss(self, step: int, loss: float) -> None:
+        """Takes a loss written after its step's statistics (a trainer reports it once the step
+        is done): the step's row takes it, unless the row was digested already (then the
+        digest stops: its records would judge that step without the loss readers see)."""
+        if self._stopped:
+            return
+        for index in range(len(self._rows) - 1, -1, -1):
+            row_step, stats, _ = self._rows[index]
+            if row_step == step:
+                self._rows[index] = (row_step, stats, loss)
+                return
+            if row_step < step:
+                break
+        if self._fed_step is not None and step <= self._fed_step:
+            self._stop(f"the loss of step {step} came after that step was digested")
 
     def hand_over_rest(self) -> None:
         """Hands the steps added so far to the digest, to be recorded (at close; then `wait`

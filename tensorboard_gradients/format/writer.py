@@ -218,9 +218,7 @@ class GradientWriter:
             if histogram_counts is not None:
                 values.append(self._histogram_value(tag, layout, histogram_counts, description))
             if loss is not None:
-                values.append(self._tensor_value(
-                    metadata.loss_tag(self._name), np.array(loss, dtype=np.float64),
-                    lambda: metadata.loss_metadata_content(self._name), None))
+                values.append(self._loss_value(loss))
             if self._emit(step, values) and self._digest:
                 # As written: the digest judges what the readers will read.
                 self._feed(tag, layout).add(int(step), tensor_util.make_ndarray(values[0].tensor),
@@ -286,6 +284,20 @@ class GradientWriter:
             self._emit(step, [self._tensor_value(
                 tag, np.array(epoch, dtype=np.float64),
                 lambda: metadata.epochs_metadata_content(self._name), None)])
+
+    def write_loss(self, step: int, loss) -> None:
+        """Writes the training loss of ``step`` after its statistics (as `write`'s ``loss``
+        does with them): for trainers that report the loss once the step is done. A number or
+        a one-element tensor; NaN and Inf are kept."""
+        loss = _loss_value(loss)
+        with self._lock:
+            for feed in self._feeds.values():
+                feed.loss(int(step), loss)
+            self._emit(step, [self._loss_value(loss)])
+
+    def _loss_value(self, loss: float):
+        return self._tensor_value(metadata.loss_tag(self._name), np.array(loss, dtype=np.float64),
+                                  lambda: metadata.loss_metadata_content(self._name), None)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]):
         """Writes ordinary TensorBoard scalars (Scalars dashboard) under ``<name>/<key>``."""
