@@ -42,6 +42,7 @@ BENCHMARKS = {
     "many_tags": "Many tags: the first `runs` answer at 2,000 tags",
     "frontend_paint": "Gradients tab in Chromium",
     "validation": "Diagnosis validation set: real models, healthy and sick",
+    "early_warning": "Early warning: loss spikes warned ahead, healthy runs left alone",
 }
 
 

@@ -163,19 +163,27 @@ class LocalReader:
         where = look.located(epochs_tag)
         if not len(where.steps):
             return None
-        key = (look.directory, epochs_tag)
+
+        def read(points):
+            decoded = reader.read_back(epochs_tag, parsed, points, lambda *report: None)
+            decoded = [p for p in decoded if np.isfinite(p[2])]
+            return (np.array([p[0] for p in decoded], np.int64),
+                    np.array([int(p[2]) for p in decoded], np.int64))
+
+        return self._per_look(look, epochs_tag, where, read)
+
+    def _per_look(self, look, tag: str, where: Located, read):
+        """``read(points)`` of the tag's points ``where``, kept until a look at the files finds
+        them changed."""
+        key = (look.directory, tag)
         with self._lock:
             kept = self._kept_marks.get(key)
         if kept is not None and kept[0] == where.look:
             return kept[1]
-        points = zip(where.steps.tolist(), where.wall_times.tolist(), where.locations)
-        decoded = reader.read_back(epochs_tag, parsed, points, lambda *report: None)
-        decoded = [p for p in decoded if np.isfinite(p[2])]
-        marks = (np.array([p[0] for p in decoded], np.int64),
-                 np.array([int(p[2]) for p in decoded], np.int64))
+        value = read(zip(where.steps.tolist(), where.wall_times.tolist(), where.locations))
         with self._lock:
-            self._kept_marks[key] = (where.look, marks)
-        return marks
+            self._kept_marks[key] = (where.look, value)
+        return value
 
     def _loss(self, look, name: str):
         """``(curve, source)`` of the run's loss for summary name ``name``
@@ -192,19 +200,17 @@ class LocalReader:
                 parsed = parsed_content(look.contents().get(tag, b"")).parsed
                 if parsed is None or parsed.kind != metadata.KIND_LOSS:
                     continue
-            key = (look.directory, tag)
-            with self._lock:
-                kept = self._kept_marks.get(key)
-            if kept is not None and kept[0] == where.look:
-                return kept[1]
-            points = zip(where.steps.tolist(), where.wall_times.tolist(), where.locations)
-            decoded = (reader.read_back(tag, parsed, points, lambda *report: None)
-                       if parsed is not None else reader.read_back_scalars(tag, points))
-            loss = (loss_curve(look.run, tag, decoded), tag)
-            with self._lock:
-                self._kept_marks[key] = (where.look, loss)
-            return loss
+            return self._per_look(look, tag, where, functools.partial(
+                self._read_loss, look.run, tag, parsed))
         return None
+
+    @staticmethod
+    def _read_loss(run: str, tag: str, parsed: Optional[metadata.PluginData], points):
+        """``(curve, tag)`` of the loss tag (``parsed``: its metadata) or the loss scalar
+        (``parsed`` None) ``tag``."""
+        decoded = (reader.read_back(tag, parsed, points, lambda *report: None)
+                   if parsed is not None else reader.read_back_scalars(tag, points))
+        return loss_curve(run, tag, decoded), tag
 
     @staticmethod
     def signature(info: TagInfo) -> tuple:
