@@ -147,17 +147,32 @@ def robust_zscores(values: np.ndarray, window: int, min_sigma: float, exclude=No
     return z, excess, references
 
 
-def trailing_medians(values: np.ndarray, length: int) -> np.ndarray:
+def trailing_medians(values: np.ndarray, length: int, rows=None) -> np.ndarray:
     """``out[t]`` = the median of the finite ``values[t - length : t]`` (1-D), NaN for the first
     ``length`` rows (no full history yet) and where none of them is finite: what each step is
-    compared with when nothing after it may be known."""
+    compared with when nothing after it may be known. ``rows`` (a bool mask): only those rows
+    are computed (NaN elsewhere), in O(rows x length)."""
     values = np.asarray(values, dtype=np.float64)
     out = np.full(len(values), np.nan)
     if len(values) <= length:
         return out
+    wanted = np.arange(length, len(values))
+    if rows is not None:
+        wanted = wanted[np.asarray(rows)[length:]]
     history = np.lib.stride_tricks.sliding_window_view(
-        np.where(np.isfinite(values), values, np.nan), length)[:-1]
-    out[length:] = nanmedian(history)
+        np.where(np.isfinite(values), values, np.nan), length)
+    out[wanted] = nanmedian(history[wanted - length])
+    return out
+
+
+def trailing_minima(values: np.ndarray, length: int) -> np.ndarray:
+    """``out[t]`` = the least finite value of ``values[t - length : t]`` (1-D; +inf where none is
+    finite or fewer than ``length`` rows precede), in O(rows x log length)."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full(len(values), np.inf)
+    if len(values) > length:
+        finite = np.where(np.isfinite(values), values, np.inf)
+        out[length:] = min_in_window(finite, length)[:len(values) - length]
     return out
 
 

@@ -145,10 +145,15 @@ class LossSpike(Rule):
         values = record[2]
         loss, logged = values[:, _LOSS], values[:, _LOGGED] > 0
         norm = values[:, _NORM]
+        history = np.where(logged, loss, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
-            loss_ratio = loss / window.trailing_medians(np.where(logged, loss, np.nan),
-                                                        limits.loss_window)
-            norm_ratio = norm / window.trailing_medians(norm, limits.loss_window)
+            # A loss at twice its median is at least twice the least of its window: only those
+            # steps need their medians (a 100,000-step run has a few).
+            candidates = logged & (loss >= limits.precursor_loss_ratio * window.trailing_minima(
+                history, limits.loss_window))
+            loss_ratio = loss / window.trailing_medians(history, limits.loss_window, candidates)
+            norm_ratio = norm / window.trailing_medians(norm, limits.loss_window,
+                                                        candidates | ~np.isfinite(loss))
             spike = logged & (~np.isfinite(loss) | (loss_ratio >= limits.loss_spike_ratio))
             precursor = (logged & ~spike & (loss_ratio >= limits.precursor_loss_ratio)
                          & (norm_ratio >= limits.precursor_norm_ratio)
