@@ -29,6 +29,21 @@ export function alertSpans(alerts, rowsOf) {
 }
 
 /**
+ * The loss spikes and the warnings before them, to mark over the loss curve: one mark per
+ * `loss_spike` alert, {firstStep, lastStep, raisedStep, rule ("precursor" or "spike"), severity},
+ * in step order.
+ */
+export function lossSpikeMarks(alerts) {
+  return alerts
+    .filter((alert) => alert.kind === "loss_spike")
+    .map((alert) => ({
+      firstStep: alert.first_step, lastStep: alert.last_step, raisedStep: alert.raised_step,
+      rule: alert.rule, severity: alert.severity,
+    }))
+    .sort((a, b) => a.firstStep - b.firstStep);
+}
+
+/**
  * The alerts panel's heading: "No alerts", "Alerts (1)", "Alerts (3)" when each alert is its own
  * finding, else "Alerts (1,000, in 1 finding)".
  */

@@ -5,7 +5,7 @@
 // thresholds' defaults before anything is drawn. Without a run in the hash the tab opens on the
 // run the user last picked here, else on the most severe. Its timers (timers.js) go with it.
 
-import { alertRowFinder, alertSpans, rowSeverities } from "./alerts.js";
+import { alertRowFinder, alertSpans, lossSpikeMarks, rowSeverities } from "./alerts.js";
 import { renderAlerts } from "./alerts_panel.js";
 import { getJson, lossTag } from "./api.js";
 import { keyStatsLines, representativeIndex } from "./cells.js";
@@ -262,6 +262,8 @@ export class App {
     const rowSeverity = rowSeverities(this.alerts, rowsOf, (severity) => vocabulary.severityRank(severity));
     const scale = makeScale(matrix.values, vocabulary.statScale(matrix.stat),
       vocabulary.scaleCeiling(matrix.stat, this.model.thresholds()));
+    this.view.setLossMarks(lossSpikeMarks(this.alerts).map(
+      (mark) => ({ ...mark, color: vocabulary.severityColor(mark.severity) })));
     this.view.setData(matrix, scale, rowSeverity, matrix.epochs);
     // Already there unless the Scalars plugin was slow: then drawn before the next frame.
     loss.then(({ points, tag }) => { if (token === this.loadToken) this.view.setLoss(points, tag); });

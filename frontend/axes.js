@@ -8,7 +8,9 @@ import { thinLabels } from "./axis_labels.js";
 import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { ellipsize, formatStep, formatValue, layerName, rowName } from "./format.js";
-import { columnMeans, gridLayout, layerGroups, niceTicks, stepX, valueScale } from "./layout.js";
+import {
+  columnMeans, columnOfStep, gridLayout, layerGroups, niceTicks, stepX, valueScale,
+} from "./layout.js";
 
 const LABEL_WIDTH = 240; // CSS px, as the stylesheet's first grid column
 const AXIS_HEIGHT = 28;
@@ -27,6 +29,12 @@ export class HeatmapAxes {
     this.lossLabel = el("div", { class: "loss-label" });
     this.loss = el("canvas", { class: "loss", "data-testid": "loss-curve", hidden: true });
     this.lossPoints = null;
+    this.lossMarks = []; // `alerts.lossSpikeMarks`, each with its colour
+  }
+
+  /** The loss spikes and their precursors to mark: `alerts.lossSpikeMarks` with a `color` each. */
+  setLossMarks(marks) {
+    this.lossMarks = marks;
   }
 
   /** A loss curve to align above the columns: [[wall_time, step, value], ...] or null. */
@@ -108,6 +116,7 @@ export class HeatmapAxes {
     this.loss.hidden = !shown;
     replaceChildren(this.lossLabel);
     this.drawnLoss = []; // [{x, value}] of the points drawn, kept for the browser tests
+    this.drawnMarks = []; // [{left, right, rule}] of the loss spikes marked, for the same
     if (!shown) return;
     const context = sizeCanvas(this.loss, width, LOSS_HEIGHT, ratio);
     context.clearRect(0, 0, width, LOSS_HEIGHT);
@@ -126,6 +135,7 @@ export class HeatmapAxes {
       scale && el("span", { class: "loss-max", "data-testid": "loss-max" }, formatValue(scale.high)),
       scale && el("span", { class: "loss-min", "data-testid": "loss-min" }, formatValue(scale.low)));
     if (!scale) return;
+    this.#drawMarks(context, matrix, grid);
     const y = (v) => 4 + (1 - scale.position(v)) * (LOSS_HEIGHT - 8);
     const style = getComputedStyle(this.loss);
     const color = style.getPropertyValue("--accent") || ACCENT; // before the stylesheet loads
@@ -144,5 +154,24 @@ export class HeatmapAxes {
       }
     }
     this.drawnLoss = visible.map(([x, value]) => ({ x, value }));
+  }
+
+  /** Each loss spike (and each warning before one) as a band behind the curve, over the columns
+   * of its steps: a precursor lighter than a spike. */
+  #drawMarks(context, matrix, grid) {
+    for (const mark of this.lossMarks) {
+      const columns = [mark.firstStep, mark.lastStep]
+        .map((step) => columnOfStep(matrix.steps, matrix.lastSteps, step));
+      if (columns[0] < 0 && columns[1] < 0) continue; // outside the columns shown
+      const first = columns[0] < 0 ? 0 : columns[0];
+      const last = columns[1] < 0 ? matrix.columns - 1 : columns[1];
+      const left = grid.columnRange(first)[0];
+      const right = Math.max(grid.columnRange(last)[1], left + 2); // at least 2 px wide
+      context.globalAlpha = mark.rule === "spike" ? 0.35 : 0.2;
+      context.fillStyle = mark.color || ACCENT;
+      context.fillRect(left, 0, right - left, LOSS_HEIGHT);
+      context.globalAlpha = 1;
+      this.drawnMarks.push({ left, right, rule: mark.rule });
+    }
   }
 }

@@ -94,6 +94,11 @@ export class HeatmapView {
   }
 
   /** A loss curve to align above the columns: [[wall_time, step, value], ...] or null. */
+  /** The loss spikes (and the warnings before them) to mark over the loss curve. */
+  setLossMarks(marks) {
+    this.axes.setLossMarks(marks);
+  }
+
   setLoss(points, tag) {
     this.axes.setLoss(points, tag);
     this.axes.drawLoss(this.matrix, this.plotWidth(), window.devicePixelRatio || 1);

@@ -34,8 +34,9 @@ EPOCH_STEPS = 250
 SPIKES = {(300, 3), (777, 8), (1201, 0)}  # (step, variable)
 NAN_CELL = (650, 5)
 LATE_NAN_STEP = STEPS + 100  # the same cell again, in steps a growing run appends
-# From this step the loss rises by these: x1.3, x1.7, x2.5 (warned: a third rise), x6 (a spike).
-LOSS_CLIMB = (1100, (0.3, 0.7, 1.5, 5.0))
+# From this step the loss rises by these: to x2.5 at the fifth rise (warned), then x6 twice (a
+# spike, told at its second step).
+LOSS_CLIMB = (1100, (0.1, 0.2, 0.3, 0.7, 1.5, 5.0, 5.0))
 
 
 def _gradients(rng, step, scale):
@@ -158,7 +159,7 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS
     # The loss logged beside the gradients: its precursor and its spike, each raised at its
     # first step, as the run read whole.
     assert {(a["rule"], a["first_step"], a["raised_step"]) for a in long["alerts"]
-            if a["kind"] == "loss_spike"} == {("precursor", 1102, 1102), ("spike", 1103, 1103)}
+            if a["kind"] == "loss_spike"} == {("precursor", 1104, 1104), ("spike", 1105, 1106)}
     assert {(a["first_step"], a["variable"]) for a in long["alerts"] if a["rule"] == "spike"} >= {
         (step, short_name) for step, short_name in
         ((s, f"layer_{r // 2}/{'kernel' if r % 2 == 0 else 'bias'}") for s, r in SPIKES)}

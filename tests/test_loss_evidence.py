@@ -84,20 +84,27 @@ def test_a_loss_climbing_with_the_gradient_is_warned_before_it_spikes(tmp_path):
     steps = 120
     losses = 1.0 + 0.05 * rng.standard_normal(steps)
     norms = 1.0 + 0.05 * rng.standard_normal(steps)
-    # From step 100 the encoder's gradient grows 2x a step and the loss climbs with it: 1.3x,
-    # 1.7x, 2.5x (the precursor: a third rise, past 2x), then 6x and 15x (the spike).
+    # From step 98 the loss climbs, from step 100 with the encoder's gradient (2x a step): 1.1x,
+    # 1.2x, 1.3x, 1.7x, 2.5x (the precursor: a fifth rise, past 2x), then 6x and 15x (the spike).
     norms[100:106] *= 2.0 ** np.arange(1, 7)
-    losses[100:105] *= [1.3, 1.7, 2.5, 6.0, 15.0]
+    losses[98:101] = [1.1, 1.2, 1.3]
+    losses[101:105] = [1.7, 2.5, 6.0, 15.0]
     series = _run(tmp_path, losses, norms)
     alerts = [a for a in tg.diagnose(series) if a.kind == "loss_spike"]
     precursor, spike = sorted(alerts, key=lambda a: a.first_step)
     assert (precursor.rule, precursor.severity, precursor.first_step, precursor.raised_step) == (
         "precursor", "warning", 102, 102)
+    # A spike is told once it lasted two logged steps.
     assert (spike.rule, spike.severity, spike.first_step, spike.raised_step) == (
-        "spike", "warning", 103, 103)
+        "spike", "warning", 103, 104)
     # The gradient that moved first, and from when.
     assert "encoder/w's gradient moved first" in precursor.message
     assert "from step 100" in precursor.message
+    # Its single-step variant on a noisy loss is a hard batch: info.
+    noisy = _run(tmp_path / "noisy", np.exp(0.4 * rng.standard_normal(steps)) * np.where(
+        np.arange(steps) == 90, 8.0, 1.0), 1.0 + 0.05 * rng.standard_normal(steps))
+    assert [(a.rule, a.severity) for a in tg.diagnose(noisy) if a.kind == "loss_spike"] == [
+        ("jump", "info")]
     # The encoder's gradient spikes alone are context now that the loss is logged.
     assert all(a.severity == "info" for a in tg.diagnose(series) if a.kind == "spike")
 
@@ -128,7 +135,7 @@ def test_the_cli_judges_a_loss_scalar_it_is_named(tmp_path, capsys):
 
     from tensorboard_gradients import cli
 
-    losses = [1.0] * 60 + [1.3, 1.7, 2.5, 9.0, 1.0]
+    losses = [1.0] * 60 + [1.1, 1.2, 1.3, 1.7, 2.5, 9.0, 9.0, 1.0]
     with SummaryWriter(str(tmp_path)) as scalars, GradientWriter(str(tmp_path)) as writer:
         for step, loss in enumerate(losses):
             scalars.add_scalar("objective", loss, step)
@@ -140,5 +147,5 @@ def test_the_cli_judges_a_loss_scalar_it_is_named(tmp_path, capsys):
                 for a in json.loads(capsys.readouterr().out)["alerts"] if a["kind"] == "loss_spike"]
 
     assert loss_findings() == []  # "objective" is no loss scalar it knows
-    assert loss_findings("--loss-scalar", "objective") == [("precursor", 62, 62),
-                                                           ("spike", 63, 63)]
+    assert loss_findings("--loss-scalar", "objective") == [("precursor", 64, 64),
+                                                           ("spike", 65, 66)]

@@ -645,12 +645,12 @@ def test_the_runs_own_loss_scalar_is_judged_when_no_monitor_logged_the_loss(tmp_
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
-    losses = [1.0] * 80 + [1.3, 1.7, 2.5, 8.0, 1.0, 1.0]
+    losses = [1.0] * 80 + [1.1, 1.2, 1.3, 1.7, 2.5, 8.0, 8.0, 1.0]
     _scalar_loss_run(tmp_path / "run", losses)
     status, body = get(plugin_client(str(tmp_path)), "alerts", run="run", tag="gradients")
     assert status == 200
     assert [(a["rule"], a["first_step"], a["raised_step"]) for a in body["alerts"]
-            if a["kind"] == "loss_spike"] == [("precursor", 82, 82), ("spike", 83, 83)]
+            if a["kind"] == "loss_spike"] == [("precursor", 84, 84), ("spike", 85, 86)]
     # Through TensorBoard's data provider (a logdir the plugin cannot read itself).
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradients": 0})
     multiplexer.AddRunsFromDirectory(str(tmp_path))

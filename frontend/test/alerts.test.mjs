@@ -3,6 +3,7 @@ import { test } from "node:test";
 
 import {
   alertRowFinder, alertSpans, alertsTitle, firstAlertOf, groupAlerts, rowSeverities,
+  lossSpikeMarks,
 } from "../alerts.js";
 
 const MATRIX = { variables: ["a/kernel", "a/bias", "b/kernel"], layers: ["a", "a", "b"] };
@@ -80,4 +81,21 @@ test("the panel's heading counts alerts and findings in the singular or plural",
   assert.equal(alertsTitle(3, 3), "Alerts (3)");
   assert.equal(alertsTitle(3, 1), "Alerts (3, in 1 finding)");
   assert.equal(alertsTitle(1000, 2), "Alerts (1,000, in 2 findings)");
+});
+
+test("the loss spikes and the warnings before them are marked in step order", () => {
+  const alert = (kind, rule, first, last, severity) => ({
+    kind, rule, first_step: first, last_step: last, raised_step: first, severity,
+    variable: null, layer: null,
+  });
+  const marks = lossSpikeMarks([
+    alert("loss_spike", "spike", 1103, 1120, "critical"),
+    alert("exploding", "global", 1103, 1103, "critical"),
+    alert("loss_spike", "precursor", 1100, 1102, "warning"),
+  ]);
+  assert.deepEqual(marks, [
+    { firstStep: 1100, lastStep: 1102, raisedStep: 1100, rule: "precursor", severity: "warning" },
+    { firstStep: 1103, lastStep: 1120, raisedStep: 1103, rule: "spike", severity: "critical" },
+  ]);
+  assert.deepEqual(lossSpikeMarks([]), []);
 });

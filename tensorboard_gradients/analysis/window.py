@@ -165,6 +165,22 @@ def trailing_medians(values: np.ndarray, length: int, rows=None) -> np.ndarray:
     return out
 
 
+def trailing_robust_sigmas(values: np.ndarray, length: int, rows) -> np.ndarray:
+    """``out[t]`` = ``MAD_TO_SIGMA`` x the median absolute deviation of the finite
+    ``values[t - length : t]`` from their median, at the ``rows`` (a bool mask) from row
+    ``length`` on; NaN elsewhere."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full(len(values), np.nan)
+    if len(values) <= length:
+        return out
+    wanted = np.arange(length, len(values))[np.asarray(rows)[length:]]
+    history = np.lib.stride_tricks.sliding_window_view(
+        np.where(np.isfinite(values), values, np.nan), length)[wanted - length]
+    median = nanmedian(history)
+    out[wanted] = MAD_TO_SIGMA * nanmedian(np.abs(history - median[:, None]))
+    return out
+
+
 def trailing_minima(values: np.ndarray, length: int) -> np.ndarray:
     """``out[t]`` = the least finite value of ``values[t - length : t]`` (1-D; +inf where none is
     finite or fewer than ``length`` rows precede), in O(rows x log length)."""

@@ -39,9 +39,13 @@ Besides the ``<name>`` statistics (and ``<name>_histograms``), the monitor write
 ``log_dir/train``:
 
 * ``<name>_epochs``: the step at which each epoch starts (the UI marks epochs with it);
-* ``<name>_loss``: the loss of the batch logs at each logged step that ends a batch
-  (``logs["loss"]``, which Keras 3 reports as the mean over the epoch so far: a spike moves it
-  less late in an epoch than the batch's own loss would); the loss-spike rule judges it;
+* ``<name>_loss``: the loss of the batches at each logged step that ends a call of
+  ``on_train_batch_end`` (each batch; with ``steps_per_execution=k``, each k-th, the mean of
+  the k), for the loss-spike rule. Keras reports the mean over the epoch so far
+  (``logs["loss"]``); the monitor takes the batches' own mean back out of it (``n m_n - p m_p``
+  over ``n - p`` batches, ``m`` the epoch's running means), so a spike is not averaged away nor
+  an epoch's start mistaken for one. Exact for batches of equal size (the epoch's last, smaller
+  batch is weighted as a full one);
 * ordinary scalars ``<name>/global_norm`` (all trainable variables, before clipping),
   ``<name>/global_norm_clipped`` (after the optimizer's clipping rule, when it clips),
   ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where mixed precision skipped the update);
@@ -224,7 +228,8 @@ class GradientMonitor(keras.callbacks.Callback):
         self._batch_begin = 0
         self._last_stats_step = 0
         self._last_histogram_step = 0
-        self._losses = {}  # step -> the batch logs' loss, until the step's statistics are written
+        self._losses = {}  # step -> the batches' loss, until the step's statistics are written
+        self._epoch_mean = (0, 0.0)  # (batches of this epoch so far, Keras' mean loss over them)
 
     @property
     def dropped_steps(self):
@@ -302,6 +307,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self._host_completed = self._host_read_at = self._recorder.completed_steps()
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_mean = (0, 0.0)
         self._writer.write_epoch(self._host_completed + 1, epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -310,7 +316,12 @@ class GradientMonitor(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._host_completed += batch - self._batch_begin + 1
         if logs and logs.get("loss") is not None:
-            self._losses[self._host_completed] = float(logs["loss"])
+            (before, mean_before), batches = self._epoch_mean, batch + 1
+            mean = float(logs["loss"])
+            if batches > before:
+                self._losses[self._host_completed] = (
+                    (batches * mean - before * mean_before) / (batches - before))
+            self._epoch_mean = (batches, mean)
         if any(
             every and _recorded_between(self._host_read_at, self._host_completed, every)
             >= RECORDED_STEPS_PER_READ
