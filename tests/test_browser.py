@@ -85,9 +85,11 @@ def _write_diverged_run(run_dir):
                          for i in range(2) for part, shape in (("kernel", (4, 4)), ("bias", 4))}
             if step >= NONFINITE_STEP:
                 gradients = {name: np.full(g.shape, np.nan) for name, g in gradients.items()}
-            else:  # the loss is NaN from there on: not logged
+            else:  # the loss is NaN from there on: not a scalar of the curve
                 writer.write_scalars(step, {"loss": _diverged_loss(step)})
-            writer.write(step, gradients)
+            # Beside the gradients, NaN included: the loss-spike rule's evidence.
+            writer.write(step, gradients, loss=_diverged_loss(step) if step < NONFINITE_STEP
+                         else float("nan"))
 
 
 def _write_many_alerts_run(run_dir):
@@ -1376,3 +1378,19 @@ def test_the_tab_follows_tensorboards_theme(browser, server, artifacts):
     _pick_theme(page, "Light")
     frame.wait_for_function("getComputedStyle(document.body).backgroundColor === 'rgb(255, 255, 255)'")
     page.close()
+
+
+def test_a_loss_spike_is_marked_over_the_loss_curve(browser, server):
+    """The diverged run: its loss went NaN with the gradients at NONFINITE_STEP, a critical
+    loss spike, marked as a band over its steps, right of every finite loss point drawn."""
+    [spike] = [a for a in _alerts_answer(server, DIVERGED)["alerts"] if a["kind"] == "loss_spike"]
+    assert (spike["severity"], spike["first_step"], spike["raised_step"]) == (
+        "critical", NONFINITE_STEP, NONFINITE_STEP)
+    tab = Tab(browser, server, f"#run={DIVERGED}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    points = _loss_points(tab)
+    tab.page.wait_for_function("window.gradientsApp.view.axes.drawnMarks.length > 0")
+    [mark] = tab.page.evaluate("window.gradientsApp.view.axes.drawnMarks")
+    assert mark["rule"] == "spike"
+    assert max(p["x"] for p in points) < mark["left"] < mark["right"] <= tab.canvas_box()["width"]
+    tab.close()

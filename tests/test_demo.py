@@ -76,8 +76,11 @@ def test_the_full_demo_shows_what_the_readme_says(tmp_path):
     assert {a.kind for a in alerts["vanishing/train"]} == {"vanishing", "update_ratio"}
     found = alerts["exploding/train"]
     first_nan = min(a.first_step for a in found if a.kind == "nonfinite")
-    assert {a.kind for a in found} == {"exploding", "nonfinite"}
+    assert {a.kind for a in found} == {"exploding", "nonfinite", "loss_spike"}
     assert all(a.first_step < first_nan for a in found if a.kind == "exploding")
+    # The loss logged beside the gradients went NaN with them: critical, at that step.
+    [loss] = [a for a in found if a.kind == "loss_spike"]
+    assert (loss.severity, loss.first_step) == ("critical", first_nan)
     assert f"first NaN/Inf gradient at step {first_nan}" in stdout
 
 

@@ -48,7 +48,8 @@ LOSS_SPIKE_STEPS = Parameter(
     "loss_spike_steps", 2, int, "loss spike lasting (logged steps)", doc="""
 A loss spike is a warning when the loss stays at or above ``loss_spike_ratio`` x its median for
 this many logged steps in a row, far outside its own noise (``loss_spike_zscore``), or is not
-finite (at once: critical); anything less is ``info`` (rule ``jump``). A mini-batch loss near
+finite (at once: critical); anything less is the loss's own weather, no finding (the loss curve
+shows it). A mini-batch loss near
 convergence is heavy-tailed: on the demo's healthy Keras runs (per-batch cross-entropy near 0.01)
 single batches reach 3-5x the median of their previous 50 (a batch with one misclassified
 image), and twice two in a row; every loss spike of the instability set lasts two steps or more
@@ -200,7 +201,7 @@ class LossSpike(Rule):
             before = np.arange(len(steps)) < (np.argmax(spiking) if spiking.any() else len(steps))
             identity = int(steps[np.argmax(episode)])
             for rule, mask in (("precursor", precursor & episode & before),
-                               ("spike", spiking & lasting), ("jump", spiking & ~lasting)):
+                               ("spike", spiking & lasting)):
                 if not mask.any():
                     continue
                 first = int(np.argmax(mask))
@@ -212,8 +213,7 @@ class LossSpike(Rule):
                 # A spike is told when it has lasted (at once when the loss is not finite).
                 raised = (first + limits.loss_spike_steps - 1
                           if rule == "spike" and finite[first] else first)
-                severity = ("info" if rule == "jump" else "warning" if all_finite
-                            else "critical")
+                severity = "warning" if all_finite else "critical"
                 mover = _first_mover(values, first, limits.loss_episode_steps)
                 params = dict(limit=limit, window=limits.loss_window)
                 if mover is not None:
