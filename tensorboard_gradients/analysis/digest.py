@@ -344,9 +344,9 @@ class Digest:
         if not np.array_equal(again.steps, read.steps[start:]):
             raise ValueError("the rows read back are not the digest records' rows")
         digest = cls(like, thresholds, read.epoch_starts, epoch_indices, read.block_steps)
-        digest._stream = analysis.AnalysisStream.resumed(
-            like, thresholds, read.used, _rows_from(again, int(last["stream_kept_from"]) - start),
-            read.steps)
+        kept = again.at_rows(slice(int(last["stream_kept_from"]) - start, None))
+        digest._stream = analysis.AnalysisStream.resumed(like, thresholds, read.used, kept,
+                                                         read.steps)
         digest._steps.extend(read.steps)
         digest._wall_times.extend(wall_times[:rows])
         # Room for every row at once (the classes of 1,000 x 100,000 are 100 MB).
@@ -458,11 +458,6 @@ class _Records:
             raise ValueError("the digest records do not hold what they say")
         return cls(used, steps, classes, blocks, block_starts, block_steps, tail, tail_starts,
                    epoch_starts)
-
-
-def _rows_from(series, start: int):
-    """``series`` from its row ``start`` on."""
-    return series.at_rows(slice(start, None))
 
 
 def _whole(groups: Groups, width) -> bool:
