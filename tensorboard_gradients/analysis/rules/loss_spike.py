@@ -16,10 +16,16 @@ of stability, Cohen et al. 2021, arXiv 2103.00065). Neither alone separates the 
 alone rose 3-8x on healthy mini-batch runs while their loss fell, the loss alone (above 1.5x)
 fires on noisy runs that never spike.
 
+A mini-batch loss is noisy, and near convergence heavy-tailed: the precursor needs a climb of
+several steps and a spike must last and stand far outside the loss's own noise (see
+``precursor_rising_steps``, ``loss_spike_steps``, ``loss_spike_zscore``), so a hard batch is no
+finding. A non-finite loss is critical at once.
+
 Everything here is causal: a step is judged on itself and the ``loss_window`` logged steps before
-it, so each finding is raised at its first step (`Alert.raised_step`), as a monitor watching the
-run would raise it. The rule judges the whole run's record (loss, global norm and the variable
-that moved most, per step: 4 numbers a step) at once, in a stream too (`Rule.whole_run`).
+it, so a precursor is raised at its first step (`Alert.raised_step`) and a spike once it has
+lasted, as a monitor watching the run would raise them. The rule judges the whole run's record
+(the loss, whether one was logged, the global norm, and the variable that moved most and how
+far: 5 numbers a step) at once, in a stream too (`Rule.whole_run`).
 """
 
 import numpy as np
