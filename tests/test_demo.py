@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import pytest
@@ -108,6 +109,11 @@ def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs
         port = taken.getsockname()[1]
         demo = _demo_process("--logdir", str(tmp_path), "--only", "healthy", "--epochs", "1",
                              "--serve", "--port", str(port))
+        # Its stderr (TensorFlow's and TensorBoard's messages) drained as it comes: a full pipe
+        # would block the demo or TensorBoard, and the stop below would wait on that.
+        errors = []
+        drain = threading.Thread(target=lambda: errors.extend(demo.stderr), daemon=True)
+        drain.start()
         try:
             lines = []
             for line in demo.stdout:  # bounded: the demo exits when TensorBoard fails
@@ -115,7 +121,7 @@ def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs
                 if line.startswith("Open http://"):
                     break
             text = "\n".join(lines)
-            assert f"Port {port} is in use" in text, text + demo.stderr.read()
+            assert f"Port {port} is in use" in text, text + "".join(errors)
             assert text.index(f"Port {port} is in use") < text.index("== healthy")
             url = lines[-1].split()[1]
             served = int(url.split(":")[2].split("/")[0])
@@ -126,7 +132,11 @@ def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs
             # SIGINT to the demo alone (kill -INT; a terminal's Ctrl-C reaches TensorBoard too):
             # it stops, and TensorBoard with it.
             os.kill(demo.pid, signal.SIGINT)
-            assert demo.wait(timeout=60) == 0
+            try:
+                assert demo.wait(timeout=60) == 0
+            except subprocess.TimeoutExpired:
+                raise AssertionError("the demo did not stop within 60 s of SIGINT; its stderr:\n"
+                                     + "".join(errors)[-4000:]) from None
             with pytest.raises(OSError):
                 urllib.request.urlopen(f"http://127.0.0.1:{served}/data/plugins_listing",
                                        timeout=5)
