@@ -229,8 +229,7 @@ class _RunReader:
         tag_name = metadata.loss_tag(name)
         tag = self._tag_of_kind(tag_name, metadata.KIND_LOSS)
         if tag is not None and tag.points:
-            points = read_back(tag_name, tag.parsed, tag.points,
-                               lambda *problem: self.report(*problem))
+            points = read_back(tag_name, tag.parsed, tag.points, self.report)
             return loss_curve(self.run, tag_name, points), tag_name
         for scalar in self.loss_scalars:
             if scalar in self.scalar_losses:
