@@ -220,7 +220,12 @@ def test_fsdp_on_two_cpu_ranks_logs_what_one_process_logs(tmp_path):
     reference = runs["run"]["gradients"]
     assert sharded.variables == reference.variables == NAMES  # without FSDP's prefixes
     assert list(sharded.steps) == list(reference.steps) == [row["step"] for row in rows]
-    np.testing.assert_allclose(sharded.values, reference.values, rtol=RTOL, atol=1e-7)
+    # The optimizer of sharded parameters holds pieces: its updates are not read (NaN).
+    read = [i for i, stat in enumerate(sharded.stat_names) if stat not in ("update_l2_norm",)]
+    assert np.isnan(sharded.stat("update_l2_norm")).all()
+    assert np.isfinite(reference.stat("update_l2_norm")).all()
+    np.testing.assert_allclose(sharded.values[:, :, read], reference.values[:, :, read],
+                               rtol=RTOL, atol=1e-7)
     assert list(sharded.epoch_starts) == list(reference.epoch_starts)
     scalars = _scalars(tmp_path / "fsdp" / "run")
     assert sorted(scalars["train_loss"]) == list(sharded.steps)

@@ -47,7 +47,7 @@ def assert_same_columns(reduced, full, names):
 def test_gradient_stats_adds_the_required_ones_in_the_format_order():
     assert columns.gradient_stats() == columns.GRADIENT_STATS
     assert columns.selected_stats() == columns.GRADIENT_STATS + ("weight_l2_norm",
-                                                                 "update_l2_norm")
+                                                                 "update_l2_norm", "adam_rms")
     assert columns.selected_stats(NORM_ONLY) == REQUIRED_IN_ORDER
     assert columns.selected_stats(["update_l2_norm"]) == REQUIRED_IN_ORDER + ("update_l2_norm",)
     assert columns.gradient_stats(["update_l2_norm"]) == REQUIRED_IN_ORDER

@@ -3,7 +3,7 @@ of the same shapes. PyTorch on CPU, seeded, seconds to a minute each.
 
 Each case is a plain eager loop as users write it: the loss logged as the scalar ``loss`` through
 `torch.utils.tensorboard.SummaryWriter`, the gradients by `tensorboard_gradients.torch
-.GradientMonitor` on the same writer, every step. A run whose loss is no longer finite stops
+.GradientMonitor` on the same writer, every step, with the loss and the optimizer (its updates). A run whose loss is no longer finite stops
 `NAN_STEPS_LOGGED` steps later, as a job whose loss went NaN is stopped.
 
 Calibrated (seed 0): adam_linear_regression (25 onsets in 3,000 steps) and
@@ -70,7 +70,8 @@ def train(case, log_dir, steps=None, seed=0):
     steps = steps or case.steps
     losses = []
     nonfinite = 0
-    with SummaryWriter(log_dir) as writer, GradientMonitor(training.model, writer) as monitor:
+    with SummaryWriter(log_dir) as writer, \
+            GradientMonitor(training.model, writer, optimizer=training.optimizer) as monitor:
         for step in range(1, steps + 1):
             if training.learning_rate is not None:
                 for group in training.optimizer.param_groups:

@@ -22,10 +22,12 @@ import numpy as np
 # layer's gradients were one tensor (`combined` has the maths of each).
 ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST = "root_sum_squares", "sum", "largest", "smallest"
 FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD = "finite_weighted", "size_weighted", "pooled_std"
+# A root mean square over the entries: the root of the entry-weighted mean of the squares.
+ROOT_MEAN_SQUARES = "root_mean_squares"
 # A derived ratio's: never logged, it is the ratio of its combined inputs (`series.stat`).
 RATIO = "ratio"
 KINDS = (ROOT_SUM_SQUARES, SUM, LARGEST, SMALLEST, FINITE_WEIGHTED, SIZE_WEIGHTED, POOLED_STD,
-         RATIO)
+         ROOT_MEAN_SQUARES, RATIO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,8 @@ def combined(series):
             result = weighted_mean(x, finite_entries)
         elif kind == SIZE_WEIGHTED:
             result = weighted_mean(x, sizes)
+        elif kind == ROOT_MEAN_SQUARES:
+            result = np.sqrt(weighted_mean(x**2, sizes))
         elif kind == POOLED_STD and "mean" in stat:
             # Within-variable variance plus each variable's mean's distance from the layer's:
             # a sum of non-negative terms, so nothing cancels when |mean| >> std.

@@ -185,6 +185,9 @@ class GradientMonitor(keras.callbacks.Callback):
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
         always logged; weight_l2_norm and update_l2_norm only when named. The once-per-epoch
         ``probe_data`` gradients log all.
+      on_alert: called with each new `tensorboard_gradients.analysis.Alert` during ``fit``, on
+        the training thread, once the steps that raise it are logged and judged (see `alerts`):
+        a callback can act on it (``self.model.stop_training = True``, lower the rate, save).
 
     Raises:
       ValueError: bad arguments; in ``set_model``, a Keras backend other than TensorFlow, JAX
@@ -202,6 +205,7 @@ class GradientMonitor(keras.callbacks.Callback):
         probe_data=None,
         strict=False,
         stats=None,
+        on_alert=None,
     ):
         super().__init__()
         self._stats = columns.selected_stats(stats)
@@ -214,7 +218,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)
         train_dir = os.path.join(self.log_dir, "train")
-        self._writer = GradientWriter(train_dir, name, strict=strict)
+        self._writer = GradientWriter(train_dir, name, strict=strict, on_alert=on_alert)
         self._probe_writer = GradientWriter(train_dir, name + PROBE_SUFFIX, strict=strict)
         self._missing = MissingGradientWarnings(logger)
         self._recorder = None
@@ -235,6 +239,12 @@ class GradientMonitor(keras.callbacks.Callback):
     def dropped_steps(self):
         """Logged steps that could not be written (see ``strict``)."""
         return self._writer.dropped_steps
+
+    def alerts(self, wait: bool = False):
+        """The alerts judged since the last call (`tensorboard_gradients.analysis.Alert`, with
+        the ``raised_step`` the analysis fed step by step raised each at), judged in the
+        background as steps are written: see `GradientWriter.alerts`. After ``fit``: all."""
+        return self._writer.alerts(wait=wait)
 
     def set_model(self, model):
         backend = keras.backend.backend()

@@ -72,6 +72,7 @@ other package).
 import logging
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -103,6 +104,14 @@ def tensorboard_log_dir(trainer) -> str:
         "Trainer(logger=[your_logger, TensorBoardLogger('logs')])")
 
 
+def _only_optimizer(trainer):
+    """The trainer's torch optimizer when it has one (its updates are logged), else None."""
+    optimizers = trainer.optimizers
+    if len(optimizers) == 1 and isinstance(optimizers[0], torch.optim.Optimizer):
+        return optimizers[0]
+    return None
+
+
 def logger_step(trainer) -> int:
     """The step at which Lightning logs what the current batch logs (``self.log`` in
     ``training_step``): its count of batches that stepped an optimizer, which Lightning's own
@@ -132,7 +141,10 @@ class GradientMonitor(pl.Callback):
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
-        always logged; weight_l2_norm only when named.
+        always logged; weight_l2_norm, update_l2_norm and adam_rms only when named. With one
+        optimizer its updates are logged (the PyTorch monitor's ``optimizer``).
+      on_alert: called with each new `tensorboard_gradients.analysis.Alert` during ``fit``
+        (the PyTorch monitor's ``on_alert``); `alerts` returns them too.
 
     Raises:
       ValueError: a bad argument; at the start of ``fit``, a trainer without TensorBoardLogger;
@@ -141,8 +153,9 @@ class GradientMonitor(pl.Callback):
 
     def __init__(self, every_n_steps=1, histograms_every_n_steps=None,
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                 stats=None):
+                 stats=None, on_alert=None):
         super().__init__()
+        self.on_alert = on_alert
         self.stats = columns.selected_stats(stats)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
@@ -154,6 +167,10 @@ class GradientMonitor(pl.Callback):
         self.strict = bool(strict)
         self.log_dir = None  # the logger's run, known at the start of fit
         self._reset()
+
+    def alerts(self, wait: bool = False):
+        """The alerts judged since the last call (the PyTorch monitor's `alerts`)."""
+        return self.monitor.alerts(wait=wait) if self.monitor is not None else []
 
     def _reset(self):
         self.monitor = None  # the PyTorch monitor, made at the first optimizer step of a fit
@@ -227,7 +244,9 @@ class GradientMonitor(pl.Callback):
         self.monitor = torch_capture.GradientMonitor(
             trainer.model, self.log_dir, every_n_steps=self.every_n_steps,
             histograms_every_n_steps=self.histograms_every_n_steps, name=self.name,
-            include=self.include, exclude=self.exclude, strict=self.strict, stats=self.stats)
+            include=self.include, exclude=self.exclude, strict=self.strict, stats=self.stats,
+            optimizer=_only_optimizer(trainer),
+            on_alert=self.on_alert)
         clips = (trainer.gradient_clip_val or 0) > 0 or is_overridden(
             "configure_gradient_clipping", pl_module)
         self._clipping = bool(clips and pl_module.automatic_optimization

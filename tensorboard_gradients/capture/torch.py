@@ -42,6 +42,13 @@ Order of calls in the usual recipes:
 * Clipping: call ``monitor.step()`` before ``clip_grad_norm_`` to log the gradients the model
   produced (pre-clip), or pass what ``clip_grad_norm_`` returns, ``monitor.step(total_norm=...)``,
   which is logged as ``<name>/global_norm_before_clipping`` next to ``<name>/global_norm``.
+* The optimizer: ``GradientMonitor(model, writer, optimizer=optimizer)`` also logs, per
+  parameter, the update the optimizer made (``update_l2_norm``; the tab shows update/weight) and,
+  for Adam and AdamW, the RMS of ``g / sqrt(v)`` (``adam_rms``), read from the optimizer after its
+  step (an optimizer step post-hook; `torch_optimizer` rebuilds the update from the optimizer's
+  state without a copy of the weights). A logged step is then written when ``optimizer.step()``
+  returns; a step the optimizer did not take (a ``GradScaler`` skipping an Inf step) is written
+  at the next ``step()`` call without them (NaN).
 * Gradient accumulation: call ``monitor.step()`` once per optimizer step (after the last
   ``backward`` of the accumulation), not per ``backward``.
 * ``torch.compile``: compile the model, not the monitor; ``step()`` runs eagerly between
@@ -88,6 +95,7 @@ import torch
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.capture.torch_distributed import Distribution, squared_norm, writes_here
 from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
+from tensorboard_gradients.capture.torch_optimizer import OptimizerReader, optimizer_note
 from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
 from tensorboard_gradients.format.writer import GradientWriter, run_directory
@@ -173,7 +181,18 @@ class GradientMonitor:
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
-        always logged; weight_l2_norm only when named.
+        always logged; weight_l2_norm, update_l2_norm and adam_rms only when named.
+      optimizer: the `torch.optim.Optimizer` that steps the model: its updates are logged too
+        (``update_l2_norm`` and, for Adam and AdamW, ``adam_rms``; see the module), which is
+        what tells a raised learning rate before the loss feels it. Rebuilt for SGD, Adam and
+        AdamW; another optimizer's updates are not logged (a warning says so). Not with
+        sharded parameters (FSDP, tensor parallel, ZeRO), whose optimizer holds pieces: there
+        the update columns are NaN, and a warning says so.
+      on_alert: called with each new `tensorboard_gradients.analysis.Alert` during training,
+        on the training thread, once the step after the one that raised it is logged (or at
+        `close`): what the Gradients tab would show, judged as the run goes (see `alerts`).
+        What it raises reaches the loop (``step``), so the loop can act on an alert: skip a
+        batch, lower the rate, save a checkpoint, stop. On the writing process only.
 
     Raises:
       ValueError: a bad argument, or no parameter left to watch.
@@ -181,7 +200,7 @@ class GradientMonitor:
 
     def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=None,
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                 stats=None):
+                 stats=None, optimizer=None, on_alert=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         selected = columns.selected_stats(stats)
@@ -206,15 +225,41 @@ class GradientMonitor:
         self._distribution = Distribution(model, self._parameters, deepspeed)
         shapes = [self._distribution.full_shape(p) for _, p in self._parameters]
         self._sizes = np.array([np.prod(shape) for shape in shapes], dtype=np.float64)
+        self._optimizer = self._optimizer_reader(optimizer, selected)
         self._layout = Layout.create([n for n, _ in self._parameters], shapes,
                                      with_weights=self._logs_weights,
-                                     gradient_stats=self._gradient_stats)
+                                     with_updates=self._optimizer is not None,
+                                     gradient_stats=self._gradient_stats,
+                                     with_optimizer=bool(self._optimizer and self._optimizer.adam))
         self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
+        if on_alert is not None and not callable(on_alert):
+            raise ValueError(f"on_alert must be callable, got {type(on_alert).__name__}")
+        self._on_alert = on_alert
         self._calls = 0
         self._checked = False
         self._missing = MissingGradientWarnings(logger)
+        # A logged step's statistics and extras, until the optimizer's step completes the row.
+        self._pending = None
+
+    def _optimizer_reader(self, optimizer, selected):
+        """The reader of ``optimizer``'s updates, hooked after its steps (None: none logged)."""
+        if optimizer is None:
+            return None
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        if "update_l2_norm" not in selected:
+            return None
+        note = optimizer_note(optimizer)
+        if note:
+            logger.warning("GradientMonitor: %s", note)
+            return None
+        reader = OptimizerReader(optimizer, [p for _, p in self._parameters],
+                                 adam="adam_rms" in selected)
+        optimizer.register_step_post_hook(self._after_optimizer_step)
+        return reader
 
     def step(self, step: Optional[int] = None, *, loss=None, total_norm=None,
              scaler=None) -> bool:
@@ -238,10 +283,12 @@ class GradientMonitor:
           scaler: the AMP ``GradScaler``; its scale is logged as ``<name>/loss_scale``.
 
         Returns:
-          True if statistics or histograms were written at this step (False when the schedule
+          True if statistics or histograms were written at this step, or (with ``optimizer``)
+          will be when the optimizer's step completes them (False when the schedule
           skips it, on ranks other than 0 (DDP and sharded models), and when the write was
           dropped: see ``strict``).
         """
+        self._write_pending()  # the last logged step's optimizer step never came (skipped)
         if self._distribution.accumulating():
             return False  # a micro-batch of an accumulation: its gradients are not complete yet
         step = self._calls if step is None else int(step)
@@ -262,7 +309,12 @@ class GradientMonitor:
         in_pieces = self._distribution.in_pieces()
         if not self._checked:  # on every rank, so a misuse fails them all, none left waiting
             self._distribution.check(self._sizes, in_pieces)
+            if in_pieces and self._optimizer is not None:
+                logger.warning("GradientMonitor: the optimizer of sharded parameters holds "
+                               "pieces of them: their updates are not read (logged as NaN)")
+                self._optimizer.readable = False
             self._checked = True
+        self._write_pending()
         if not (in_pieces or writes_here()):
             return False
         dropped = self.dropped_steps
@@ -308,7 +360,8 @@ class GradientMonitor:
     def _run_writer(self):
         """The run's writer, made on the first write (on the writing rank only)."""
         if self._writer is None:
-            self._writer = GradientWriter(self.log_dir, self.name, strict=self._strict)
+            self._writer = GradientWriter(self.log_dir, self.name, strict=self._strict,
+                                          on_alert=self._on_alert)
         return self._writer
 
     def _entries(self):
@@ -394,14 +447,52 @@ class GradientMonitor:
                 statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
 
     def _write(self, step, stats, counts, extras):
-        """Writes one logged step: statistics (with their loss and scalars) and/or histograms."""
+        """Writes one logged step: statistics (with their loss and scalars) and/or histograms;
+        with an optimizer, statistics wait for its step (`_after_optimizer_step`)."""
+        scalars = None
+        if stats is not None:  # now: the scaler's scale is this step's until its update()
+            scalars = self._scalars(self._layout, stats, extras.total_norm, extras.scaler)
+        if stats is not None and self._optimizer is not None:
+            self._pending = (step, stats, counts, extras.loss, scalars)
+            return True
+        return self._write_now(step, stats, counts, extras.loss, scalars)
+
+    def _after_optimizer_step(self, optimizer, args, kwargs):
+        """The optimizer's step post-hook: completes and writes the pending row."""
+        if self._pending is None:
+            return
+        if not self._optimizer.readable:
+            self._write_pending()
+            return
+        try:
+            with torch.no_grad():
+                columns_read = self._optimizer.columns(self._pending[1].dtype)
+        except Exception:  # an optimizer state this version does not know: never stop training
+            logger.exception("GradientMonitor: could not read the optimizer's update; logged "
+                             "as NaN")
+            columns_read = None
+        self._write_pending(columns_read)
+
+    def _write_pending(self, optimizer_columns=None):
+        """Writes the pending row with the optimizer's columns (NaN when its step was not
+        seen: a step the optimizer skipped, or the monitor closed before it)."""
+        if self._pending is None:
+            return
+        step, stats, counts, loss, scalars = self._pending
+        self._pending = None
+        width = 1 + self._optimizer.adam
+        if optimizer_columns is None:
+            optimizer_columns = np.full((len(stats), 2), np.nan, dtype=stats.dtype)
+        self._write_now(step, np.concatenate([stats, optimizer_columns[:, :width]], axis=1),
+                        counts, loss, scalars)
+
+    def _write_now(self, step, stats, counts, loss, scalars):
         writer = self._run_writer()
         if stats is None:
             writer.write_histograms(step, self._layout, counts)
         else:
-            writer.write_statistics(step, self._layout, stats, counts, loss=extras.loss)
-            writer.write_scalars(step, self._scalars(self._layout, stats, extras.total_norm,
-                                                     extras.scaler))
+            writer.write_statistics(step, self._layout, stats, counts, loss=loss)
+            writer.write_scalars(step, scalars)
         return True
 
     @staticmethod
@@ -414,6 +505,15 @@ class GradientMonitor:
         if scaler is not None and scaler.is_enabled():
             scalars["loss_scale"] = float(scaler.get_scale())
         return scalars
+
+    def alerts(self, wait: bool = False):
+        """The alerts judged since the last call (`tensorboard_gradients.analysis.Alert`:
+        findings the Gradients tab would show, each with the ``raised_step`` at which the
+        analysis, fed step by step, raised it): judged in the background as steps are logged,
+        so an alert raised at a step is here once the next step is logged; ``wait`` judges
+        every step logged before the last one first; after `close`, all of them. Empty on
+        processes that do not write."""
+        return self._writer.alerts(wait=wait) if self._writer is not None else []
 
     @property
     def deepspeed(self):
@@ -428,6 +528,7 @@ class GradientMonitor:
     def close(self):
         """Flushes and closes the event file (the monitor can log again afterwards: its writer
         starts a new file)."""
+        self._write_pending()
         if self._writer is not None:
             self._writer.close()
 

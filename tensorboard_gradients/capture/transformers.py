@@ -98,14 +98,17 @@ class GradientMonitorCallback(transformers.TrainerCallback):
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
-        always logged; weight_l2_norm only when named.
+        always logged; weight_l2_norm, update_l2_norm and adam_rms only when named. The
+        Trainer's optimizer's updates are logged (the PyTorch monitor's ``optimizer``).
+      on_alert: called with each new `tensorboard_gradients.analysis.Alert` during
+        ``train()`` (the PyTorch monitor's ``on_alert``); `alerts` returns them too.
 
     Raises:
       ValueError: a bad argument; at ``on_train_begin``, a DeepSpeed run.
     """
 
     def __init__(self, every_n_steps=1, histograms_every_n_steps=None, name=metadata.DEFAULT_NAME,
-                 include=None, exclude=None, strict=False, stats=None):
+                 include=None, exclude=None, strict=False, stats=None, on_alert=None):
         if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
             raise RuntimeError(
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step callback "
@@ -116,13 +119,14 @@ class GradientMonitorCallback(transformers.TrainerCallback):
                 "histograms_every_n_steps", histograms_every_n_steps),
             name=options.non_empty_name(name),
             include=include, exclude=exclude, strict=bool(strict),
-            stats=columns.selected_stats(stats))
+            stats=columns.selected_stats(stats), on_alert=on_alert)
         options.patterns("include", include)  # checked now; the monitor compiles them again
         options.patterns("exclude", exclude)
         self._monitor = None  # made at the first logged step of each train()
         self._clipping = False
         self._stats_step = None  # the last step whose statistics were logged
         self._dropped_steps = 0  # of the last train()'s monitor, once closed
+        self._finished = None  # the last train()'s monitor, once closed
 
     def on_train_begin(self, args, state, control, **kwargs):
         if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
@@ -144,8 +148,10 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         if step % every and not (histograms_every and step % histograms_every == 0):
             return
         if self._monitor is None:
-            self._monitor = _TrainerMonitor(model, _tensorboard_run(args, state),
-                                            clipping=self._clipping, **self._options)
+            self._monitor = _TrainerMonitor(
+                model, _tensorboard_run(args, state), clipping=self._clipping,
+                # accelerate wraps the optimizer; the hooks are the torch optimizer's
+                optimizer=getattr(optimizer, "optimizer", optimizer), **self._options)
         self._monitor.step(step, scaler=_enabled_scaler(optimizer))  # due at multiples of N
         if step % every == 0:
             self._stats_step = step
@@ -173,7 +179,13 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         if self._monitor is not None:
             self._monitor.close()
             self._dropped_steps = self._monitor.dropped_steps
+            self._finished = self._monitor  # its last alerts are still to be taken
         self._monitor, self._stats_step = None, None
+
+    def alerts(self, wait: bool = False):
+        """The alerts judged since the last call (the PyTorch monitor's `alerts`)."""
+        monitor = self._monitor or self._finished
+        return monitor.alerts(wait=wait) if monitor is not None else []
 
     @property
     def dropped_steps(self):

@@ -11,8 +11,9 @@ then names) plus its formula in `statistics`.
 
 Stats-matrix columns are, in order: the gradient stats a writer was asked for (`gradient_stats`:
 `GRADIENT_STATS` by default, never fewer than `REQUIRED_STATS`), `WEIGHT_STATS` (when the
-variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update); a
-writer given ``stats=`` logs the last two only when named there (`selected_stats`).
+variables' values are known), `UPDATE_STATS` (when the writer sees the optimizer's update),
+`OPTIMIZER_STATS` (when it reads an Adam-family optimizer's second moment); a writer given
+``stats=`` logs the last three only when named there (`selected_stats`).
 `DERIVED_STATS` are ratios computed on read, never stored.
 """
 
@@ -27,6 +28,7 @@ from tensorboard_gradients.analysis import layers
 GRADIENT = "gradient"  # always logged
 WEIGHT = "weight"  # logged when the variables' values are known
 UPDATE = "update"  # logged when the writer sees the optimizer's update
+OPTIMIZER = "optimizer"  # logged when the writer reads an Adam-family optimizer's state
 DERIVED = "derived"  # computed on read from two logged columns
 
 # How the tab maps values to colours: magnitudes on log10, signed values, fractions and counts
@@ -41,7 +43,7 @@ class Stat:
     name: str
     label: str  # short, for the tab's stat picker, legend and tooltips
     scale: str  # LOG, LINEAR, FRACTION or COUNT
-    group: str  # GRADIENT, WEIGHT, UPDATE or DERIVED
+    group: str  # GRADIENT, WEIGHT, UPDATE, OPTIMIZER or DERIVED
     description: str
     # How a layer combines its variables' values, exactly as if its gradients were one tensor:
     # one of `analysis.layers.KINDS` (no default: a stat without one would show NaN by layer).
@@ -98,6 +100,15 @@ STATS = (
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
     Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
          "L2 norm of the optimizer's update of the step", layers.ROOT_SUM_SQUARES, since=(1, 1)),
+    # Wortsman et al. 2023 (arXiv 2304.13013, "Stable and low-precision training", section 3.4):
+    # g^2 / v is about 1 while Adam's second moment v tracks the gradient; an RMS far above 1
+    # means v is out of date (it decays by beta2 each step while the gradient was small) and the
+    # update is larger than Adam's normalisation promises, which they saw precede loss spikes.
+    # Bounded by 1/sqrt(1 - beta2) (v includes this step's g^2): 31.6 at beta2 0.999.
+    Stat("adam_rms", "Adam RMS g/sqrt(v)", LOG, OPTIMIZER,
+         "RMS over the entries of the gradient / (sqrt of Adam's bias-corrected second moment "
+         "+ eps), this step's gradient included in the moment", layers.ROOT_MEAN_SQUARES,
+         since=(1, 5)),
     # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
     # real relative size (healthy around 1e-3, see `analysis.Thresholds`).
     Stat("grad_weight_ratio", "gradient / weight", LOG, DERIVED,
@@ -111,6 +122,7 @@ BY_NAME = {stat.name: stat for stat in STATS}
 GRADIENT_STATS = tuple(s.name for s in STATS if s.group == GRADIENT)
 WEIGHT_STATS = tuple(s.name for s in STATS if s.group == WEIGHT)
 UPDATE_STATS = tuple(s.name for s in STATS if s.group == UPDATE)
+OPTIMIZER_STATS = tuple(s.name for s in STATS if s.group == OPTIMIZER)
 # name -> (numerator stat, denominator stat)
 DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
 # What every stats tag holds, whichever version and writer wrote it: what readers and the
@@ -122,7 +134,7 @@ REQUIRED_STATS = tuple(s.name for s in STATS if s.required)
 
 
 # What a writer's ``stats=`` may name (`selected_stats`).
-LOGGED_STATS = GRADIENT_STATS + WEIGHT_STATS + UPDATE_STATS
+LOGGED_STATS = GRADIENT_STATS + WEIGHT_STATS + UPDATE_STATS + OPTIMIZER_STATS
 
 
 def selected_stats(requested=None) -> Tuple[str, ...]:
@@ -132,7 +144,8 @@ def selected_stats(requested=None) -> Tuple[str, ...]:
 
     Fewer stats are less work each logged step: fewer passes over the gradients
     (``("l2_norm",)``: three instead of six, see `statistics.passes_for`), and no pass over the
-    weights (``weight_l2_norm``) or the updates (``update_l2_norm``) unless named. The tab, the
+    weights (``weight_l2_norm``), the updates (``update_l2_norm``) or the optimizer's state
+    (``adam_rms``) unless named. The tab, the
     CLI and the alerts show what was logged; the dead-unit rule needs ``zero_fraction``, the
     update-ratio rule ``weight_l2_norm`` and ``update_l2_norm``.
 
@@ -145,7 +158,7 @@ def selected_stats(requested=None) -> Tuple[str, ...]:
     if isinstance(requested, str):
         requested = (requested,)
     known = (f"the gradient stats {list(GRADIENT_STATS)} and "
-             f"{list(WEIGHT_STATS + UPDATE_STATS)}")
+             f"{list(WEIGHT_STATS + UPDATE_STATS + OPTIMIZER_STATS)}")
     try:
         names = set(requested)
     except TypeError:
@@ -162,13 +175,15 @@ def gradient_stats(requested=None) -> Tuple[str, ...]:
 
 
 def stats_for(with_weights: bool, with_updates: bool,
-              gradient: Sequence[str] = GRADIENT_STATS) -> Tuple[str, ...]:
+              gradient: Sequence[str] = GRADIENT_STATS,
+              with_optimizer: bool = False) -> Tuple[str, ...]:
     """The columns of a stats matrix, in order, for a writer that logs the ``gradient`` stats
-    (`gradient_stats`), knows the variables' values (``with_weights``) and sees the optimizer's
-    update (``with_updates``)."""
+    (`gradient_stats`), knows the variables' values (``with_weights``), sees the optimizer's
+    update (``with_updates``) and reads an Adam-family optimizer's state
+    (``with_optimizer``)."""
     return (
         tuple(gradient) + (WEIGHT_STATS if with_weights else ())
-        + (UPDATE_STATS if with_updates else ())
+        + (UPDATE_STATS if with_updates else ()) + (OPTIMIZER_STATS if with_optimizer else ())
     )
 
 

@@ -60,16 +60,17 @@ class Layout:
     @classmethod
     def create(
         cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False,
-        gradient_stats: Sequence[str] = columns.GRADIENT_STATS,
+        gradient_stats: Sequence[str] = columns.GRADIENT_STATS, with_optimizer: bool = False,
     ) -> "Layout":
         """The layout of ``variables`` (names cleaned, capped and made unique) whose matrices hold
-        the ``gradient_stats`` (`columns.gradient_stats`), then the weight and update stats."""
+        the ``gradient_stats`` (`columns.gradient_stats`), then the weight, update and optimizer
+        stats (`columns.stats_for`)."""
         names = unique_names([_capped(_valid_unicode(clean_variable_name(v))) for v in variables])
         return cls(
             variables=tuple(names),
             layers=tuple(layer_of(v) for v in names),
             shapes=tuple(None if s is None else tuple(int(d) for d in s) for s in shapes),
-            stats=columns.stats_for(with_weights, with_updates, gradient_stats),
+            stats=columns.stats_for(with_weights, with_updates, gradient_stats, with_optimizer),
         )
 
 

@@ -32,7 +32,7 @@ every tag of that name; a run without that tag has its loss read from its own sc
 Metadata ``content`` is small UTF-8 JSON:
 
 ```text
-{"format_version": [1, 4], "kind": "stats" | "histograms" | "epochs" | "loss" | "digest",
+{"format_version": [1, 5], "kind": "stats" | "histograms" | "epochs" | "loss" | "digest",
  "name": "gradients",
  "variables": [...], "layers": [...], "shapes": [[...], ...],
  "stats": [...]                      # kind == "stats"
@@ -57,7 +57,8 @@ History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l
 1.2 adds the ``digest`` kind; 1.3 lets ``stats`` hold a subset of the gradient stats (the ones
 a writer was asked for, always including `columns.REQUIRED_STATS`; 1.0-1.2 writers wrote them
 all). A 1.2 reader refuses a 1.3 tag that lacks a stat it requires, naming the stat. 1.4 adds
-the ``loss`` kind (an older reader names such a tag unreadable and reads the rest).
+the ``loss`` kind (an older reader names such a tag unreadable and reads the rest); 1.5 adds the
+``adam_rms`` stat (`columns.OPTIMIZER_STATS`), which an older reader shows by variable only.
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -87,7 +88,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 DIGEST_PLUGIN_NAME = "gradients_digest"
-FORMAT_VERSION = (1, 4)
+FORMAT_VERSION = (1, 5)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"

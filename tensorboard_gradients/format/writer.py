@@ -21,14 +21,16 @@ import logging
 import os
 import threading
 import time
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
-from tensorboard_gradients.format import columns, digest_feed, event_files, metadata, statistics
+from tensorboard_gradients.format import (
+    alert_feed, columns, digest_feed, event_files, metadata, statistics,
+)
 from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
 
 logger = logging.getLogger(__name__)
@@ -89,10 +91,15 @@ class GradientWriter:
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
         always logged; weight_l2_norm only when named.
+      on_alert: called with each new `analysis.Alert` (a finding, or a finding grown more
+        urgent) as the run is written, on the thread that writes, once the steps that raise it
+        are written and judged (see `alert_feed`: the step after, or at `close`). Whatever it
+        raises reaches the caller of the write: a loop can act on an alert (skip a batch, lower
+        the rate, checkpoint, stop). See also `alerts`.
     """
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
-                 digest: bool = True, stats=None):
+                 digest: bool = True, stats=None, on_alert=None):
         selected = columns.selected_stats(stats)
         self._gradient_stats = columns.gradient_stats(selected)
         self._logs_weights = "weight_l2_norm" in selected
@@ -101,6 +108,13 @@ class GradientWriter:
         self._strict = bool(strict)
         self._digest = bool(digest)
         self._feeds = {}  # stats tag -> DigestFeed
+        self._alert_feeds = {}  # stats tag -> AlertFeed
+        if on_alert is not None and not callable(on_alert):
+            raise ValueError(f"on_alert must be callable, got {type(on_alert).__name__}")
+        self._on_alert = on_alert
+        self._new_alerts = []  # every new alert, in the order judged
+        self._alerts_returned = 0  # of them returned by `alerts`
+        self._alerts_called = 0  # of them passed to on_alert
         self._epochs = []  # (step, epoch) marks written, for the digests of tags made later
         self._tags = None  # LayoutTags, seeded from the run directory at the first write
         self._described = set()
@@ -219,11 +233,50 @@ class GradientWriter:
                 values.append(self._histogram_value(tag, layout, histogram_counts, description))
             if loss is not None:
                 values.append(self._loss_value(loss))
-            if self._emit(step, values) and self._digest:
-                # As written: the digest judges what the readers will read.
-                self._feed(tag, layout).add(int(step), tensor_util.make_ndarray(values[0].tensor),
-                                            loss)
+            if self._emit(step, values):
+                # As written: the digest and the alerts judge what the readers will read.
+                written = tensor_util.make_ndarray(values[0].tensor)
+                if self._digest:
+                    self._feed(tag, layout).add(int(step), written, loss)
+                self._alert_feed(tag, layout).add(int(step), written, loss)
+        self._call_on_alert()
         return tag
+
+    def _alert_feed(self, tag, layout) -> alert_feed.AlertFeed:
+        if tag not in self._alert_feeds:
+            self._alert_feeds[tag] = alert_feed.AlertFeed(tag, self._name, layout)
+        return self._alert_feeds[tag]
+
+    def alerts(self, wait: bool = False) -> List:
+        """The `analysis.Alert`s judged since the last call, in the order judged (each
+        judgement's most urgent first): findings not returned before, or grown more urgent. Judged in the background as steps are written (see
+        `alert_feed`): an alert raised at a step is here once the next step is written.
+        ``wait``: judge every step written before the last one first."""
+        self._collect(wait=wait)
+        with self._lock:
+            new = self._new_alerts[self._alerts_returned:]
+            self._alerts_returned = len(self._new_alerts)
+        return new
+
+    def _collect(self, wait=False, settle=False):
+        with self._lock:
+            feeds = list(self._alert_feeds.values())
+        taken = [alert for feed in feeds for alert in feed.take(wait=wait, settle=settle)]
+        with self._lock:
+            self._new_alerts.extend(taken)
+
+    def _call_on_alert(self):
+        """Passes the new alerts to ``on_alert`` (on the writing thread, outside the lock)."""
+        if self._on_alert is None:
+            return
+        self._collect()
+        while True:
+            with self._lock:
+                if self._alerts_called >= len(self._new_alerts):
+                    return
+                alert = self._new_alerts[self._alerts_called]
+                self._alerts_called += 1
+            self._on_alert(alert)
 
     def _feed(self, tag, layout) -> digest_feed.DigestFeed:
         if tag not in self._feeds:
@@ -292,6 +345,8 @@ class GradientWriter:
         loss = _loss_value(loss)
         with self._lock:
             for feed in self._feeds.values():
+                feed.loss(int(step), loss)
+            for feed in self._alert_feeds.values():
                 feed.loss(int(step), loss)
             self._emit(step, [self._loss_value(loss)])
 
@@ -366,8 +421,10 @@ class GradientWriter:
         self._events.flush()
 
     def close(self):
-        """Writes the digests' last records and closes the event file; a later write starts a
-        new, self-describing file."""
+        """Writes the digests' last records, judges the last steps (``on_alert``) and closes the
+        event file; a later write starts a new, self-describing file."""
+        self._collect(settle=True)
+        self._call_on_alert()
         with self._lock:
             feeds = list(self._feeds.values())
             for feed in feeds:

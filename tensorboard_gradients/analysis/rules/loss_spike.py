@@ -16,6 +16,13 @@ of stability, Cohen et al. 2021, arXiv 2103.00065). Neither alone separates the 
 alone rose 3-8x on healthy mini-batch runs while their loss fell, the loss alone (above 1.5x)
 fires on noisy runs that never spike.
 
+The optimizer says what the loss cannot yet: a learning rate raised 30x makes the update of its
+own step 30x larger, one step before any loss feels it (the loss of a step is computed before
+its update). Where the monitor logs the optimizer's update (``update_l2_norm`` with
+``weight_l2_norm``: `tensorboard_gradients.torch.GradientMonitor(optimizer=)`, the Keras
+monitor), the model's update/weight ratio jumping far above its own recent median is the
+``update`` precursor warning, with or without a logged loss (see ``precursor_update_ratio``).
+
 A mini-batch loss is noisy, and near convergence heavy-tailed: the precursor needs a climb of
 several steps and a spike must last and stand far outside the loss's own noise (see
 ``precursor_rising_steps``, ``loss_spike_steps``, ``loss_spike_zscore``), so a hard batch is no
@@ -102,6 +109,35 @@ healthy Keras runs (per-batch cross-entropy near convergence) then still had 4 w
 of the noise-free interpolating regression).
 """)
 
+PRECURSOR_UPDATE_RATIO = Parameter(
+    "precursor_update_ratio", 5.0, float, "warn at update/weight (x its median)", doc="""
+The update precursor: the model's update/weight ratio, ``sqrt(sum ||update||^2) /
+sqrt(sum ||w||^2)`` over the variables whose update was logged, at least this multiple of its
+median over the previous ``loss_window`` logged steps. The optimizer's steps grew at once:
+a raised or mis-scheduled learning rate, or Adam's second moment collapsing under a vanishing
+gradient (arXiv 2506.04805: its update/weight grew 60x-5,000x in the steps before the first
+spikes of the instability set's regression runs). Schedules change the rate gradually: a
+linear warm-up doubles it at most against the median of the steps before. On the instability
+set the healthy controls' ratio never passed 2.7x its median (warm-up included; 1.9x on the
+tune half), the learning rates raised 30x passed 27x at the step that took the new rate. With
+``precursor_update_beyond_gradient`` the results on the tune half were the same from 3 to 20
+(benchmarks/NOTES.md, "Early warning").
+""")
+
+PRECURSOR_UPDATE_BEYOND_GRADIENT = Parameter(
+    "precursor_update_beyond_gradient", 2.0, float, "update jump beyond the gradient's (x)",
+    doc="""
+... and that jump at least this multiple of the global gradient norm's own jump (its ratio to
+its median over the same steps): the optimizer's step grew beyond what the gradient explains.
+Under plain SGD the update is the gradient times the rate, so a gradient spike (which the
+``spike`` rule judges, with the loss) moves both alike; a raised rate moves the update alone.
+Without it, on the tune half, an LSTM at SGD 12 that had already blown up gave 9 update
+warnings no spike followed (precision 0.71); with it 1 (0.87), at 3 of 29 spikes warned.
+Chosen after looking at the update warnings of both halves (learning rates raised 30x: the
+gradient moved 0.7-1.1x, the update 27-45x; blown-up SGD runs: both alike), so the held-out
+half does not validate this parameter; the held-out controls' absence of warnings does.
+""")
+
 LOSS_EPISODE_STEPS = Parameter(
     "loss_episode_steps", 20, int, "loss episode gap (logged steps)", doc="""
 Warnings and spikes less than this many logged steps apart are one episode: one finding
@@ -121,16 +157,20 @@ _SPIKED = ("loss spiked to {value:.3g}x its median of the previous {window} logg
            "{limit:g}x), the global gradient norm at {detail:.3g}x its own")
 _NOT_FINITE = ("loss was not finite (NaN or Inf), the global gradient norm at {detail:.3g}x its "
                "median of the previous {window} logged steps")
+_UPDATE_JUMPED = ("the update/weight ratio jumped to {value:.3g}x its median of the previous "
+                  "{window} logged steps (warned from {limit:g}x): the optimizer's steps grew at "
+                  "once (a raised learning rate?), a loss spike may follow")
 _MOVED_FIRST = "; {mover}'s gradient moved first: x{rise:.3g} its running median from step {since}"
 _WORDINGS = {
     (kind, moved): Wording.define(f"loss_spike.{kind}{'_moved' if moved else ''}",
                                   template + (_MOVED_FIRST if moved else ""))
-    for kind, template in (("precursor", _CLIMB), ("spike", _SPIKED), ("not_finite", _NOT_FINITE))
+    for kind, template in (("precursor", _CLIMB), ("spike", _SPIKED), ("not_finite", _NOT_FINITE),
+                           ("update", _UPDATE_JUMPED))
     for moved in (False, True)
 }
 
 # The record's columns.
-_LOSS, _LOGGED, _NORM, _MOVER, _MOVER_RISE = range(5)
+_LOSS, _LOGGED, _NORM, _MOVER, _MOVER_RISE, _UPDATE = range(6)
 
 
 class LossSpike(Rule):
@@ -138,7 +178,7 @@ class LossSpike(Rule):
     kind = "loss_spike"
     parameters = (LOSS_WINDOW, LOSS_SPIKE_RATIO, LOSS_SPIKE_STEPS, LOSS_SPIKE_ZSCORE,
                   PRECURSOR_LOSS_RATIO, PRECURSOR_NORM_RATIO, PRECURSOR_RISING_STEPS,
-                  LOSS_EPISODE_STEPS)
+                  PRECURSOR_UPDATE_RATIO, PRECURSOR_UPDATE_BEYOND_GRADIENT, LOSS_EPISODE_STEPS)
     whole_run = True
 
     def check(self, thresholds):
@@ -146,11 +186,12 @@ class LossSpike(Rule):
             raise ValueError("threshold precursor_loss_ratio must be below loss_spike_ratio")
 
     def record(self, evidence):
-        """``("loss", columns, [steps, 5])``: per step the loss, whether one was logged, the
+        """``("loss", columns, [steps, 6])``: per step the loss, whether one was logged, the
         global norm (NaN at a step with NaN/Inf gradients), the variable whose norm stood
-        highest above its running median (`Spike.variable_scores`; -1: none) and that height in
-        decades. float64: a loss near 1e-15 keeps its digits. Recorded whether or not a loss
-        was logged (a stream's rounds must all record), judged only where one was."""
+        highest above its running median (`Spike.variable_scores`; -1: none), that height in
+        decades, and the model's update/weight ratio (`_update_ratio`; NaN where no update was
+        logged). float64: a loss near 1e-15 keeps its digits. Recorded whether or not a loss
+        was logged (a stream's rounds must all record); the loss judged only where one was."""
         spike_rule = next(rule for rule in evidence.rules if rule.name == "spike")
         _, excess = evidence.once(spike_rule.variable_scores)
         with np.errstate(invalid="ignore"):
@@ -164,6 +205,7 @@ class LossSpike(Rule):
             evidence.loss, evidence.loss_logged,
             np.where(evidence.global_present, evidence.global_norm, np.nan),
             np.where(np.isfinite(rise), mover, -1), np.where(np.isfinite(rise), rise, np.nan),
+            _update_ratio(evidence),
         ]).astype(np.float64)
         return "loss", np.arange(record.shape[1], dtype=np.int64), record
 
@@ -172,24 +214,30 @@ class LossSpike(Rule):
 
     def alerts_on(self, record, limits, builder):
         """This rule's findings from a `record` of the whole run (None: no step fed)."""
-        if record is None or not (record[2][:, _LOGGED] > 0).any():
+        if record is None:
             return
         values = record[2]
         loss, logged = values[:, _LOSS], values[:, _LOGGED] > 0
-        norm = values[:, _NORM]
+        norm, update = values[:, _NORM], values[:, _UPDATE]
         history = np.where(logged, loss, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             # A loss at twice its median is at least twice the least of its window: only those
-            # steps need their medians (a 100,000-step run has a few).
+            # steps need their medians (a 100,000-step run has a few); the same for updates.
             candidates = logged & (loss >= limits.precursor_loss_ratio * window.trailing_minima(
                 history, limits.loss_window))
+            jumps = update >= limits.precursor_update_ratio * window.trailing_minima(
+                update, limits.loss_window)
             loss_ratio = loss / window.trailing_medians(history, limits.loss_window, candidates)
             norm_ratio = norm / window.trailing_medians(norm, limits.loss_window,
-                                                        candidates | ~np.isfinite(loss))
+                                                        candidates | ~np.isfinite(loss) | jumps)
+            update_ratio = update / window.trailing_medians(update, limits.loss_window, jumps)
             spike = logged & (~np.isfinite(loss) | (loss_ratio >= limits.loss_spike_ratio))
             precursor = (logged & ~spike & (loss_ratio >= limits.precursor_loss_ratio)
                          & (norm_ratio >= limits.precursor_norm_ratio)
                          & _rising(np.where(logged, loss, np.nan), limits.precursor_rising_steps))
+            update_jump = (~spike & (update_ratio >= limits.precursor_update_ratio)
+                           & (update_ratio >= limits.precursor_update_beyond_gradient
+                              * norm_ratio))
         # A non-finite loss is infinitely far above its median (its own wording says so).
         shown = np.where(np.isfinite(loss), loss_ratio, np.inf)
         finite = np.isfinite(loss)
@@ -201,21 +249,21 @@ class LossSpike(Rule):
         lasting = (window.sustained(spike & finite & outside, limits.loss_spike_steps)
                    | (spike & ~finite))
         steps = builder.steps
-        for episode in _episodes(steps, spike | precursor, limits.loss_episode_steps):
+        for episode in _episodes(steps, spike | precursor | update_jump, limits.loss_episode_steps):
             spiking = spike & episode
             # Before the episode's first spiking step: what follows it is the spike's recovery.
             before = np.arange(len(steps)) < (np.argmax(spiking) if spiking.any() else len(steps))
             identity = int(steps[np.argmax(episode)])
             for rule, mask in (("precursor", precursor & episode & before),
+                               ("update", update_jump & episode & before),
                                ("spike", spiking & lasting)):
                 if not mask.any():
                     continue
                 first = int(np.argmax(mask))
-                all_finite = bool(finite[mask].all())
-                wording = ("precursor" if rule == "precursor" else
-                           "spike" if all_finite else "not_finite")
-                limit = (limits.precursor_loss_ratio if rule == "precursor"
-                         else limits.loss_spike_ratio)
+                all_finite = bool(finite[mask].all()) or rule != "spike"
+                wording = rule if rule != "spike" or all_finite else "not_finite"
+                limit = {"precursor": limits.precursor_loss_ratio, "spike": limits.loss_spike_ratio,
+                         "update": limits.precursor_update_ratio}[rule]
                 # A spike is told when it has lasted (at once when the loss is not finite).
                 raised = (first + limits.loss_spike_steps - 1
                           if rule == "spike" and finite[first] else first)
@@ -225,10 +273,29 @@ class LossSpike(Rule):
                 if mover is not None:
                     params.update(mover=builder.series.variables[mover[0]], rise=mover[1],
                                   since=int(steps[mover[2]]))
-                builder.add(self.kind, rule, severity, mask, shown, np.max, limit,
+                builder.add(self.kind, rule, severity, mask,
+                            update_ratio if rule == "update" else shown, np.max, limit,
                             _WORDINGS[wording, mover is not None].bound(**params),
                             detail=(norm_ratio, np.max), episode=identity,
                             raised_step=int(steps[raised]))
+
+
+def _update_ratio(evidence) -> np.ndarray:
+    """``[steps]``: the model's update/weight ratio, the root of the summed squared update norms
+    over that of the weight norms of the variables whose update was logged (NaN at steps with
+    none, with NaN/Inf gradients, or without the columns)."""
+    series = evidence.series
+    rows = len(series.steps)
+    if not {"update_l2_norm", "weight_l2_norm"} <= set(series.stat_names):
+        return np.full(rows, np.nan)
+    update = series.stat("update_l2_norm").astype(np.float64)
+    weight = series.stat("weight_l2_norm").astype(np.float64)
+    known = np.isfinite(update) & np.isfinite(weight)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ratio = (np.sqrt((np.where(known, update, 0.0) ** 2).sum(axis=1))
+                 / np.sqrt((np.where(known, weight, 0.0) ** 2).sum(axis=1)))
+    return np.where(known.any(axis=1) & ~evidence.nonfinite.any(axis=1) & (ratio > 0), ratio,
+                    np.nan)
 
 
 def _rising(loss, steps: int) -> np.ndarray:
