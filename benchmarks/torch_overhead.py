@@ -10,6 +10,10 @@ interleaved round by round in one process, so machine noise hits them alike:
                   kernels in PyTorch: a multi-tensor norm and aminmax), no weight norms
   ours_every_10   the same with every_n_steps=10
   ours_histograms every statistic and the log10|g| histograms, every step
+  ours_optimizer  every statistic and the optimizer's update and Adam RMS (optimizer=), every
+                  step
+  ours_on_alert   the same with on_alert=: each step also waits for the judgement of the one
+                  before (the live alerts)
   hook_histograms a hook per parameter computing a 64-bin `torch.histc` of its gradient between
                   its min and max (read with .item()) and copying it to the host: what hosted
                   trackers' "watch the gradients" does
@@ -57,7 +61,7 @@ def build(width, features):
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
-def hook_histograms(model, _):
+def hook_histograms(model, _, __):
     """Per parameter: min/max read to the host, a 64-bin histogram on the device, copied over."""
     kept = []
 
@@ -70,7 +74,7 @@ def hook_histograms(model, _):
     return kept.clear  # the tracker would send them now
 
 
-def item_norms(model, log_dir):
+def item_norms(model, log_dir, _):
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(log_dir)
@@ -83,20 +87,24 @@ def item_norms(model, log_dir):
     return log
 
 
-def monitor(every_n_steps, histograms_every_n_steps=None, stats=None):
-    def attach(model, log_dir):
+def monitor(every_n_steps, histograms_every_n_steps=None, stats=None, optimizer=False,
+            on_alert=None):
+    def attach(model, log_dir, model_optimizer):
         return GradientMonitor(model, log_dir, every_n_steps=every_n_steps,
-                               histograms_every_n_steps=histograms_every_n_steps,
-                               stats=stats).step
+                               histograms_every_n_steps=histograms_every_n_steps, stats=stats,
+                               optimizer=model_optimizer if optimizer else None,
+                               on_alert=on_alert).step
     return attach
 
 
 VARIANTS = {
-    "none": lambda model, log_dir: (lambda: None),
+    "none": lambda model, log_dir, optimizer: (lambda: None),
     "ours": monitor(1),
     "ours_norms": monitor(1, stats=("l2_norm",)),
     "ours_every_10": monitor(10),
     "ours_histograms": monitor(1, histograms_every_n_steps=1),
+    "ours_optimizer": monitor(1, optimizer=True),
+    "ours_on_alert": monitor(1, optimizer=True, on_alert=lambda alert: None),
     "hook_histograms": hook_histograms,
     "item_norms": item_norms,
 }
@@ -112,7 +120,7 @@ def measure(width, batch, features, rounds, steps_per_round):
     for name, attach in VARIANTS.items():
         model = build(width, features)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        log = attach(model, f"{tmp}/{name}")
+        log = attach(model, f"{tmp}/{name}", optimizer)
 
         def train_step(model=model, optimizer=optimizer, log=log):
             optimizer.zero_grad()
@@ -151,6 +159,8 @@ def render(result):
         "ours_norms": "ours, `stats=(\"l2_norm\",)` every step",
         "ours_every_10": "ours, every 10th step",
         "ours_histograms": "ours, stats + histograms every step",
+        "ours_optimizer": "ours + `optimizer=` every step",
+        "ours_on_alert": "ours + `optimizer=` + `on_alert=` every step",
         "hook_histograms": "hook + 64-bin `histc` per parameter",
         "item_norms": "`.item()` norm per parameter",
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"},

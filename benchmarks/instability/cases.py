@@ -329,7 +329,7 @@ CASES = (
     Case("gpt_lr_jump", TUNE, True, "a known cause: the learning rate raised 30x at step 500",
          "2-block GPT, AdamW(1e-3) -> 3e-2", 1000, _gpt_lr_jump),
     Case("mlp_lr_jump", HELD_OUT, True, "a known cause: the learning rate raised 30x at step 400",
-         "4-layer MLP on digits, Adam(1e-3) -> 3e-2", 1000, _mlp_lr_jump),
+         "4-layer MLP on digits, Adam(1e-3) -> 3e-2", 1000, _mlp_lr_jump, 1000),
     Case("lstm_sgd_no_clip", TUNE, True,
          "Pascanu et al. 2013 (exploding gradients in RNNs without clipping)",
          "2-layer LSTM language model, SGD(12) without clipping", 1500, _lstm_sgd_no_clip),

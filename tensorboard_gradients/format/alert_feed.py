@@ -8,7 +8,9 @@ step by step raises it (`Alert.raised_step`). The training thread only appends r
 
 * A step is judged once the next one is written (or at `settle`): a loss reported after its
   step (`GradientWriter.write_loss`) still joins it. An alert raised at step ``t`` is therefore
-  known after step ``t + 1`` is written, or at once with ``alerts(wait=True)`` / ``close``.
+  known after step ``t + 1`` is written: with ``on_alert`` that write waits for it (the loop
+  acts at the same step on any machine), ``alerts(wait=True)`` too; ``alerts()`` returns what
+  is judged by then.
 * The thread judges what came since its last turn in one go, and rests between turns at least
   `REST_FACTOR` times as long as the turn took: it takes at most a fifth of a core, whatever
   the run's length (a turn's whole-run rules grow with it: 25 ms at 3,000 steps of 100

@@ -92,10 +92,13 @@ class GradientWriter:
         none over the weights). l2_norm, min, max, abs_max, nan_count, inf_count and size are
         always logged; weight_l2_norm only when named.
       on_alert: called with each new `analysis.Alert` (a finding, or a finding grown more
-        urgent) as the run is written, on the thread that writes, once the steps that raise it
-        are written and judged (see `alert_feed`: the step after, or at `close`). Whatever it
-        raises reaches the caller of the write: a loop can act on an alert (skip a batch, lower
-        the rate, checkpoint, stop). See also `alerts`.
+        urgent) as the run is written, on the thread that writes: a write of step ``t + 1``
+        first waits for the judgement of the steps up to ``t`` (see `alert_feed`; the last
+        steps at `close`), then calls it with what they raised. Whatever it raises reaches the
+        caller of the write: a loop can act on an alert (skip a batch, lower the rate,
+        checkpoint, stop). The wait costs the training thread the judgement of each logged
+        step (benchmarks/RESULTS.md, "Live alerts"); without ``on_alert`` nothing waits. See
+        also `alerts`.
     """
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
@@ -266,10 +269,12 @@ class GradientWriter:
             self._new_alerts.extend(taken)
 
     def _call_on_alert(self):
-        """Passes the new alerts to ``on_alert`` (on the writing thread, outside the lock)."""
+        """Passes the new alerts to ``on_alert`` (on the writing thread, outside the lock),
+        once the steps before this one are judged: a loop acts on the same step whatever the
+        machine's speed."""
         if self._on_alert is None:
             return
-        self._collect()
+        self._collect(wait=True)
         while True:
             with self._lock:
                 if self._alerts_called >= len(self._new_alerts):
