@@ -21,11 +21,25 @@ export function alertRowFinder(matrix) {
 }
 
 /**
- * What to outline for `alerts` (one clicked alert, or a group's): [{rows, firstStep, lastStep}],
- * each alert's rows over its own steps, so a group outlines exactly its members' cells.
+ * What to outline for `alerts` (one clicked alert, or a group's): [{rows, firstStep, lastStep,
+ * wholeColumns}], each alert's rows over its own steps, so a group outlines exactly its members'
+ * cells. A whole-model alert (no row: a loss spike, the global norm) outlines its steps' columns;
+ * one that names the variable that moved first (`moved_first`) also that variable's cells from
+ * the step it began to move to the alert's first step: the precursor cells.
  */
 export function alertSpans(alerts, rowsOf) {
-  return alerts.map((alert) => ({ rows: rowsOf(alert), firstStep: alert.first_step, lastStep: alert.last_step }));
+  return alerts.flatMap((alert) => {
+    const rows = rowsOf(alert);
+    const spans = [{ rows, firstStep: alert.first_step, lastStep: alert.last_step, wholeColumns: !rows.length }];
+    const mover = alert.moved_first;
+    if (mover) {
+      spans.push({
+        rows: rowsOf({ variable: mover.variable, layer: mover.layer ?? null }),
+        firstStep: mover.from_step, lastStep: alert.first_step, wholeColumns: false,
+      });
+    }
+    return spans;
+  });
 }
 
 /**

@@ -9,7 +9,7 @@ import { ACCENT } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { ellipsize, formatStep, formatValue, layerName, rowName } from "./format.js";
 import {
-  columnMeans, columnOfStep, gridLayout, layerGroups, niceTicks, stepX, valueScale,
+  columnMeans, columnSpan, gridLayout, layerGroups, niceTicks, stepX, valueScale,
 } from "./layout.js";
 
 const LABEL_WIDTH = 240; // CSS px, as the stylesheet's first grid column
@@ -160,11 +160,9 @@ export class HeatmapAxes {
    * of its steps: a precursor lighter than a spike. */
   #drawMarks(context, matrix, grid) {
     for (const mark of this.lossMarks) {
-      const columns = [mark.firstStep, mark.lastStep]
-        .map((step) => columnOfStep(matrix.steps, matrix.lastSteps, step));
-      if (columns[0] < 0 && columns[1] < 0) continue; // outside the columns shown
-      const first = columns[0] < 0 ? 0 : columns[0];
-      const last = columns[1] < 0 ? matrix.columns - 1 : columns[1];
+      const columns = columnSpan(matrix.steps, matrix.lastSteps, mark.firstStep, mark.lastStep);
+      if (!columns) continue; // outside the columns shown
+      const [first, last] = columns;
       const left = grid.columnRange(first)[0];
       const right = Math.max(grid.columnRange(last)[1], left + 2); // at least 2 px wide
       context.globalAlpha = mark.rule === "spike" ? 0.35 : 0.2;

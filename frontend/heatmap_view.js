@@ -8,7 +8,7 @@ import { cellValueText, rowContext } from "./cells.js";
 import { ACCENT, EPOCH_LINE } from "./colormap.js";
 import { el, replaceChildren, sizeCanvas } from "./dom.js";
 import { formatStepRange, rowName } from "./format.js";
-import { columnOfStep, gridLayout } from "./layout.js";
+import { columnOfStep, columnSpan, gridLayout } from "./layout.js";
 import { Legend } from "./legend.js";
 import { classPaints, rasterize } from "./raster.js";
 
@@ -94,8 +94,10 @@ export class HeatmapView {
   }
 
   /** A loss curve to align above the columns: [[wall_time, step, value], ...] or null. */
-  /** The loss spikes (and the warnings before them) to mark over the loss curve. */
+  /** The loss spikes (and the warnings before them) to mark over the loss curve and on the
+   * heatmap's columns: `alerts.lossSpikeMarks` with a `color` each. */
   setLossMarks(marks) {
+    this.lossMarks = marks;
     this.axes.setLossMarks(marks);
   }
 
@@ -207,6 +209,7 @@ export class HeatmapView {
     context.setTransform(ratio, 0, 0, ratio, 0, 0);
     const grid = this.#grid();
     context.clearRect(0, 0, grid.width, grid.height);
+    this.#drawColumnMarks(context, grid);
     if (this.highlight) this.#drawHighlight(context, grid);
     if (this.drag && Math.abs(this.drag.x - this.drag.startX) > MIN_DRAG) {
       context.fillStyle = DRAG_COLOR;
@@ -231,22 +234,48 @@ export class HeatmapView {
     }
   }
 
-  // The clicked alerts' rows, each over its own steps, outlined.
+  // Where each loss spike (or warning before one) starts and ends, across every row: a spike's
+  // columns between two lines, a warning's first column after a dashed one.
+  #drawColumnMarks(context, grid) {
+    const m = this.matrix;
+    this.drawnColumnMarks = []; // [{left, right, rule}], kept for the browser tests
+    for (const mark of this.lossMarks || []) {
+      const columns = columnSpan(m.steps, m.lastSteps, mark.firstStep, mark.lastStep);
+      if (!columns) continue;
+      const left = Math.round(grid.columnRange(columns[0])[0]) + 0.5;
+      const right = Math.round(grid.columnRange(columns[1])[1]) - 0.5;
+      context.strokeStyle = mark.color || ACCENT;
+      context.lineWidth = 1;
+      context.setLineDash(mark.rule === "spike" ? [] : [2, 2]);
+      context.beginPath();
+      for (const x of mark.rule === "spike" ? [left, right] : [left]) {
+        context.moveTo(x, 0);
+        context.lineTo(x, grid.height);
+      }
+      context.stroke();
+      this.drawnColumnMarks.push({ left, right, rule: mark.rule });
+    }
+    context.setLineDash([]);
+  }
+
+  // The clicked alerts' rows, each over its own steps, outlined; a whole-model alert's columns
+  // (`wholeColumns`) in one outline.
   #drawHighlight(context, grid) {
     const m = this.matrix;
     context.strokeStyle = this.vocabulary.urgentColor;
     context.lineWidth = 2;
-    for (const { rows, firstStep, lastStep } of this.highlight) {
-      let first = columnOfStep(m.steps, m.lastSteps, firstStep);
-      let last = columnOfStep(m.steps, m.lastSteps, lastStep);
-      if (first < 0) first = 0;
-      if (last < 0) last = m.columns - 1;
-      const left = grid.columnRange(first)[0];
-      const right = grid.columnRange(last)[1];
-      for (const row of rows) {
-        const [top, bottom] = grid.rowRange(row);
+    this.drawnOutlines = []; // [{left, right, top, bottom}], kept for the browser tests
+    for (const { rows, firstStep, lastStep, wholeColumns } of this.highlight) {
+      const columns = columnSpan(m.steps, m.lastSteps, firstStep, lastStep);
+      if (!columns) continue;
+      const left = grid.columnRange(columns[0])[0];
+      const right = grid.columnRange(columns[1])[1];
+      const outline = (top, bottom) => {
         context.strokeRect(left + 1, top + 1, Math.max(2, right - left - 2), Math.max(2, bottom - top - 2));
-      }
+        this.drawnOutlines.push({ left, right, top, bottom });
+      };
+      if (wholeColumns) outline(0, grid.height);
+      for (const row of rows) outline(...grid.rowRange(row));
     }
   }
 

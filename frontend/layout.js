@@ -55,6 +55,18 @@ export function columnOfStep(firstSteps, lastSteps, step) {
   return -1;
 }
 
+/**
+ * The columns that hold steps of [firstStep, lastStep]: [first, last] column, or null when none
+ * does (the range lies outside the columns shown, or between two of them).
+ */
+export function columnSpan(firstSteps, lastSteps, firstStep, lastStep) {
+  let first = 0;
+  while (first < firstSteps.length && lastSteps[first] < firstStep) first += 1;
+  let last = firstSteps.length - 1;
+  while (last >= 0 && firstSteps[last] > lastStep) last -= 1;
+  return first <= last ? [first, last] : null;
+}
+
 /** The x of `step` on a step axis laid out by `grid`: inside its column, by its place in the
  * column's step range (null when no column holds it). */
 export function stepX(firstSteps, lastSteps, step, grid) {

@@ -40,6 +40,10 @@ MANY_EPOCHS = "lr_10_many_epochs"
 MANY_EPOCHS_COUNT = 120
 # A run whose 1,000 variables all get a NaN gradient at one step: 1,000 alerts, one finding.
 MANY_ALERTS = "many_alerts"
+# A run whose loss spikes 10x at LOSS_SPIKE_STEP, after one kernel's gradient rose 50x at
+# MOVER_STEP: a loss-spike finding that names the variable that moved first.
+LOSS_SPIKE = "lr_11_loss_spike"
+LOSS_SPIKE_STEP, MOVER_STEP = 82, 78
 MANY_ALERTS_VARIABLES = 1000
 MANY_ALERTS_NAN_STEP = 5
 # The diverged run: 2 epochs of 20 steps (1-20, 21-40); norms of 1, then 1e3 times larger at each
@@ -92,6 +96,19 @@ def _write_diverged_run(run_dir):
                          else float("nan"))
 
 
+def _write_loss_spike_run(run_dir):
+    rng = np.random.default_rng(3)
+    with tg.GradientWriter(run_dir) as writer:
+        for step in range(120):
+            rise = 50.0 if MOVER_STEP <= step < LOSS_SPIKE_STEP + 6 else 1.0
+            spiking = LOSS_SPIKE_STEP <= step < LOSS_SPIKE_STEP + 6
+            loss = (10.0 if spiking else 1.0) * (1 + 0.05 * rng.random())
+            writer.write_scalars(step, {"loss": loss})
+            writer.write(step, {"dense_0/kernel": rng.normal(size=(4, 4)),
+                                "dense_1/kernel": rise * rng.normal(size=(4, 4)),
+                                "dense_1/bias": rng.normal(size=4)}, loss=loss)
+
+
 def _write_many_alerts_run(run_dir):
     rng = np.random.default_rng(2)
     with tg.GradientWriter(run_dir) as writer:
@@ -127,6 +144,7 @@ def logdir(tmp_path_factory, demo):
     _write_diverged_run(str(root / DIVERGED))
     _write_many_epochs_run(str(root / MANY_EPOCHS))
     _write_many_alerts_run(str(root / MANY_ALERTS))
+    _write_loss_spike_run(str(root / LOSS_SPIKE))
     return root
 
 
@@ -1393,4 +1411,39 @@ def test_a_loss_spike_is_marked_over_the_loss_curve(browser, server):
     [mark] = tab.page.evaluate("window.gradientsApp.view.axes.drawnMarks")
     assert mark["rule"] == "spike"
     assert max(p["x"] for p in points) < mark["left"] < mark["right"] <= tab.canvas_box()["width"]
+    tab.close()
+
+
+def test_a_loss_spike_is_marked_on_the_columns_and_outlines_the_cells_that_moved_first(
+        browser, server):
+    """The heatmap's columns of a loss spike are marked; picking its finding outlines them and
+    the cells of the variable whose gradient moved first, from the step it began to move."""
+    [spike] = _alerts_answer(server, LOSS_SPIKE)["alerts"]
+    assert (spike["kind"], spike["first_step"]) == ("loss_spike", LOSS_SPIKE_STEP)
+    assert spike["moved_first"] == {"variable": "dense_1/kernel", "layer": "dense_1",
+                                    "from_step": MOVER_STEP}
+    tab = Tab(browser, server, f"#run={LOSS_SPIKE}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    view = "window.gradientsApp.view"
+    tab.page.wait_for_function(f"({view}.drawnColumnMarks || []).length > 0")
+    [mark] = tab.page.evaluate(f"{view}.drawnColumnMarks")
+    [band] = tab.page.evaluate(f"{view}.axes.drawnMarks")
+    width = tab.canvas_box()["width"]
+    # One column per step (120 columns): the marks sit at the spike's columns, 82-87.
+    assert mark["rule"] == "spike" and band["rule"] == "spike"
+    assert abs(mark["left"] - width * LOSS_SPIKE_STEP / 120) < 1.5
+    assert abs(mark["right"] - width * (LOSS_SPIKE_STEP + 6) / 120) < 1.5
+    assert abs(mark["left"] - band["left"]) < 1.5, "the loss curve's band above the same columns"
+    assert _outlined_rows(tab) != [], "the marks cross every row"
+    tab.page.locator("[data-testid=alert-group]").first.click()
+    tab.page.wait_for_function(f"({view}.drawnOutlines || []).length === 2")
+    columns, cells = tab.page.evaluate(f"{view}.drawnOutlines")
+    height = tab.canvas_box()["height"]
+    assert columns["top"] == 0 and abs(columns["bottom"] - height) < 1.5, "the spike's columns"
+    assert abs(columns["left"] - mark["left"]) < 1.5
+    row = tab.page.evaluate("window.gradientsApp.matrix.variables").index("dense_1/kernel")
+    rows = tab.page.evaluate("window.gradientsApp.matrix.rows")
+    assert abs(cells["top"] - height * row / rows) < 1.5, "the mover's row"
+    assert abs(cells["left"] - width * MOVER_STEP / 120) < 1.5
+    assert abs(cells["right"] - width * (LOSS_SPIKE_STEP + 1) / 120) < 1.5
     tab.close()

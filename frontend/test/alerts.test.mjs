@@ -49,11 +49,27 @@ test("a group's alerts from its indices, and each one's rows over its own steps"
   const group = { alerts: [2, 0] };
   assert.deepEqual(groupAlerts(group, alerts), [alerts[2], alerts[0]]);
   assert.deepEqual(alertSpans(groupAlerts(group, alerts), alertRowFinder(MATRIX)), [
-    { rows: [0, 1], firstStep: 5, lastStep: 7 }, { rows: [0], firstStep: 3, lastStep: 9 },
+    { rows: [0, 1], firstStep: 5, lastStep: 7, wholeColumns: false },
+    { rows: [0], firstStep: 3, lastStep: 9, wholeColumns: false },
   ]);
   assert.deepEqual(alertSpans(groupAlerts(group, alerts), alertRowFinder(BY_LAYER)), [
-    { rows: [0], firstStep: 5, lastStep: 7 }, { rows: [0], firstStep: 3, lastStep: 9 },
+    { rows: [0], firstStep: 5, lastStep: 7, wholeColumns: false },
+    { rows: [0], firstStep: 3, lastStep: 9, wholeColumns: false },
   ]);
+});
+
+test("a loss spike outlines its columns and the cells of the variable that moved first", () => {
+  const spike = alert({
+    kind: "loss_spike", first_step: 40, last_step: 45,
+    moved_first: { variable: "b/kernel", layer: "b", from_step: 33 },
+  });
+  assert.deepEqual(alertSpans([spike], alertRowFinder(MATRIX)), [
+    { rows: [], firstStep: 40, lastStep: 45, wholeColumns: true },
+    { rows: [2], firstStep: 33, lastStep: 40, wholeColumns: false },
+  ]);
+  assert.deepEqual(alertSpans([spike], alertRowFinder(BY_LAYER))[1].rows, [1], "by layer: its layer's row");
+  const older = alert({ kind: "loss_spike", first_step: 40, last_step: 45, moved_first: { variable: "a/bias", from_step: 38 } });
+  assert.deepEqual(alertSpans([older], alertRowFinder(MATRIX))[1].rows, [1], "no layer named: by variable");
 });
 
 test("each row gets its most urgent severity", () => {

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  chartRange, columnMeans, columnOfStep, gridLayout, layerGroups, nearestIndex, niceTicks, stepX, valueScale,
+  chartRange, columnMeans, columnOfStep, columnSpan, gridLayout, layerGroups, nearestIndex, niceTicks, stepX, valueScale,
 } from "../layout.js";
 
 test("cellAt maps pixels to cells, also with sub-pixel rows", () => {
@@ -32,6 +32,17 @@ test("the column of a step in merged columns", () => {
   assert.equal(columnOfStep(first, last, 25), 2);
   assert.equal(columnOfStep(first, last, 26), -1);
   assert.equal(columnOfStep([], [], 3), -1);
+});
+
+test("the columns a step range touches, clipped to the columns shown", () => {
+  const first = [10, 20, 40]; // steps 30-39 fall between two columns (a gap in the logged steps)
+  const last = [19, 29, 49];
+  assert.deepEqual(columnSpan(first, last, 15, 22), [0, 1]);
+  assert.deepEqual(columnSpan(first, last, 0, 100), [0, 2], "a range wider than the view");
+  assert.deepEqual(columnSpan(first, last, 25, 25), [1, 1]);
+  assert.equal(columnSpan(first, last, 30, 39), null, "between two columns");
+  assert.equal(columnSpan(first, last, 50, 60), null, "after the view");
+  assert.equal(columnSpan([], [], 0, 5), null);
 });
 
 test("a step's place on the axis, inside its merged column", () => {

@@ -31,6 +31,9 @@ class Alert:
     severity: str  # one of SEVERITIES
     message: str
     raised_step: int = -1  # -1 only in alerts from before it was recorded (`Alert.from_json`)
+    # A whole-model finding that names the variable whose gradient moved first (a loss spike):
+    # {"variable", "layer", "from_step"}: the tab outlines its cells from that step on.
+    moved_first: Optional[Dict] = None
 
     def to_json(self) -> Dict:
         return dataclasses.asdict(self)
@@ -160,7 +163,15 @@ class Finding:
             first_step=self.first_step, last_step=self.last_step, steps=self.steps,
             value=self.value, threshold=self.threshold, severity=self.severity,
             message=f"{subject}: {described} {span}.", raised_step=self.raised,
+            moved_first=self._moved_first(),
         )
+
+    def _moved_first(self) -> Optional[Dict]:
+        params = getattr(self.describe, "params", {})
+        if "mover" not in params:
+            return None
+        return {"variable": params["mover"], "layer": params.get("mover_layer"),
+                "from_step": params["since"]}
 
 
 class Wording:

@@ -155,8 +155,8 @@ _CLIMB = ("loss at {value:.3g}x its median of the previous {window} logged steps
           "with the gradient, a loss spike may follow")
 _SPIKED = ("loss spiked to {value:.3g}x its median of the previous {window} logged steps (from "
            "{limit:g}x), the global gradient norm at {detail:.3g}x its own")
-_NOT_FINITE = ("loss was not finite (NaN or Inf), the global gradient norm at {detail:.3g}x its "
-               "median of the previous {window} logged steps")
+# The global norm is often NaN at such a step: not told.
+_NOT_FINITE = "loss was not finite (NaN or Inf)"
 _UPDATE_JUMPED = ("the update/weight ratio jumped to {value:.3g}x its median of the previous "
                   "{window} logged steps (warned from {limit:g}x): the optimizer's steps grew at "
                   "once (a raised learning rate?), a loss spike may follow")
@@ -272,7 +272,8 @@ class LossSpike(Rule):
                 params = dict(limit=limit, window=limits.loss_window)
                 if mover is not None:
                     params.update(mover=builder.series.variables[mover[0]], rise=mover[1],
-                                  since=int(steps[mover[2]]))
+                                  since=int(steps[mover[2]]),
+                                  mover_layer=builder.series.layers[mover[0]])
                 builder.add(self.kind, rule, severity, mask,
                             update_ratio if rule == "update" else shown, np.max, limit,
                             _WORDINGS[wording, mover is not None].bound(**params),
