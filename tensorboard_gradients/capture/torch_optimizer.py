@@ -27,7 +27,6 @@ import torch
 # Exact types: a subclass may override ``step`` with another update.
 ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)
 REBUILT = ADAM_FAMILY + (torch.optim.SGD,)
-_NAN = torch.tensor(math.nan, dtype=torch.float64)
 
 
 def rebuilds_updates(optimizer) -> bool:
@@ -67,63 +66,83 @@ class OptimizerReader:
         """``[parameters, 2]`` on the host, in ``dtype``: per parameter the update's L2 norm and
         the Adam RMS (NaN for a parameter the optimizer does not hold or did not step, and for
         the RMS of a non-Adam optimizer)."""
-        # ``optimizer.state`` is a defaultdict: ``get`` leaves it as it was.
-        rows = []
-        for parameter, group in zip(self._parameters, self._groups):
+        # Parameters of one group, step count, device and dtype share every scalar of the
+        # formula: each such bucket takes a few multi-tensor (``torch._foreach_*``) operations,
+        # as the optimizers' own foreach implementations do.
+        buckets = {}
+        for index, (parameter, group) in enumerate(zip(self._parameters, self._groups)):
+            # ``optimizer.state`` is a defaultdict: ``get`` leaves it as it was.
             state = self.optimizer.state.get(parameter, {}) if group is not None else None
             # Stepped: it had a gradient (Adam has state from its first step; SGD without
             # momentum keeps none).
-            if state is None or parameter.grad is None or (self._adam_family and "step" not in state):
-                rows.append(torch.stack([_NAN, _NAN]))
+            if state is None or parameter.grad is None or (
+                    self._adam_family and "step" not in state):
                 continue
+            step = _value(state["step"]) if self._adam_family else None
             # Half precision is widened: the update is a small difference of moments.
             compute = torch.promote_types(_real(parameter).dtype, torch.float32)
-            if self._adam_family:
-                update, rms = self._adam(parameter, group, state, compute)
-            else:
-                update, rms = self._sgd(parameter, group, state, compute), _NAN
-            norm = torch.linalg.vector_norm(update.to(torch.float64))
-            rows.append(torch.stack([norm, rms.to(norm.device)]))
-        # One copy to the host (a model split over devices is gathered on the first).
-        device = next((row.device for row in rows if row.device.type != "cpu"), "cpu")
-        return torch.stack([row.to(device) for row in rows]).cpu().numpy().astype(dtype)
+            key = (id(group), step, parameter.device, compute)
+            buckets.setdefault(key, (group, step, compute, []))[3].append((index, parameter, state))
+        norms = torch.full((len(self._parameters), 2), math.nan, dtype=torch.float64)
+        for group, step, compute, members in buckets.values():
+            rebuild = self._adam if self._adam_family else self._sgd
+            update_norms, rms = rebuild(group, step, compute, members)
+            rows = [index for index, _, _ in members]
+            norms[rows, 0] = torch.stack(update_norms).to("cpu", torch.float64)
+            if rms is not None:
+                norms[rows, 1] = torch.stack(rms).to("cpu", torch.float64)
+        return norms.numpy().astype(dtype)
 
     @staticmethod
-    def _adam(parameter, group, state, compute):
-        """(update tensor, RMS of g / (sqrt(v_hat) + eps)) of Adam / AdamW's last step."""
-        as_compute = lambda t: _real(t).to(compute)  # noqa: E731 (four uses, one line)
-        weight, gradient = as_compute(parameter.detach()), as_compute(parameter.grad.detach())
-        moment = as_compute(state["exp_avg"])
-        second = as_compute(state["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"])
-        step = _value(state["step"])
+    def _adam(group, step, compute, members):
+        """The update norms and RMS of g / (sqrt(v_hat) + eps) of Adam / AdamW's last step."""
+        def as_compute(tensors):
+            return [_real(t.detach()).to(compute) for t in tensors]
+        weights = as_compute(p for _, p, _ in members)
+        gradients = as_compute(p.grad for _, p, _ in members)
+        moments = as_compute(state["exp_avg"] for _, _, state in members)
+        seconds = as_compute(state["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"]
+                             for _, _, state in members)
         beta1, beta2 = (_value(b) for b in group["betas"])
         lr, eps, decay = _value(group["lr"]), _value(group["eps"]), _value(group["weight_decay"])
-        denominator = second.sqrt() / math.sqrt(1 - beta2**step) + eps
-        adam_step = moment / denominator * (lr / (1 - beta1**step))
-        decoupled = group.get("decoupled_weight_decay", False)
-        shrink = lr * decay if decoupled else 0.0
-        # w_after = (1 - shrink) * w_before - adam_step, so the update w_after - w_before is
-        # -(adam_step + shrink * w_after) / (1 - shrink).
-        update = (adam_step + shrink * weight) / (1 - shrink)
-        rms = torch.sqrt(torch.mean((gradient / denominator).to(torch.float64) ** 2))
-        return update, rms
+        denominators = torch._foreach_sqrt(seconds)
+        torch._foreach_div_(denominators, math.sqrt(1 - beta2**step))
+        torch._foreach_add_(denominators, eps)
+        updates = torch._foreach_div(moments, denominators)
+        torch._foreach_mul_(updates, lr / (1 - beta1**step))
+        shrink = lr * decay if group.get("decoupled_weight_decay", False) else 0.0
+        if shrink:
+            # w_after = (1 - shrink) * w_before - adam_step, so the update w_after - w_before
+            # is -(adam_step + shrink * w_after) / (1 - shrink).
+            torch._foreach_add_(updates, weights, alpha=shrink)
+            torch._foreach_div_(updates, 1 - shrink)
+        ratios = torch._foreach_div(gradients, denominators)
+        rms = [norm / math.sqrt(max(1, ratio.numel()))
+               for norm, ratio in zip(torch._foreach_norm(ratios), ratios)]
+        return torch._foreach_norm(updates), rms
 
     @staticmethod
-    def _sgd(parameter, group, state, compute):
-        """The update tensor (its sign aside) of SGD's last step."""
-        weight = _real(parameter.detach()).to(compute)
+    def _sgd(group, step, compute, members):
+        """The update norms of SGD's last step (and no RMS)."""
         lr, decay = _value(group["lr"]), _value(group["weight_decay"])
         momentum = _value(group["momentum"])
-        buffer = state.get("momentum_buffer")
-        if momentum and buffer is not None and not group["nesterov"]:
-            return lr * _real(buffer).to(compute)  # the buffer holds the decay's term already
-        gradient = _real(parameter.grad.detach()).to(compute)
+        buffers = [state.get("momentum_buffer") for _, _, state in members]
+        if momentum and not group["nesterov"] and all(b is not None for b in buffers):
+            # The buffer holds the decay's term already: the update is lr times it.
+            return [lr * norm for norm in torch._foreach_norm(
+                [_real(b).to(compute) for b in buffers])], None
+        directions = [_real(p.grad.detach()).to(compute) for _, p, _ in members]
         if group["maximize"]:
-            gradient = -gradient
-        if momentum and buffer is not None:  # Nesterov: g + wd w_before + momentum * buffer
-            gradient = gradient + momentum * _real(buffer).to(compute)
+            directions = torch._foreach_neg(directions)
+        if momentum:  # Nesterov: g + wd w_before + momentum * buffer
+            directions = torch._foreach_add(
+                directions, [_real(b).to(compute) for b in buffers], alpha=momentum)
+        if decay:
+            directions = torch._foreach_add(
+                directions, [_real(p.detach()).to(compute) for _, p, _ in members], alpha=decay)
         # lr * (g' + wd * w_before), with w_before = w_after + that update.
-        return lr * (gradient + decay * weight) / (1 - lr * decay)
+        scale = lr / (1 - lr * decay)
+        return [scale * norm for norm in torch._foreach_norm(directions)], None
 
 
 def optimizer_note(optimizer) -> Optional[str]:
