@@ -347,6 +347,28 @@ def test_spike_against_running_median_but_not_a_small_bump():
     assert not [a for a in analysis.diagnose(make_series(early, variables)) if a.rule == "spike"]
 
 
+def test_a_rise_of_orders_of_magnitude_that_stays_is_a_surge_below_the_ceiling():
+    """Issue 35: a blow-up over tens of steps changes level, so it is no spike; risen 1e4x and
+    staying there, it is a surge, of the variable and of the global norm, raised when it has
+    lasted sustain_steps; a 10x change of level is not one."""
+    norms, variables = deep_net(noise=0.05)
+    norms[150:, 5] *= np.minimum(1e4, 10.0 ** ((np.arange(STEPS - 150) + 1) / 2))  # 20 steps up
+    norms[150:, 9] *= 10  # a change of level
+    series = make_series(norms, variables)
+    surges = [a for a in analysis.diagnose(series) if a.rule in ("surge", "global_surge")]
+    assert sorted((a.rule, str(a.variable)) for a in surges) == [("global_surge", "None"),
+                                                                 ("surge", variables[5])]
+    limit = analysis.Thresholds().surge_ratio
+    for alert in surges:
+        assert alert.severity == "warning", "without a loss nothing else can tell"
+        assert alert.value >= limit and alert.last_step > alert.first_step
+        assert alert.raised_step == alert.first_step + 10 * (analysis.Thresholds().sustain_steps - 1)
+        assert not any(norms[:, 5] >= analysis.Thresholds().exploding_norm), "below the ceiling"
+    # The loss logged at those steps: the loss-spike rule judges consequences, a surge is info.
+    with_loss = dataclasses.replace(series, loss=np.ones(STEPS), loss_logged=np.ones(STEPS, bool))
+    assert {a.severity for a in analysis.diagnose(with_loss) if a.rule.endswith("surge")} == {"info"}
+
+
 def test_a_jump_of_a_norm_far_below_the_rest_is_not_a_spike():
     # A vanishing-scale layer's 1e-9 -> 1e-7 (the issue's deep sigmoid net), or a bias far
     # below its kernel: the jump changes no update, so no finding and no spike cell.

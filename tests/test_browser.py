@@ -44,6 +44,9 @@ MANY_ALERTS = "many_alerts"
 # MOVER_STEP: a loss-spike finding that names the variable that moved first.
 LOSS_SPIKE = "lr_11_loss_spike"
 LOSS_SPIKE_STEP, MOVER_STEP = 82, 78
+# A run still training: healthy for its first steps; a test writes more, its loss spiking.
+GROWING = "lr_12_growing"
+GROWING_STEPS = 70  # before MOVER_STEP
 MANY_ALERTS_VARIABLES = 1000
 MANY_ALERTS_NAN_STEP = 5
 # The diverged run: 2 epochs of 20 steps (1-20, 21-40); norms of 1, then 1e3 times larger at each
@@ -96,10 +99,10 @@ def _write_diverged_run(run_dir):
                          else float("nan"))
 
 
-def _write_loss_spike_run(run_dir):
-    rng = np.random.default_rng(3)
+def _write_loss_spike_run(run_dir, steps=range(120), seed=3):
+    rng = np.random.default_rng(seed)
     with tg.GradientWriter(run_dir) as writer:
-        for step in range(120):
+        for step in steps:
             rise = 50.0 if MOVER_STEP <= step < LOSS_SPIKE_STEP + 6 else 1.0
             spiking = LOSS_SPIKE_STEP <= step < LOSS_SPIKE_STEP + 6
             loss = (10.0 if spiking else 1.0) * (1 + 0.05 * rng.random())
@@ -145,6 +148,7 @@ def logdir(tmp_path_factory, demo):
     _write_many_epochs_run(str(root / MANY_EPOCHS))
     _write_many_alerts_run(str(root / MANY_ALERTS))
     _write_loss_spike_run(str(root / LOSS_SPIKE))
+    _write_loss_spike_run(str(root / GROWING), steps=range(GROWING_STEPS), seed=4)
     return root
 
 
@@ -1446,4 +1450,23 @@ def test_a_loss_spike_is_marked_on_the_columns_and_outlines_the_cells_that_moved
     assert abs(cells["top"] - height * row / rows) < 1.5, "the mover's row"
     assert abs(cells["left"] - width * MOVER_STEP / 120) < 1.5
     assert abs(cells["right"] - width * (LOSS_SPIKE_STEP + 1) / 120) < 1.5
+    tab.close()
+
+
+def test_a_live_run_shows_a_new_warning_at_the_next_refresh(browser, server, logdir):
+    """The run goes on training and its loss spikes: the tab's next refresh (the periodic one,
+    called here) shows the warning, with its column marks."""
+    tab = Tab(browser, server, f"#run={GROWING}&tag=gradients&axis=step")
+    tab.wait_drawn()
+    heading = tab.page.locator(".alerts h2")
+    assert heading.inner_text() == "No alerts"
+    _write_loss_spike_run(str(logdir / GROWING), steps=range(GROWING_STEPS, 120), seed=5)
+    tab.page.wait_for_function(
+        """async () => { await window.gradientsApp.refreshIfGrown();
+                         return window.gradientsApp.matrix.lastSteps.at(-1) === 119; }""",
+        polling=500, timeout=60000)
+    tab.wait_drawn()
+    assert heading.inner_text().startswith("Alerts (")
+    assert "loss spiked" in tab.page.locator(".alerts").inner_text()
+    assert tab.page.evaluate("window.gradientsApp.view.drawnColumnMarks.length") == 1
     tab.close()

@@ -20,6 +20,11 @@ since the loss-spike rule (`loss_spike.py`) warns when the loss feels a gradient
 variable that moved first); healthy runs have gradient spikes their loss never feels (a
 mini-batch's rare tokens: 12-30x on the instability set's converged GPT and healthy CNN). Without
 a logged loss a spike is a ``warning``: nothing else can tell.
+
+A rise that stays is no spike, but a rise by orders of magnitude that stays is a finding of its
+own, below the exploding ceiling too: a ``surge`` (a variable) or ``global_surge`` (see
+``surge_ratio``): an RNN or Adam blowing up over tens of steps (1e-6 to 130, or 2,000x) changes
+level, and the spike rule alone let it pass. Its severity follows the same consequences.
 """
 
 import numpy as np
@@ -69,6 +74,20 @@ about 3% of the global norm, so a 10x jump of any one of them still passes.
 """)
 
 
+SURGE_RATIO = Parameter(
+    "surge_ratio", 100.0, float, "surge at (x its running median, sustained)", doc="""
+A norm (a variable's that matters, ``spike_min_share``, or the global one) at least this
+multiple of its running median (the spike history's) for ``sustain_steps`` logged steps in a
+row is a surge: a rise of orders of magnitude that stays, reported even below the exploding
+ceiling (issue 35: a blow-up from 1e-6 to 130 over tens of steps, and Adam's collapse at
+2,000x, raised nothing). 100x: on the instability set the healthy controls' norms never stayed
+above 5.5x their running median for 5 steps (mini-batch noise, warm-up), while Adam's collapse
+stayed 5,000x-2,500,000x above, an RNN without clipping 250x; a healthy LSTM's norm grows 100x
+as it learns, but over 20 steps, against a median that follows it block by block
+(benchmarks/validation.py's healthy LSTMs stay silent).
+""")
+
+
 _LOG10_E = np.float32(1 / np.log(10))
 
 
@@ -86,13 +105,17 @@ _SPIKED = ("spiked to {detail:.3g}x its running median (robust z-score {value:.3
            "{limit:g})")
 _VARIABLE = Wording.define("spike.variable", "gradient norm " + _SPIKED)
 _GLOBAL = Wording.define("spike.global", "global gradient norm " + _SPIKED)
+_SURGED = ("stayed at {limit:g}x its running median or more for {sustain} logged steps or more, "
+           "up to {value:.3g}x: a rise of orders of magnitude, below the exploding ceiling")
+_VARIABLE_SURGE = Wording.define("spike.surge", "gradient norm " + _SURGED)
+_GLOBAL_SURGE = Wording.define("spike.global_surge", "global gradient norm " + _SURGED)
 
 
 class Spike(Rule):
     name = "spike"
     kind = "spike"
     cell_class = SPIKE
-    parameters = (SPIKE_WINDOW, SPIKE_ZSCORE, SPIKE_MIN_SIGMA, SPIKE_MIN_SHARE)
+    parameters = (SPIKE_WINDOW, SPIKE_ZSCORE, SPIKE_MIN_SIGMA, SPIKE_MIN_SHARE, SURGE_RATIO)
 
     def _scores(self, evidence, log_norms, key, exclude=None):
         """(robust z-score, log10 of norm / running median) of ``[steps, columns]`` log-norms;
@@ -132,12 +155,29 @@ class Spike(Rule):
         exploded = evidence.cells_of_class(EXPLODING)  # that rule's finding, not also a spike
         return ~evidence.missing & ~exploded & matters & self._is_spike(evidence, z)
 
+    def _surges(self, evidence, excess, usable):
+        """``bool[steps, columns]``: in a stretch of ``sustain_steps`` logged steps or more
+        where the norm stayed ``surge_ratio`` times its running median (``excess``: log10 of
+        that ratio) and ``usable`` held."""
+        limits = evidence.thresholds
+        with np.errstate(invalid="ignore"):
+            high = usable & (excess >= np.log10(limits.surge_ratio))
+        return window.sustained(high, limits.sustain_steps)
+
     def alerts(self, evidence, builder):
         spikes = evidence.cells(self)
         z, excess = evidence.once(self.variable_scores)
         for row in flagged_columns(spikes):
             self._add(evidence, builder, spikes[:, row], z[:, row], excess[:, row], _VARIABLE,
                       row=row)
+        with np.errstate(invalid="ignore"):
+            matters = (evidence.finite_norms
+                       >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
+        surges = self._surges(evidence, excess, matters & ~evidence.missing
+                              & ~evidence.cells_of_class(EXPLODING))
+        for row in flagged_columns(surges):
+            self._add_surge(evidence, builder, surges[:, row], excess[:, row], _VARIABLE_SURGE,
+                            "surge", row=row)
 
         present = evidence.global_present
         global_z, global_excess = self._scores(
@@ -148,6 +188,20 @@ class Spike(Rule):
         self._add(evidence, builder,
                   present & below_ceiling & self._is_spike(evidence, global_z[:, 0]),
                   global_z[:, 0], global_excess[:, 0], _GLOBAL, rule="global_spike")
+        global_surges = self._surges(evidence, global_excess, (present & below_ceiling)[:, None])
+        self._add_surge(evidence, builder, global_surges[:, 0], global_excess[:, 0],
+                        _GLOBAL_SURGE, "global_surge")
+
+    def _add_surge(self, evidence, builder, mask, excess, wording, rule, row=None):
+        limits = evidence.thresholds
+        with np.errstate(over="ignore"):
+            ratios = 10.0 ** excess.astype(np.float64)
+        # Raised when the stretch is complete; info where the loss was logged, as a spike.
+        builder.add(
+            self.kind, rule, "info", mask, ratios, np.max, limits.surge_ratio,
+            wording.bound(limit=limits.surge_ratio, sustain=limits.sustain_steps), row=row,
+            raised_at_hit=limits.sustain_steps - 1, escalated=("warning", ~evidence.loss_logged),
+        )
 
     def _add(self, evidence, builder, mask, z, excess, wording, rule="spike", row=None):
         limit = evidence.thresholds.spike_zscore
