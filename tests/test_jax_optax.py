@@ -368,3 +368,36 @@ def test_the_loss_is_logged_beside_the_gradients_through_optax_value_and_log_gra
         log_gradients(writer, params, 1, loss=float("nan"))
     series = series_of(tmp_path / "plain")
     assert series.loss[0] == 2.5 and np.isnan(series.loss[1]) and series.loss_logged.all()
+
+
+def test_wrapping_the_optimizer_logs_each_steps_real_update(tmp_path):
+    """Given the optimizer, the monitor runs it and logs the updates it returns, the change
+    `optax.apply_updates` makes to the parameters; a learning rate raised 30x shows at the step
+    that takes it (through `optax.inject_hyperparams`, and under nnx.jit)."""
+    model = MLP(nnx.Rngs(0))
+    adam = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+    writer = tg.GradientWriter(str(tmp_path))
+    tx = gradient_monitor(writer, optimizer=adam)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    changes = []
+    for step, (x, y) in enumerate(batches(8)):
+        if step == 6:
+            optimizer.opt_state.inner.hyperparams["learning_rate"][...] = 3e-2
+        before = snapshot(model)
+        train_step(model, optimizer, x, y)
+        after = snapshot(model)
+        changes.append([np.linalg.norm(after[layer][leaf].astype(np.float64)
+                                       - before[layer][leaf].astype(np.float64))
+                        for layer, leaf in (row.split("/") for row in ROWS)])
+    jax.effects_barrier()
+    writer.close()
+    series = series_of(tmp_path)
+    assert series.variables == ROWS
+    assert series.stat_names[-2:] == ("weight_l2_norm", "update_l2_norm")
+    # The float32 parameters' difference keeps the update to |w| / |update| ~ 1e3 roundings of
+    # float32 (u = 6e-8): 1e-4 of the update, with room.
+    np.testing.assert_allclose(series.stat("update_l2_norm"), changes, rtol=5e-4)
+    norms = np.linalg.norm(series.stat("update_l2_norm"), axis=1)
+    assert norms[6] / norms[5] == pytest.approx(30, rel=0.3)
+    ratio = series.stat("update_weight_ratio")  # biases start at 0: no ratio at step 0
+    assert np.isfinite(ratio[:, [1, 3]]).all() and np.isfinite(ratio[1:]).all()

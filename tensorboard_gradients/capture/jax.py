@@ -359,7 +359,8 @@ class StatsNames:
 
 
 class GradientMonitorState(NamedTuple):
-    """The state of `gradient_monitor`; its leaves are ``count``, ``step`` and ``stats``.
+    """The state of `gradient_monitor`; its leaves are ``count``, ``step``, ``stats`` and the
+    wrapped ``optimizer``'s state.
 
     Inside or outside ``jit``: ``opt_state[0].stats`` when the monitor is the chain's first
     member, or ``optax.tree.get(opt_state, "stats")`` wherever it is.
@@ -370,12 +371,14 @@ class GradientMonitorState(NamedTuple):
       stats: ``[len(variables), len(columns)]``, the statistics of the last logged step (NaN
         before the first; the weight columns are NaN when ``update`` was given no ``params``).
       names: the row and column names (`StatsNames`; also `variables` and `columns`).
+      inner: the state of the ``optimizer`` it wraps (None: it wraps none).
     """
 
     count: jax.Array
     step: jax.Array
     stats: jax.Array
     names: StatsNames
+    inner: object = None
 
     @property
     def variables(self):
@@ -394,7 +397,7 @@ class GradientMonitorState(NamedTuple):
 
 def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
                      name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                     stats=None):
+                     stats=None, optimizer=None):
     """An optax transformation that logs the statistics of the updates it sees, from inside
     ``jit``, and passes them through unchanged.
 
@@ -411,6 +414,16 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     columns are left out of the logs. ``update``'s ``value=`` (optax's name for the loss, as
     ``optax.contrib.reduce_on_plateau`` takes it) is logged beside the statistics, for the
     loss-spike rule: ``optimizer.update(grads, state, params, value=loss)``.
+
+    Given the ``optimizer`` it wraps, it is the whole optimizer: it logs the gradients, runs the
+    optimizer (extra arguments, ``value`` included, reach it) and logs the updates it returns,
+    which ``optax.apply_updates`` adds to the parameters: each step's real update
+    (``update_l2_norm``; the tab shows update/weight), without a copy of anything, which tells a
+    raised learning rate before the loss feels it:
+
+    ```python
+    tx = gradient_monitor("logs/run1", optimizer=optax.adamw(1e-3))
+    ```
 
     Args:
       log_dir: where to write: a run directory, or anything else `GradientWriter` takes (a
@@ -430,7 +443,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the parameters). l2_norm, min, max, abs_max, nan_count, inf_count and size are
-        always logged; weight_l2_norm only when named.
+        always logged; weight_l2_norm and update_l2_norm only when named.
+      optimizer: the optax optimizer (a `GradientTransformation`) to wrap, whose updates are
+        logged too (see above); None: the updates pass through unchanged.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
@@ -450,6 +465,8 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     selected = columns.selected_stats(stats)
     gradient_stats = columns.gradient_stats(selected)
     logs_weights = "weight_l2_norm" in selected
+    inner = None if optimizer is None else optax.with_extra_args_support(optimizer)
+    logs_updates = inner is not None and "update_l2_norm" in selected
     writer = _writer(log_dir, name, strict)
     if writer is None and histograms_every_n_steps is not None:
         raise ValueError("histograms_every_n_steps needs a log_dir: the state keeps only the "
@@ -464,20 +481,27 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             raise ValueError("gradient_monitor has no leaf to watch: the parameters are empty "
                              "or include/exclude leave none")
         layout = Layout.create([n for n, _ in rows], [leaf.shape for _, leaf in rows],
-                               with_weights=logs_weights, gradient_stats=gradient_stats)
+                               with_weights=logs_weights, with_updates=logs_updates,
+                               gradient_stats=gradient_stats)
         dtype = JaxOps.computation_dtype([leaf.dtype for _, leaf in rows])
         return GradientMonitorState(
             count=jnp.zeros([], jnp.int32), step=jnp.full([], -1, jnp.int32),
             stats=jnp.full((len(rows), len(layout.stats)), jnp.nan, dtype),
-            names=StatsNames(layout.variables, layout.stats))
+            names=StatsNames(layout.variables, layout.stats),
+            inner=None if inner is None else inner.init(params))
 
     def update(updates, state, params=None, *, step=None, value=None, **extra_args):
-        del extra_args  # the other members' of a chain
         rows = watched(updates)
         names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
         weights = None if params is None or not logs_weights else _weights_for(names, params)
+        inner_state, applied = state.inner, None
+        if inner is not None:  # the optimizer's own extra arguments reach it
+            updates, inner_state = inner.update(updates, state.inner, params, value=value,
+                                                **extra_args)
+            applied = [leaf for _, leaf in watched(updates)] if logs_updates else None
         layout = Layout.create(names, [g.shape for g in gradients],
-                               with_weights=weights is not None, gradient_stats=gradient_stats)
+                               with_weights=weights is not None, with_updates=logs_updates,
+                               gradient_stats=gradient_stats)
         if layout.variables != state.variables:
             raise ValueError(
                 f"gradient_monitor was initialised with leaves {list(state.variables)[:5]}, the "
@@ -488,11 +512,13 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             due += 2 * (step % histograms_every_n_steps == 0).astype(jnp.int32)
 
         def branch(stats_due, histograms_due):
-            def run(gradients, weights, step, loss, last):
+            def run(gradients, weights, applied, step, loss, last):
                 if not (stats_due or histograms_due):
                     return last
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
                                           gradient_stats)
+                if stats is not None and applied is not None:
+                    stats = jnp.concatenate([stats, _update_norms(applied, stats.dtype)], 1)
                 if writer is not None:
                     write = functools.partial(_write_from_callback, writer, layout)
                     io_callback(write, None, step, stats, counts,
@@ -504,10 +530,12 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
 
         branches = [branch(bool(k & 1), bool(k & 2))
                     for k in range(2 if histograms_every_n_steps is None else 4)]
-        stats = jax.lax.switch(due, branches, gradients, weights, step, value, state.stats)
+        stats = jax.lax.switch(due, branches, gradients, weights, applied, step, value,
+                               state.stats)
         logged = due % 2 == 1
         return updates, state._replace(
-            count=state.count + 1, step=jnp.where(logged, step, state.step), stats=stats)
+            count=state.count + 1, step=jnp.where(logged, step, state.step), stats=stats,
+            inner=inner_state)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -536,6 +564,11 @@ def _integer_step(step):
     if step.shape != () or not jnp.issubdtype(step.dtype, jnp.integer):
         raise ValueError(f"step must be an integer scalar, got {step.dtype}{list(step.shape)}")
     return step.astype(jnp.int32)
+
+
+def _update_norms(updates, dtype):
+    """``[leaves, 1]``: the L2 norm of each update leaf (the update_l2_norm column)."""
+    return jnp.stack([jnp.sqrt(jnp.sum(jnp.square(u.astype(dtype)))) for u in updates])[:, None]
 
 
 def _in_columns(stats, given, wanted):
