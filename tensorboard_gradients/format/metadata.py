@@ -138,6 +138,13 @@ def loss_tag(name: str) -> str:
     return name + LOSS_TAG_SUFFIX
 
 
+def loss_source(name: str, has_points, scalars=LOSS_SCALARS) -> Optional[str]:
+    """The tag the loss of summary ``name`` is read from, the one policy of every reader: its
+    ``<name>_loss`` tag, else the first of the run's own loss ``scalars`` (`LOSS_SCALARS`, or
+    the ones a user named) for which ``has_points(tag)``; None without one."""
+    return next((tag for tag in (loss_tag(name), *scalars) if has_points(tag)), None)
+
+
 def digest_tag(stats_tag: str) -> str:
     return stats_tag + DIGEST_TAG_SUFFIX
 

@@ -228,13 +228,14 @@ class _RunReader:
         its ``<name>_loss`` tag, else the first of the run's loss scalars logged; None."""
         tag_name = metadata.loss_tag(name)
         tag = self._tag_of_kind(tag_name, metadata.KIND_LOSS)
-        if tag is not None and tag.points:
-            points = read_back(tag_name, tag.parsed, tag.points, self.report)
-            return loss_curve(self.run, tag_name, points), tag_name
-        for scalar in self.loss_scalars:
-            if scalar in self.scalar_losses:
-                return loss_curve(self.run, scalar, self.scalar_losses[scalar]), scalar
-        return None
+        source = metadata.loss_source(
+            name, lambda t: bool(tag.points) if t == tag_name and tag is not None
+            else bool(self.scalar_losses.get(t)), self.loss_scalars)
+        if source is None:
+            return None
+        points = (read_back(tag_name, tag.parsed, tag.points, self.report) if source == tag_name
+                  else self.scalar_losses[source])
+        return loss_curve(self.run, source, points), source
 
     def collect_series(self) -> Dict[str, "LoggedSeries"]:
         """``{tag: LoggedSeries}`` of the stats tags with readable points (once all files are

@@ -191,18 +191,18 @@ class LocalReader:
         scalars (`metadata.LOSS_SCALARS`) logged; None. Read back once per look at the files
         that changed it."""
         loss_tag = metadata.loss_tag(name)
-        for tag in (loss_tag,) + metadata.LOSS_SCALARS:
-            where = look.located(tag)
-            if not len(where.steps):
-                continue
-            parsed = None
-            if tag == loss_tag:
-                parsed = parsed_content(look.contents().get(tag, b"")).parsed
-                if parsed is None or parsed.kind != metadata.KIND_LOSS:
-                    continue
-            return self._per_look(look, tag, where, functools.partial(
-                self._read_loss, look.run, tag, parsed))
-        return None
+        parsed = parsed_content(look.contents().get(loss_tag, b"")).parsed
+
+        def has_points(tag):
+            if tag == loss_tag and (parsed is None or parsed.kind != metadata.KIND_LOSS):
+                return False
+            return bool(len(look.located(tag).steps))
+
+        tag = metadata.loss_source(name, has_points)
+        if tag is None:
+            return None
+        return self._per_look(look, tag, look.located(tag), functools.partial(
+            self._read_loss, look.run, tag, parsed if tag == loss_tag else None))
 
     @staticmethod
     def _read_loss(run: str, tag: str, parsed: Optional[metadata.PluginData], points):

@@ -156,19 +156,22 @@ class ProviderReader:
         """``(curve, source)`` of the run's loss: its ``<name>_loss`` tag, else the first of
         its own loss scalars (`metadata.LOSS_SCALARS`, as TensorBoard keeps them: sampled by
         its ``--samples_per_plugin``); ``(None, None)`` without one."""
-        if loss is not None:
-            loss_tag = metadata.loss_tag(name)
+        loss_tag = metadata.loss_tag(name)
+        scalars = {}
+        if loss is None:  # only then are the run's loss scalars asked for
+            scalars = self._provider.read_scalars(
+                ctx, experiment_id=experiment, plugin_name="scalars", downsample=_ALL_POINTS,
+                run_tag_filter=provider.RunTagFilter(runs=[run],
+                                                     tags=list(metadata.LOSS_SCALARS)),
+            ).get(run, {})
+        tag = metadata.loss_source(
+            name, lambda t: loss is not None if t == loss_tag else bool(scalars.get(t)))
+        if tag is None:
+            return None, None
+        if tag == loss_tag:
             points, _, _ = self._read(ctx, experiment, run, loss_tag, loss.parsed)
             return loss_curve(run, loss_tag, [p for p in points if p[2] is not None]), loss_tag
-        scalars = self._provider.read_scalars(
-            ctx, experiment_id=experiment, plugin_name="scalars", downsample=_ALL_POINTS,
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(metadata.LOSS_SCALARS)),
-        ).get(run, {})
-        for tag in metadata.LOSS_SCALARS:
-            if scalars.get(tag):
-                return loss_curve(run, tag, [(d.step, d.wall_time, d.value)
-                                             for d in scalars[tag]]), tag
-        return None, None
+        return loss_curve(run, tag, [(d.step, d.wall_time, d.value) for d in scalars[tag]]), tag
 
     def _histograms(self, ctx, experiment, run, histogram_tag, parsed) -> GradientHistograms:
         points, _, _ = self._read(ctx, experiment, run, histogram_tag, parsed)
