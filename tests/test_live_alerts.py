@@ -110,3 +110,18 @@ def test_a_keras_callback_can_stop_fit_on_a_critical_alert(tmp_path):
     assert len(history.history["loss"]) < 30, "fit stopped on the critical alert"
     critical = [a for a in monitor.alerts() if a.severity == "critical"]
     assert critical and all(a.raised_step >= 0 for a in critical)
+
+
+def test_alerts_asked_only_after_close_judge_every_step_written(tmp_path):
+    """Nobody asked during the run (the thread only fed the analysis): after close, alerts()
+    judges every step, the last one included, as `diagnose` of the run read back does."""
+    writer = GradientWriter(tmp_path)
+    rng = np.random.default_rng(0)
+    for step in range(300):  # more than a chunk of steps fed while nobody asks
+        writer.write(step, {"dense.kernel": rng.normal(size=(8, 8))},
+                     loss=float("nan") if step == 299 else 1.0)
+    writer.close()
+    alerts = writer.alerts()
+    shown = tg.diagnose(tg.read_logdir(str(tmp_path))["."]["gradients"])
+    assert {alert_identity(a) for a in alerts} == {alert_identity(a) for a in shown}
+    assert ("loss_spike", "spike", None, None, 299) in {alert_identity(a) for a in alerts}

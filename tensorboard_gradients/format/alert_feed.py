@@ -11,10 +11,12 @@ step by step raises it (`Alert.raised_step`). The training thread only appends r
   known after step ``t + 1`` is written: with ``on_alert`` that write waits for it (the loop
   acts at the same step on any machine), ``alerts(wait=True)`` too; ``alerts()`` returns what
   is judged by then.
-* The thread judges what came since its last turn in one go, and rests between turns at least
-  `REST_FACTOR` times as long as the turn took: it takes at most a fifth of a core, whatever
-  the run's length (a turn's whole-run rules grow with it: 25 ms at 3,000 steps of 100
-  variables), and alerts are late by at most that rest.
+* Until someone asks (``on_alert``, `take`), the thread only feeds the steps to the analysis,
+  `CHUNK_ROWS` at a time (what the digest costs), and draws no alerts. Once asked, it judges
+  what came since its last turn in one go and rests between turns at least `REST_FACTOR` times
+  as long as the turn took: it takes at most a fifth of a core, whatever the run's length (a
+  turn's whole-run rules grow with it: 25 ms at 3,000 steps of 100 variables), and alerts are
+  late by at most that rest.
 * New alerts: a finding not delivered before, or delivered at a less urgent severity.
 * A failure of the thread is logged once and stops the feed; it never raises into training.
   Between steps the thread waits (a daemon: it never holds the process), so a writer closed and
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 # The thread rests this many times as long as its last turn took.
 REST_FACTOR = 4.0
+# Steps fed to the analysis at a time while nobody has asked for alerts.
+CHUNK_ROWS = 256
 
 
 def alert_identity(alert) -> Tuple:
@@ -60,6 +64,8 @@ class AlertFeed:
         self._ready: List[analysis.Alert] = []
         self._stopped = False
         self._waiters = 0  # `take(wait=True)` calls waiting: the thread does not rest
+        self._asked = False  # someone took alerts: from then on every turn draws them
+        self._stale = False  # steps fed since the alerts were last drawn
         self._changed = threading.Condition()
         self._thread = None
 
@@ -88,6 +94,7 @@ class AlertFeed:
         """The alerts not delivered yet, most urgent first. ``wait``: after the thread judged
         every step handed over; ``settle`` also hands over the last step written (at close)."""
         with self._changed:
+            self._asked = True
             if settle and self._last is not None and not self._stopped:
                 self._queue.append(self._last)
                 self._last = None
@@ -96,7 +103,7 @@ class AlertFeed:
             if wait or settle:
                 self._waiters += 1
                 self._changed.notify_all()
-                while (self._queue or self._judging) and not self._stopped:
+                while (self._queue or self._judging or self._stale) and not self._stopped:
                     self._changed.wait()
                 self._waiters -= 1
             ready, self._ready = self._ready, []
@@ -108,18 +115,28 @@ class AlertFeed:
                                             name="tensorboard-gradients alerts")
             self._thread.start()
 
+    def _due(self) -> bool:
+        """Whether the thread has work: steps to feed (at once when asked, else a chunk), or
+        alerts to draw for someone who asked."""
+        wanted = self._asked or self._waiters
+        return bool(self._queue and (wanted or len(self._queue) >= CHUNK_ROWS)
+                    or self._stale and wanted)
+
     def _run(self):
         while True:
             with self._changed:
-                while not self._queue and not self._stopped:
+                while not self._stopped and not self._due():
                     self._changed.wait()
                 if self._stopped:
                     return
                 rows, self._queue = self._queue, []
                 self._judging = len(rows)
+                draw = bool(self._asked or self._waiters)
             started = time.monotonic()
             try:
-                alerts = self._judge(rows)
+                if rows:
+                    self._feed(rows)
+                alerts = self._stream.alerts() if draw else None
             except Exception:  # never into training: the feed stops, the run goes on
                 logger.exception("tensorboard-gradients: live alerts stopped")
                 with self._changed:
@@ -127,7 +144,10 @@ class AlertFeed:
                     self._changed.notify_all()
                 return
             with self._changed:
-                self._keep_new(alerts)
+                self._stale = self._stale or bool(rows)
+                if alerts is not None:
+                    self._keep_new(alerts)
+                    self._stale = False
                 self._judging = 0
                 self._changed.notify_all()
                 rest_until = time.monotonic() + REST_FACTOR * (time.monotonic() - started)
@@ -135,7 +155,7 @@ class AlertFeed:
                        and not self._waiters):
                     self._changed.wait(max(0.0, rest_until - time.monotonic()))
 
-    def _judge(self, rows):
+    def _feed(self, rows):
         steps = np.array([row[0] for row in rows], np.int64)
         losses = [row[2] for row in rows]
         logged = np.array([loss is not None for loss in losses])
@@ -143,7 +163,6 @@ class AlertFeed:
             steps, np.zeros(len(rows)), np.stack([row[1] for row in rows]),
             loss=np.array([np.nan if loss is None else loss for loss in losses], np.float64),
             loss_logged=logged)
-        return self._stream.alerts()
 
     def _keep_new(self, alerts):
         for alert in alerts:

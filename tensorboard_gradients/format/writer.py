@@ -118,6 +118,7 @@ class GradientWriter:
         self._new_alerts = []  # every new alert, in the order judged
         self._alerts_returned = 0  # of them returned by `alerts`
         self._alerts_called = 0  # of them passed to on_alert
+        self._closed = False  # closed and not written since: every step written is final
         self._epochs = []  # (step, epoch) marks written, for the digests of tags made later
         self._tags = None  # LayoutTags, seeded from the run directory at the first write
         self._described = set()
@@ -229,6 +230,7 @@ class GradientWriter:
         if histogram_counts is not None:
             _check_histogram_shape(layout, histogram_counts)
         with self._lock:
+            self._closed = False
             tag = self._tag_for(layout)
             values = [self._tensor_value(
                 tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
@@ -254,8 +256,9 @@ class GradientWriter:
         """The `analysis.Alert`s judged since the last call, in the order judged (each
         judgement's most urgent first): findings not returned before, or grown more urgent. Judged in the background as steps are written (see
         `alert_feed`): an alert raised at a step is here once the next step is written.
-        ``wait``: judge every step written before the last one first."""
-        self._collect(wait=wait)
+        ``wait``: judge every step written before the last one first; after `close`, every
+        step written is judged first."""
+        self._collect(wait=wait or self._closed, settle=self._closed)
         with self._lock:
             new = self._new_alerts[self._alerts_returned:]
             self._alerts_returned = len(self._new_alerts)
@@ -428,8 +431,10 @@ class GradientWriter:
     def close(self):
         """Writes the digests' last records, judges the last steps (``on_alert``) and closes the
         event file; a later write starts a new, self-describing file."""
-        self._collect(settle=True)
-        self._call_on_alert()
+        if self._on_alert is not None:  # else the last steps are judged when alerts are asked
+            self._collect(settle=True)
+            self._call_on_alert()
+        self._closed = True
         with self._lock:
             feeds = list(self._feeds.values())
             for feed in feeds:
