@@ -30,6 +30,7 @@ import dataclasses
 import errno
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -224,6 +225,8 @@ def summarize(logdir):
 PORTS_TRIED = 100
 # TensorBoard answers within seconds; a minute covers a loaded machine's first import.
 STARTUP_TIMEOUT_S = 120
+# TensorBoard exits within a second or two of SIGTERM; past this it is killed.
+STOP_TIMEOUT_S = 20
 
 
 def port_is_free(port: int) -> bool:
@@ -264,6 +267,9 @@ def serve(logdir, port, bind_all, tensorboard_flags=()) -> int:
     when it never answered); prints the tab's URL once TensorBoard answers on ``port``."""
     options = (["--logdir", logdir, "--port", str(port)] + (["--bind_all"] if bind_all else [])
                + list(tensorboard_flags))
+    # A script's background job (`... --serve &`) starts with SIGINT ignored, and Python then
+    # leaves it so: Ctrl-C and `kill -INT` would not stop the demo. "Until Ctrl-C" means it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"\n$ tensorboard {' '.join(options)}", flush=True)
     process = subprocess.Popen([sys.executable, "-m", "tensorboard.main"] + options)
     try:
@@ -284,7 +290,11 @@ def serve(logdir, port, bind_all, tensorboard_flags=()) -> int:
         # the demo alone (kill -INT) must stop it as well.
         if process.poll() is None:
             process.terminate()
-        process.wait()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # stuck on its way out: Ctrl-C still stops the demo
+            process.kill()
+            process.wait()
         return 0
     if process.returncode != 0:
         print(f"TensorBoard failed (exit status {process.returncode}); its messages are above.",

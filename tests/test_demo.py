@@ -94,12 +94,15 @@ def test_an_unknown_scenario_is_refused_with_the_known_ones():
     assert "unknown scenario(s) nope" in done.stderr and "exploding_clipped" in done.stderr
 
 
-def _demo_process(*args):
+def _demo_process(*args, sigint_ignored=False):
     """`demo/train.py` as `./dev demo` runs it, in a process group of its own (Ctrl-C reaches
-    TensorBoard too, as from a terminal); stdout line-buffered for reading as it goes."""
+    TensorBoard too, as from a terminal); stdout line-buffered for reading as it goes.
+    ``sigint_ignored``: started as a script's background job is (`... --serve &`), with SIGINT
+    ignored."""
+    ignored = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "demo" / "train.py"), *args], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=ignored)
 
 
 def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs(tmp_path):
@@ -107,8 +110,9 @@ def test_a_taken_port_is_skipped_before_training_and_the_url_printed_is_the_tabs
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        # Started as a background job of a script is, with SIGINT ignored: kill -INT stops it.
         demo = _demo_process("--logdir", str(tmp_path), "--only", "healthy", "--epochs", "1",
-                             "--serve", "--port", str(port))
+                             "--serve", "--port", str(port), sigint_ignored=True)
         # Its stderr (TensorFlow's and TensorBoard's messages) drained as it comes: a full pipe
         # would block the demo or TensorBoard, and the stop below would wait on that.
         errors = []
