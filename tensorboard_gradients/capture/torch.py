@@ -191,7 +191,8 @@ class GradientMonitor:
       on_alert: called with each new `tensorboard_gradients.analysis.Alert` during training,
         on the training thread, once the step after the one that raised it is logged (or at
         `close`): what the Gradients tab would show, judged as the run goes (see `alerts`).
-        What it raises reaches the loop (``step``), so the loop can act on an alert: skip a
+        What it raises reaches the loop (from ``step``; with ``optimizer``, from
+        ``optimizer.step()``, which writes the row), so the loop can act on an alert: skip a
         batch, lower the rate, save a checkpoint, stop. On the writing process only.
 
     Raises:
