@@ -518,7 +518,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
                                           gradient_stats)
                 if stats is not None and applied is not None:
-                    stats = jnp.concatenate([stats, _update_norms(applied, stats.dtype)], 1)
+                    norms = JaxOps.sqrt(JaxOps.square_sums([u.astype(stats.dtype)
+                                                            for u in applied]))
+                    stats = jnp.concatenate([stats, norms[:, None]], 1)
                 if writer is not None:
                     write = functools.partial(_write_from_callback, writer, layout)
                     io_callback(write, None, step, stats, counts,
@@ -564,11 +566,6 @@ def _integer_step(step):
     if step.shape != () or not jnp.issubdtype(step.dtype, jnp.integer):
         raise ValueError(f"step must be an integer scalar, got {step.dtype}{list(step.shape)}")
     return step.astype(jnp.int32)
-
-
-def _update_norms(updates, dtype):
-    """``[leaves, 1]``: the L2 norm of each update leaf (the update_l2_norm column)."""
-    return jnp.stack([jnp.sqrt(jnp.sum(jnp.square(u.astype(dtype)))) for u in updates])[:, None]
 
 
 def _in_columns(stats, given, wanted):

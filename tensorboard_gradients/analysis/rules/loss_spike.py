@@ -194,9 +194,7 @@ class LossSpike(Rule):
         was logged (a stream's rounds must all record); the loss judged only where one was."""
         spike_rule = next(rule for rule in evidence.rules if rule.name == "spike")
         _, excess = evidence.once(spike_rule.variable_scores)
-        with np.errstate(invalid="ignore"):
-            matters = (evidence.finite_norms
-                       >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
+        matters = evidence.once(spike_rule.matters)
         excess = np.where(matters & np.isfinite(excess), excess, -np.inf)
         rows = len(evidence.series.steps)
         mover = np.argmax(excess, axis=1) if excess.shape[1] else np.zeros(rows, np.int64)

@@ -147,13 +147,18 @@ class Spike(Rule):
         return self._scores(evidence, _log10(evidence.finite_norms), "variables",
                             exclude=evidence.cells_of_class(VANISHING))
 
+    def matters(self, evidence):
+        """``bool[steps, variables]``: the variable's norm carries at least ``spike_min_share``
+        of the step's global norm (its jumps move the update: see that parameter)."""
+        with np.errstate(invalid="ignore"):
+            return (evidence.finite_norms
+                    >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
+
     def cells(self, evidence):
         z, _ = evidence.once(self.variable_scores)
-        with np.errstate(invalid="ignore"):
-            matters = (evidence.finite_norms
-                       >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
         exploded = evidence.cells_of_class(EXPLODING)  # that rule's finding, not also a spike
-        return ~evidence.missing & ~exploded & matters & self._is_spike(evidence, z)
+        return (~evidence.missing & ~exploded & evidence.once(self.matters)
+                & self._is_spike(evidence, z))
 
     def _surges(self, evidence, excess, usable):
         """``bool[steps, columns]``: in a stretch of ``sustain_steps`` logged steps or more
@@ -170,10 +175,7 @@ class Spike(Rule):
         for row in flagged_columns(spikes):
             self._add(evidence, builder, spikes[:, row], z[:, row], excess[:, row], _VARIABLE,
                       row=row)
-        with np.errstate(invalid="ignore"):
-            matters = (evidence.finite_norms
-                       >= evidence.thresholds.spike_min_share * evidence.global_norm[:, None])
-        surges = self._surges(evidence, excess, matters & ~evidence.missing
+        surges = self._surges(evidence, excess, evidence.once(self.matters) & ~evidence.missing
                               & ~evidence.cells_of_class(EXPLODING))
         for row in flagged_columns(surges):
             self._add_surge(evidence, builder, surges[:, row], excess[:, row], _VARIABLE_SURGE,
