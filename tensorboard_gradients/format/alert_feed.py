@@ -82,7 +82,7 @@ class AlertFeed:
                 self._queue.append(self._last)
                 self._start()
                 self._changed.notify_all()
-            self._last = (int(step), np.array(stats), loss)  # float64 kept: 1e300 is no Inf
+            self._last = (int(step), np.asarray(stats), loss)  # as written (float64 kept)
 
     def loss(self, step: int, loss: float) -> None:
         """Takes a loss written after its step (joins the step if not judged yet)."""
