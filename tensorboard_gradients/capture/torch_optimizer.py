@@ -10,8 +10,9 @@ update formulas of `torch.optim.SGD`, `torch.optim.Adam` and `torch.optim.AdamW`
 ``_single_tensor_*`` implementations; the foreach and fused ones compute the same). Weight decay
 is undone exactly: a decoupled decay scaled ``w_before`` by ``1 - lr * wd`` and an L2 decay
 added ``wd * w_before`` to the gradient, and ``w_before`` follows from ``w_after`` and the
-update. The work is a few element-wise passes per parameter, one parameter at a time, on the
-steps that are logged. The result equals ``w_after - w_before`` up to rounding
+update. The work is a few multi-tensor (``torch._foreach_*``) passes over the parameters that
+share a group and step count, on the steps that are logged: about twice the optimizer's own
+step (benchmarks/NOTES.md). The result equals ``w_after - w_before`` up to rounding
 (`tests/test_torch_optimizer.py` compares it with copies taken around real steps).
 
 Other optimizers have other formulas (and their subclasses may change them): their updates are
