@@ -97,8 +97,8 @@ class GradientWriter:
         steps at `close`), then calls it with what they raised. Whatever it raises reaches the
         caller of the write: a loop can act on an alert (skip a batch, lower the rate,
         checkpoint, stop). The wait costs the training thread the judgement of each logged
-        step (benchmarks/RESULTS.md, "Live alerts"); without ``on_alert`` nothing waits. See
-        also `alerts`.
+        step (benchmarks/RESULTS.md, the PyTorch monitor's ``on_alert=`` column); without
+        ``on_alert`` nothing waits. See also `alerts`.
     """
 
     def __init__(self, logdir, name: str = metadata.DEFAULT_NAME, strict: bool = False,
@@ -254,8 +254,9 @@ class GradientWriter:
 
     def alerts(self, wait: bool = False) -> List:
         """The `analysis.Alert`s judged since the last call, in the order judged (each
-        judgement's most urgent first): findings not returned before, or grown more urgent. Judged in the background as steps are written (see
-        `alert_feed`): an alert raised at a step is here once the next step is written.
+        judgement's most urgent first): findings not returned before, or grown more urgent.
+        Judged in the background as steps are written (see `alert_feed`): an alert raised at
+        a step is here once the next step is written.
         ``wait``: judge every step written before the last one first; after `close`, every
         step written is judged first."""
         self._collect(wait=wait or self._closed, settle=self._closed)
