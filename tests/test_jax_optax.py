@@ -393,7 +393,7 @@ def test_wrapping_the_optimizer_logs_each_steps_real_update(tmp_path):
     writer.close()
     series = series_of(tmp_path)
     assert series.variables == ROWS
-    assert series.stat_names[-2:] == ("weight_l2_norm", "update_l2_norm")
+    assert series.stat_names[-3:] == ("weight_l2_norm", "update_l2_norm", "adam_rms")
     # The float32 parameters' difference keeps the update to |w| / |update| ~ 1e3 roundings of
     # float32 (u = 6e-8): 1e-4 of the update, with room.
     np.testing.assert_allclose(series.stat("update_l2_norm"), changes, rtol=5e-4)
@@ -401,3 +401,43 @@ def test_wrapping_the_optimizer_logs_each_steps_real_update(tmp_path):
     assert norms[6] / norms[5] == pytest.approx(30, rel=0.3)
     ratio = series.stat("update_weight_ratio")  # biases start at 0: no ratio at step 0
     assert np.isfinite(ratio[:, [1, 3]]).all() and np.isfinite(ratio[1:]).all()
+    # Adam's beta2 read through inject_hyperparams' state: v_hat = g^2 at the first step (no
+    # cancellation: v was 0), each entry's ratio 1; then within 1 / sqrt(1 - 0.999) = 31.6.
+    rms = series.stat("adam_rms")
+    np.testing.assert_allclose(rms[0], 1, rtol=1e-6)
+    assert np.all((rms > 0) & (rms < 31.7))
+
+
+def test_adam_rms_is_read_from_the_wrapped_optimizers_state(tmp_path):
+    """The RMS of g / sqrt(v_hat) with g the gradient Adam received, here clipped by the chain
+    before it, against Adam replayed in float64 from reference gradients; beta2 read from the
+    optimizer. An optimizer without Adam logs no such column."""
+    beta2, clip = 0.99, 0.1
+    params = {layer: {leaf: np.asarray(value) for leaf, value in leaves.items()}
+              for layer, leaves in snapshot(MLP(nnx.Rngs(0))).items()}
+    tx = gradient_monitor(str(tmp_path / "adam"), optimizer=optax.chain(
+        optax.clip_by_global_norm(clip), optax.adamw(1e-2, b2=beta2)))
+    sgd = gradient_monitor(str(tmp_path / "sgd"), optimizer=optax.sgd(1e-2))
+    state, sgd_state = tx.init(params), sgd.init(params)
+    update = jax.jit(tx.update)
+    seconds, expected = None, []
+    for t, (x, y) in enumerate(batches(8), start=1):
+        reference = reference_gradients(params, np.asarray(x, np.float64), np.asarray(y, np.float64))
+        grads = {layer: {leaf: reference[f"{layer}/{leaf}"][0].astype(np.float32)
+                         for leaf in params[layer]} for layer in params}
+        norm = np.sqrt(sum(np.sum(reference[row][0] ** 2) for row in ROWS))
+        received = [reference[row][0] * min(1.0, clip / norm) for row in ROWS]
+        seconds = [beta2 * (0 if seconds is None else s) + (1 - beta2) * g**2
+                   for s, g in zip(seconds or received, received)]
+        expected.append([np.sqrt(np.mean(g**2 * (1 - beta2**t) / v))
+                         for g, v in zip(received, seconds)])
+        updates, state = update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        _, sgd_state = sgd.update(grads, sgd_state, params)
+    jax.effects_barrier()
+    assert norm > 3 * clip, "the clipping bit"
+    # Each entry's g^2 comes back from v's update, (v_new - beta2 v_old) / (1 - beta2): an
+    # absolute error of ~u / (1 - beta2) = 6e-6 per ratio (u = 6e-8, float32), beside the float32
+    # gradients' ~1e-6 relative difference from the float64 reference.
+    np.testing.assert_allclose(series_of(tmp_path, "adam").stat("adam_rms"), expected, rtol=1e-4)
+    assert "adam_rms" not in series_of(tmp_path, "sgd").stat_names

@@ -13,7 +13,7 @@ import pytest
 # imports Keras for the list).
 SCENARIOS = ("sgd", "sgd_eager", "schedule", "steps_per_execution", "data_parallel", "clipping",
              "mixed_precision", "variables_and_probe", "unchanged_training", "torch_compile",
-             "fewer_stats")
+             "fewer_stats", "adam")
 BACKENDS = ("tensorflow", "jax", "torch")
 FRAMEWORK = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_backend_training.py")

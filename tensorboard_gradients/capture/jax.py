@@ -97,7 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback, multihost_utils
 
-from tensorboard_gradients.capture import options
+from tensorboard_gradients.capture import optax_adam, options
 from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.writer import GradientWriter
@@ -372,6 +372,8 @@ class GradientMonitorState(NamedTuple):
         before the first; the weight columns are NaN when ``update`` was given no ``params``).
       names: the row and column names (`StatsNames`; also `variables` and `columns`).
       inner: the state of the ``optimizer`` it wraps (None: it wraps none).
+      adam_beta2: the ``beta2`` of the wrapped optimizer's Adam, read when the state was made
+        (`optax_adam.second_moment_decay`); None where ``adam_rms`` is not logged.
     """
 
     count: jax.Array
@@ -379,6 +381,7 @@ class GradientMonitorState(NamedTuple):
     stats: jax.Array
     names: StatsNames
     inner: object = None
+    adam_beta2: object = None
 
     @property
     def variables(self):
@@ -419,7 +422,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     optimizer (extra arguments, ``value`` included, reach it) and logs the updates it returns,
     which ``optax.apply_updates`` adds to the parameters: each step's real update
     (``update_l2_norm``; the tab shows update/weight), without a copy of anything, which tells a
-    raised learning rate before the loss feels it:
+    raised learning rate before the loss feels it. For an optimizer with one ``scale_by_adam``
+    (``adam``, ``adamw``, in a chain or ``inject_hyperparams`` too) it also logs Adam's RMS of
+    g / sqrt(v_hat) (``adam_rms``), read from that state (`optax_adam`):
 
     ```python
     tx = gradient_monitor("logs/run1", optimizer=optax.adamw(1e-3))
@@ -443,9 +448,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
       stats: the statistics to log (`columns.selected_stats`): None for all, or some of their
         names; ``("l2_norm",)`` is the cheapest (three passes over each gradient instead of six,
         none over the parameters). l2_norm, min, max, abs_max, nan_count, inf_count and size are
-        always logged; weight_l2_norm and update_l2_norm only when named.
-      optimizer: the optax optimizer (a `GradientTransformation`) to wrap, whose updates are
-        logged too (see above); None: the updates pass through unchanged.
+        always logged; weight_l2_norm, update_l2_norm and adam_rms only when named.
+      optimizer: the optax optimizer (a `GradientTransformation`) to wrap, whose updates (and
+        Adam's RMS) are logged too (see above); None: the updates pass through unchanged.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
@@ -467,6 +472,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
     logs_weights = "weight_l2_norm" in selected
     inner = None if optimizer is None else optax.with_extra_args_support(optimizer)
     logs_updates = inner is not None and "update_l2_norm" in selected
+    reads_adam = inner is not None and "adam_rms" in selected
     writer = _writer(log_dir, name, strict)
     if writer is None and histograms_every_n_steps is not None:
         raise ValueError("histograms_every_n_steps needs a log_dir: the state keeps only the "
@@ -480,28 +486,37 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         if not rows:
             raise ValueError("gradient_monitor has no leaf to watch: the parameters are empty "
                              "or include/exclude leave none")
+        inner_state = None if inner is None else inner.init(params)
+        beta2 = (optax_adam.second_moment_decay(inner, inner_state, params) if reads_adam
+                 else None)
         layout = Layout.create([n for n, _ in rows], [leaf.shape for _, leaf in rows],
                                with_weights=logs_weights, with_updates=logs_updates,
-                               gradient_stats=gradient_stats)
+                               gradient_stats=gradient_stats, with_optimizer=beta2 is not None)
         dtype = JaxOps.computation_dtype([leaf.dtype for _, leaf in rows])
         return GradientMonitorState(
             count=jnp.zeros([], jnp.int32), step=jnp.full([], -1, jnp.int32),
             stats=jnp.full((len(rows), len(layout.stats)), jnp.nan, dtype),
-            names=StatsNames(layout.variables, layout.stats),
-            inner=None if inner is None else inner.init(params))
+            names=StatsNames(layout.variables, layout.stats), inner=inner_state,
+            adam_beta2=beta2)
 
     def update(updates, state, params=None, *, step=None, value=None, **extra_args):
         rows = watched(updates)
         names, gradients = [n for n, _ in rows], [leaf for _, leaf in rows]
         weights = None if params is None or not logs_weights else _weights_for(names, params)
-        inner_state, applied = state.inner, None
+        inner_state, applied, adam = state.inner, None, None
         if inner is not None:  # the optimizer's own extra arguments reach it
             updates, inner_state = inner.update(updates, state.inner, params, value=value,
                                                 **extra_args)
             applied = [leaf for _, leaf in watched(updates)] if logs_updates else None
+        if state.adam_beta2 is not None:
+            before, after = (optax_adam.adam_state(s) for s in (state.inner, inner_state))
+            seconds = [dict(_rows(s.nu)) for s in (before, after)]
+            adam = ([seconds[0].get(n) for n in names], [seconds[1].get(n) for n in names],
+                    after.count, state.adam_beta2)
         layout = Layout.create(names, [g.shape for g in gradients],
                                with_weights=weights is not None, with_updates=logs_updates,
-                               gradient_stats=gradient_stats)
+                               gradient_stats=gradient_stats,
+                               with_optimizer=adam is not None)
         if layout.variables != state.variables:
             raise ValueError(
                 f"gradient_monitor was initialised with leaves {list(state.variables)[:5]}, the "
@@ -512,7 +527,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
             due += 2 * (step % histograms_every_n_steps == 0).astype(jnp.int32)
 
         def branch(stats_due, histograms_due):
-            def run(gradients, weights, applied, step, loss, last):
+            def run(gradients, weights, applied, adam, step, loss, last):
                 if not (stats_due or histograms_due):
                     return last
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
@@ -521,6 +536,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
                     norms = JaxOps.sqrt(JaxOps.square_sums([u.astype(stats.dtype)
                                                             for u in applied]))
                     stats = jnp.concatenate([stats, norms[:, None]], 1)
+                if stats is not None and adam is not None:
+                    rms = optax_adam.adam_rms(JaxOps, *adam, stats.dtype)
+                    stats = jnp.concatenate([stats, rms[:, None]], 1)
                 if writer is not None:
                     write = functools.partial(_write_from_callback, writer, layout)
                     io_callback(write, None, step, stats, counts,
@@ -532,7 +550,7 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
 
         branches = [branch(bool(k & 1), bool(k & 2))
                     for k in range(2 if histograms_every_n_steps is None else 4)]
-        stats = jax.lax.switch(due, branches, gradients, weights, applied, step, value,
+        stats = jax.lax.switch(due, branches, gradients, weights, applied, adam, step, value,
                                state.stats)
         logged = due % 2 == 1
         return updates, state._replace(

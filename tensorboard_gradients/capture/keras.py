@@ -297,11 +297,12 @@ class GradientMonitor(keras.callbacks.Callback):
                 with_weights=self._recorder.logs_weights,
                 with_updates=self._recorder.records_updates,
                 gradient_stats=self._recorder.gradient_stats,
+                with_optimizer=self._recorder.records_adam,
             )
-            if self._recorder.distributed and "update_l2_norm" in self._stats:
+            if self._recorder.distributed and {"update_l2_norm", "adam_rms"} & set(self._stats):
                 logger.info(
-                    "GradientMonitor: update_l2_norm is not recorded with %d replicas (updates "
-                    "run per device)",
+                    "GradientMonitor: update_l2_norm and adam_rms are not recorded with %d "
+                    "replicas (updates run per device)",
                     model.distribute_strategy.num_replicas_in_sync,
                 )
             self._probe_function = None

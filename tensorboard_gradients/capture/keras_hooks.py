@@ -9,7 +9,8 @@ A recorder (`keras_recorder` for TensorFlow, `keras_jax`, `keras_torch`) is what
   and put it back exactly (`Patches`);
 * ``read()`` -> ``(completed steps, [(step, stats, {scalar: value})], [(step, counts)])``;
 * ``completed_steps()``; ``skip(steps)``: the optimizer took that many steps without the
-  recorder (a ``fit`` without the monitor), which the numbering must count; the attributes ``watched``, ``records_updates``, ``distributed``;
+  recorder (a ``fit`` without the monitor), which the numbering must count; the attributes
+  ``watched``, ``records_updates``, ``records_adam``, ``distributed``;
 
 and, for ``probe_data``, ``probe_function(model, watched, histograms)`` and
 ``run_probe(model, function, batch)`` -> ``(stats, counts or None)`` (TensorFlow's in
@@ -78,11 +79,42 @@ def scalar_names(clipping, loss_scaled):
     return names
 
 
+def reads_adam_moments(optimizer):
+    """Whether the (inner) optimizer is Keras' Adam or AdamW, whose second moment ``adam_rms``
+    reads after each step: Keras' own classes (the PyTorch backend's multi-tensor ones are
+    subclasses with the same update), not a user's subclass (which may change the update), and
+    not with ``gradient_accumulation_steps`` (the moment then moves once every few steps)."""
+    import keras
+
+    return (isinstance(optimizer, keras.optimizers.Adam)
+            and type(optimizer).__module__.startswith("keras.")
+            and not optimizer.gradient_accumulation_steps)
+
+
+def adam_second_moments(optimizer, watched):
+    """Per watched variable, the (built) Adam optimizer's variable holding the second moment it
+    divides that variable's step by: ``v``, or AMSGrad's running maximum of it."""
+    seconds = optimizer._velocity_hats if optimizer.amsgrad else optimizer._velocities
+    return [seconds[optimizer._get_variable_index(v)] for v in watched]
+
+
+def adam_gradients(optimizer, grads, variables, watched):
+    """The watched variables' gradients as Adam receives them in ``apply``: ``grads`` (of
+    ``variables``, unscaled) clipped by the optimizer's own rule when it clips; None for a
+    variable without one."""
+    present = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    clipped = optimizer._clip_gradients([g for g, _ in present]) if clips(optimizer) else (
+        [g for g, _ in present])
+    by_variable = {id(v): g for (_, v), g in zip(present, clipped)}
+    return [by_variable.get(id(v)) for v in watched]
+
+
 class Recorder:
     """What every backend's ``StepRecorder`` sets up the same way: the optimizers, the watched
     variables, the schedules, the scalar and statistic names (of the ``stats`` asked for,
     `columns.selected_stats`), whether update norms are recorded (``records_updates``: asked for,
-    and ``updates_recordable``, which a recorder sets before calling this) and the optimizer
+    and ``updates_recordable``, which a recorder sets before calling this), whether Adam's RMS is
+    (``records_adam``: asked for, an Adam optimizer, and ``updates_recordable``) and the optimizer
     patches."""
 
     updates_recordable = True
@@ -95,10 +127,12 @@ class Recorder:
         self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
         self.stats = columns.selected_stats(stats)
         self.records_updates = self.updates_recordable and "update_l2_norm" in self.stats
+        self.records_adam = (self.updates_recordable and "adam_rms" in self.stats
+                             and reads_adam_moments(self._inner))
         self.gradient_stats = columns.gradient_stats(self.stats)
         self.logs_weights = "weight_l2_norm" in self.stats
         self.stat_names = columns.stats_for(self.logs_weights, self.records_updates,
-                                            self.gradient_stats)
+                                            self.gradient_stats, self.records_adam)
         self._patches = Patches()
 
 

@@ -23,7 +23,8 @@ What the statistics describe (as on TensorFlow): gradients unscaled (``LossScale
 ``loss_scale_factor``) in the same order and dtype as Keras does; pre-clip statistics with the
 clipped global norm as a scalar; ``update_l2_norm`` = ``||w_after - w_before||`` of the weights
 ``stateless_apply`` returns (weight decay, EMA and every other rule of the optimizer included;
-0 at a skipped step). A trainable variable that does not reach the loss gets zeros from
+0 at a skipped step); ``adam_rms`` from the second moment among the optimizer variables it
+returns. A trainable variable that does not reach the loss gets zeros from
 ``jax.grad`` (Keras applies those), not a missing gradient as on TensorFlow and PyTorch.
 
 Under a `keras.distribution` (``DataParallel`` tested, on two devices) the gradients inside the
@@ -42,6 +43,8 @@ from tensorboard_gradients.capture.jax import JaxOps
 from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
+    adam_gradients,
+    adam_second_moments,
     global_norm,
     optimizers,
 )
@@ -79,8 +82,12 @@ class StepRecorder(Recorder):
         optimizer = self._optimizer
         if not optimizer.built:
             optimizer.build(trainable_variables)
-        trained = optimizer._trainable_variables
+        trained = self._trained = optimizer._trainable_variables
         self._positions = [_position(trained, v) for v in self.watched]
+        if self.records_adam:
+            self._adam_positions = [_position(optimizer.variables, v) for v in
+                                    adam_second_moments(self._inner, self.watched)]
+            self._adam_iterations = _position(optimizer.variables, self._inner.iterations)
         watched = set(self._positions)
         self._unwatched = [i for i in range(len(trained)) if i not in watched]
         self._iterations = _position(optimizer.variables, optimizer.iterations)
@@ -95,7 +102,7 @@ class StepRecorder(Recorder):
             new_trainable, new_optimizer = original(optimizer_variables, grads, trainable_variables)
             record = self._record if traced else self._record_eagerly
             record(index, list(optimizer_variables), list(grads), list(trainable_variables),
-                   list(new_trainable))
+                   list(new_trainable), list(new_optimizer))
             return new_trainable, new_optimizer
 
         self._patches.apply(optimizer, "stateless_apply", stateless_apply)
@@ -133,12 +140,13 @@ class StepRecorder(Recorder):
             grads = [None if g is None else g / factor for g in grads]
         return grads
 
-    def _record(self, index, optimizer_variables, grads, before, after):
+    def _record(self, index, optimizer_variables, grads, before, after, optimizer_after):
         """Inside a traced step: the statistics at logged steps only (``lax.cond``), handed to
         the host by `io_callback`."""
 
         def record_stats():
-            stats, scalars = self._stats_function(optimizer_variables, grads, before, after)
+            stats, scalars = self._stats_function(optimizer_variables, grads, before, after,
+                                                  optimizer_after)
             io_callback(self._receive_stats, None, index + 1, stats, scalars)
 
         jax.lax.cond(index % self._every == 0, record_stats, lambda: None)
@@ -150,10 +158,11 @@ class StepRecorder(Recorder):
 
             jax.lax.cond(index % self._histogram_every == 0, record_histograms, lambda: None)
 
-    def _record_eagerly(self, index, optimizer_variables, grads, before, after):
+    def _record_eagerly(self, index, optimizer_variables, grads, before, after, optimizer_after):
         """The same without ``jit``: the matrices stay on the device until `read`."""
         if index % self._every == 0:
-            stats, scalars = self._stats_function(optimizer_variables, grads, before, after)
+            stats, scalars = self._stats_function(optimizer_variables, grads, before, after,
+                                                  optimizer_after)
             self._receive_stats(index + 1, stats, scalars)
         if self._histogram_every and index % self._histogram_every == 0:
             counts = self._histogram_function(optimizer_variables, grads)
@@ -167,16 +176,30 @@ class StepRecorder(Recorder):
             [g.dtype for g in watched if g is not None] or [v.dtype for v in self.watched])
         return unscaled, [None if g is None else (g.astype(dtype), g.size) for g in watched], dtype
 
-    def _stats_and_scalars(self, optimizer_variables, grads, before, after):
+    def _stats_and_scalars(self, optimizer_variables, grads, before, after, optimizer_after):
         unscaled, entries, dtype = self._entries(optimizer_variables, grads)
         weights = ([before[i].astype(dtype) for i in self._positions] if self.logs_weights
                    else None)
         stats = statistics.statistics_matrix(JaxOps, entries, weights, dtype, self.gradient_stats)
+        extra = []
         if self.records_updates:
-            updates = JaxOps.sqrt(JaxOps.square_sums(
-                [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions]))
-            stats = jnp.concatenate([stats, updates[:, None]], axis=1)
+            extra.append(JaxOps.sqrt(JaxOps.square_sums(
+                [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions])))
+        if self.records_adam:
+            extra.append(self._adam_rms(unscaled, optimizer_after, dtype))
+        if extra:
+            stats = jnp.concatenate([stats, jnp.stack(extra, axis=1)], axis=1)
         return stats, self._scalars(grads, unscaled, stats, optimizer_variables, dtype)
+
+    def _adam_rms(self, unscaled, optimizer_after, dtype):
+        """From the optimizer variables ``stateless_apply`` returned: ``iterations`` counts this
+        step there (Adam's t)."""
+        watched = adam_gradients(self._inner, unscaled, self._trained, self.watched)
+        seconds = [optimizer_after[i].astype(dtype) for i in self._adam_positions]
+        t = jnp.asarray(optimizer_after[self._adam_iterations], dtype)
+        correction = 1 - jnp.asarray(self._inner.beta_2, dtype) ** t
+        return statistics.adam_rms(JaxOps, [None if g is None else g.astype(dtype)
+                                            for g in watched], seconds, correction)
 
     def _histogram_matrix(self, optimizer_variables, grads):
         _, entries, dtype = self._entries(optimizer_variables, grads)

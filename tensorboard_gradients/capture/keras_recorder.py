@@ -21,8 +21,10 @@ What the statistics describe:
   all-reduced gradient Keras applies.
 * Updates: ``update_l2_norm`` (``||w_after - w_before||``) is taken from the values the optimizer
   passes to its ``assign``/``assign_add``/``assign_sub`` (plus the decoupled weight decay the
-  optimizer applied just before), so no copy of the weights is kept. Not available with several
-  replicas, where updates run per device.
+  optimizer applied just before), so no copy of the weights is kept. ``adam_rms`` (Adam and
+  AdamW) is read after the step from the optimizer's second moment (`statistics.adam_rms`), with
+  the gradients as Adam received them (clipped by the optimizer's rule when it clips). Neither is
+  available with several replicas, where updates run per device.
 
 Longer than this project's other modules on purpose: `StepRecorder` is one traced train step's
 worth of state (the ring buffer, the ``apply`` hook and the update hooks share it); split across
@@ -39,8 +41,10 @@ from tensorboard_gradients.capture.keras_hooks import (
     RECORDED_STEPS_PER_READ,
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
+    adam_gradients,
+    adam_second_moments,
 )
-from tensorboard_gradients.format import columns
+from tensorboard_gradients.format import columns, statistics
 
 
 def _tf_variable(variable):
@@ -141,7 +145,7 @@ class StepRecorder(Recorder):
             pending = self._before_update(grads, variables)
             result = original_apply(grads, trainable_variables)
             if pending is not None:
-                self._store_update_norms(*pending)
+                self._store_after_update(*pending)
             return result
 
         self._patches.apply(self._optimizer, "apply", apply)
@@ -157,7 +161,7 @@ class StepRecorder(Recorder):
     # --- inside the train step ----------------------------------------------------------------
 
     def _before_update(self, grads, variables):
-        """Records the step; returns what `_store_update_norms` needs, or None."""
+        """Records the step; returns what `_store_after_update` needs, or None."""
         if self.distributed:
             tf.distribute.get_replica_context().merge_call(
                 self._record_reduced, args=(grads, variables)
@@ -165,22 +169,39 @@ class StepRecorder(Recorder):
             return None
         return self._record(grads, variables)
 
-    def _store_update_norms(self, logged, slot):
+    def _store_after_update(self, logged, slot, grads, variables):
+        """At a logged step, after ``apply``: the update norms and Adam's RMS (`grads`: the
+        unscaled gradients of ``variables``)."""
         deltas = self._step_deltas
 
-        def store():  # updates are recorded only without replicas: plain variables, slice assign
-            column = columns.position(self.stat_names, "update_l2_norm")
-            squares = self._update_squares.read_value()
-            if deltas:  # every step logged: these squares in a few grouped reductions
-                zero = tf.zeros([], self.dtype)
-                squares += tensorflow_ops.TensorFlowOps.square_sums(
-                    [zero if i not in deltas else
-                     tensorflow_ops.dense_values(deltas[i], self.dtype, _rows(v))
-                     for i, v in enumerate(self.watched)])
-            self._stats[slot, :, column].assign(tf.sqrt(squares))
+        def store():  # recorded only without replicas: plain variables, slice assign
+            if self.records_updates:
+                column = columns.position(self.stat_names, "update_l2_norm")
+                squares = self._update_squares.read_value()
+                if deltas:  # every step logged: these squares in a few grouped reductions
+                    zero = tf.zeros([], self.dtype)
+                    squares += tensorflow_ops.TensorFlowOps.square_sums(
+                        [zero if i not in deltas else
+                         tensorflow_ops.dense_values(deltas[i], self.dtype, _rows(v))
+                         for i, v in enumerate(self.watched)])
+                self._stats[slot, :, column].assign(tf.sqrt(squares))
+            if self.records_adam:
+                self._stats[slot, :, columns.position(self.stat_names, "adam_rms")].assign(
+                    self._adam_rms(grads, variables))
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
+
+    def _adam_rms(self, grads, variables):
+        inner = self._inner
+        dense = [None if g is None else tf.cast(tf.convert_to_tensor(g), self.dtype)
+                 for g in adam_gradients(inner, grads, variables, self.watched)]
+        seconds = [tf.cast(_tf_variable(v), self.dtype)
+                   for v in adam_second_moments(inner, self.watched)]
+        # ``iterations`` counts this step now: it is Adam's t.
+        t = tf.cast(_tf_variable(inner.iterations), self.dtype)
+        correction = 1 - tf.pow(tf.cast(inner.beta_2, self.dtype), t)
+        return statistics.adam_rms(tensorflow_ops.TensorFlowOps, dense, seconds, correction)
 
     def _record_reduced(self, strategy, grads, variables):
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -220,9 +241,9 @@ class StepRecorder(Recorder):
         def record_stats():
             stats = tf.cast(tensorflow_ops.gradient_statistics(
                 watched_grads, self.watched, stats=self.stats), self.dtype)
-            if self.records_updates:
-                # Filled in by the update hooks as the optimizer applies this step.
-                stats = tf.concat([stats, tf.zeros([len(self.watched), 1], stats.dtype)], 1)
+            after = int(self.records_updates) + int(self.records_adam)
+            if after:  # filled in by `_store_after_update` once the optimizer applied this step
+                stats = tf.concat([stats, tf.zeros([len(self.watched), after], stats.dtype)], 1)
             self._set_row(self._stats, slot, stats)
             self._set_row(self._scalars, slot, self._step_scalars(grads, variables, stats))
             self._set_row(self._stat_steps, slot, completed + 1)
@@ -247,7 +268,9 @@ class StepRecorder(Recorder):
                 lambda: tf.constant(False),
             )
         self._completed.assign_add(1)
-        return (logged, slot) if self.records_updates else None
+        if self.records_updates or self.records_adam:
+            return logged, slot, grads, variables
+        return None
 
     def _step_scalars(self, grads, variables, stats):
         values = [self._global_norm(grads, variables, stats)]

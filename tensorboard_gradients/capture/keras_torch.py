@@ -14,7 +14,8 @@ What the statistics describe (as on TensorFlow): gradients unscaled (``LossScale
 whose ``.grad`` is None is logged as missing; ``update_l2_norm`` = ``||w_after - w_before||``,
 measured on a copy of the watched weights taken before ``apply`` at logged steps (the torch
 optimizers update the weights in place with multi-tensor kernels, which leave no update value to
-read): one copy of the watched weights per logged step, in memory only during ``apply``.
+read): one copy of the watched weights per logged step, in memory only during ``apply``;
+``adam_rms`` from the optimizer's second moment after ``apply``.
 
 ``jit_compile=True`` (``torch.compile`` of the train step): the recorder's work is excluded from
 the compiled graph (``torch.compiler.disable``) and runs eagerly between the compiled parts.
@@ -26,6 +27,8 @@ import torch
 from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
+    adam_gradients,
+    adam_second_moments,
     global_norm,
 )
 from tensorboard_gradients.capture.torch import TorchOps, ops_for
@@ -137,19 +140,34 @@ class StepRecorder(Recorder):
             scalars += [_tensor(self._optimizer.dynamic_scale), ~finite]
         scalars = torch.stack([torch.as_tensor(s).to(device=device, dtype=torch.float32)
                                for s in scalars])
-        if not self.records_updates:
+        if not (self.records_updates or self.records_adam):
             self._rows.append((index + 1, stats, scalars))
             return None
         # The weights as they are before `apply` changes them in place.
-        before = [w.clone() for w in weights]
-        return index + 1, stats, scalars, before, ops, dtype
+        before = [w.clone() for w in weights] if self.records_updates else None
+        adam = None
+        if self.records_adam:
+            adam = [None if g is None else g.to(device=device, dtype=dtype)
+                    for g in adam_gradients(self._inner, unscaled, variables, self.watched)]
+        return index + 1, stats, scalars, before, adam, ops, dtype
 
     @torch.no_grad()
-    def _after_update(self, step, stats, scalars, before, ops, dtype):
-        device = before[0].device
-        deltas = [_tensor(v).to(device=device, dtype=dtype) - b for v, b in zip(self.watched, before)]
-        updates = ops.sqrt(ops.square_sums(deltas))
-        self._rows.append((step, torch.cat([stats, updates[:, None]], dim=1), scalars))
+    def _after_update(self, step, stats, scalars, before, adam, ops, dtype):
+        device = stats.device
+        extra = []
+        if before is not None:
+            deltas = [_tensor(v).to(device=device, dtype=dtype) - b
+                      for v, b in zip(self.watched, before)]
+            extra.append(ops.sqrt(ops.square_sums(deltas)))
+        if adam is not None:
+            inner = self._inner
+            seconds = [_tensor(v).to(device=device, dtype=dtype)
+                       for v in adam_second_moments(inner, self.watched)]
+            # ``iterations`` counts this step now: it is Adam's t.
+            t = float(_tensor(inner.iterations))
+            correction = torch.tensor(1 - inner.beta_2**t, dtype=dtype, device=device)
+            extra.append(statistics.adam_rms(ops, adam, seconds, correction))
+        self._rows.append((step, torch.cat([stats, torch.stack(extra, dim=1)], dim=1), scalars))
 
     # --- host side ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """What a PyTorch optimizer's step did to each watched parameter, read after the step from the
 optimizer itself: the L2 norm of the update (``w_after - w_before``: the ``update_l2_norm``
-column) and, for Adam and AdamW, the RMS of ``g / (sqrt(v_hat) + eps)`` (``adam_rms``).
+column) and, for Adam and AdamW, the RMS of ``g / sqrt(v_hat)`` (``adam_rms``,
+`statistics.adam_rms`).
 
 Without a copy of the weights. Taking ``w_before`` would hold a second copy of every watched
 weight across the step (a quarter more memory for an Adam model); instead the update is
@@ -24,6 +25,9 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from tensorboard_gradients.capture.torch_ops import TorchOps
+from tensorboard_gradients.format import statistics
 
 # Exact types: a subclass may override ``step`` with another update.
 ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)
@@ -91,12 +95,13 @@ class OptimizerReader:
             rows = [index for index, _, _ in members]
             norms[rows, 0] = torch.stack(update_norms).to("cpu", torch.float64)
             if rms is not None:
-                norms[rows, 1] = torch.stack(rms).to("cpu", torch.float64)
+                norms[rows, 1] = rms.to("cpu", torch.float64)
         return norms.numpy().astype(dtype)
 
     @staticmethod
     def _adam(group, step, compute, members):
-        """The update norms and RMS of g / (sqrt(v_hat) + eps) of Adam / AdamW's last step."""
+        """The update norms and RMS of g / sqrt(v_hat) (`statistics.adam_rms`) of Adam /
+        AdamW's last step."""
         def as_compute(tensors):
             return [_real(t.detach()).to(compute) for t in tensors]
         weights = as_compute(p for _, p, _ in members)
@@ -106,8 +111,11 @@ class OptimizerReader:
                              for _, _, state in members)
         beta1, beta2 = (_value(b) for b in group["betas"])
         lr, eps, decay = _value(group["lr"]), _value(group["eps"]), _value(group["weight_decay"])
+        correction = 1 - beta2**step
+        rms = statistics.adam_rms(TorchOps, gradients, seconds, torch.tensor(
+            correction, dtype=compute, device=weights[0].device))
         denominators = torch._foreach_sqrt(seconds)
-        torch._foreach_div_(denominators, math.sqrt(1 - beta2**step))
+        torch._foreach_div_(denominators, math.sqrt(correction))
         torch._foreach_add_(denominators, eps)
         updates = torch._foreach_div(moments, denominators)
         torch._foreach_mul_(updates, lr / (1 - beta1**step))
@@ -117,9 +125,6 @@ class OptimizerReader:
             # is -(adam_step + shrink * w_after) / (1 - shrink).
             torch._foreach_add_(updates, weights, alpha=shrink)
             torch._foreach_div_(updates, 1 - shrink)
-        ratios = torch._foreach_div(gradients, denominators)
-        rms = [norm / math.sqrt(max(1, ratio.numel()))
-               for norm, ratio in zip(torch._foreach_norm(ratios), ratios)]
         return torch._foreach_norm(updates), rms
 
     @staticmethod

@@ -105,9 +105,10 @@ STATS = (
     # means v is out of date (it decays by beta2 each step while the gradient was small) and the
     # update is larger than Adam's normalisation promises, which they saw precede loss spikes.
     # Bounded by 1/sqrt(1 - beta2) (v includes this step's g^2): 31.6 at beta2 0.999.
+    # Without Adam's eps, as they define it (`statistics.adam`).
     Stat("adam_rms", "Adam RMS g/sqrt(v)", LOG, OPTIMIZER,
-         "RMS over the entries of the gradient / (sqrt of Adam's bias-corrected second moment "
-         "+ eps), this step's gradient included in the moment", layers.ROOT_MEAN_SQUARES,
+         "RMS over the entries of the gradient / sqrt of Adam's bias-corrected second moment, "
+         "this step's gradient included in the moment", layers.ROOT_MEAN_SQUARES,
          since=(1, 5)),
     # grad/weight is what an SGD step scales by the learning rate; update/weight is the step's
     # real relative size (healthy around 1e-3, see `analysis.Thresholds`).

@@ -3,11 +3,13 @@
 Each library is an `ArrayOps` adapter (`array_ops`: numpy's here, the others in `capture/`);
 over it, the statistics' formulas (`formulas`: the per-variable reductions of one step, fast
 path and masked pass, and the stats made of them), the shards of one variable combined into
-it (`shards`), and the log10|g| histograms counted from the bit patterns (`histograms`). What a
-stat needs besides its formula (its passes, how a layer combines it) is its `columns` row.
+it (`shards`), Adam's preconditioned-gradient RMS (`adam`), and the log10|g| histograms counted
+from the bit patterns (`histograms`). What a stat needs besides its formula (its passes, how a
+layer combines it) is its `columns` row.
 Writers and adapters call the names below as ``statistics.<name>``.
 """
 
+from tensorboard_gradients.format.statistics.adam import adam_rms
 from tensorboard_gradients.format.statistics.array_ops import (
     GROUP_MAX_ENTRIES, GROUPED_ARRAY_MAX_ENTRIES, MATRIX_REDUCTIONS, ArrayOps, NumpyOps,
     numpy_float, size_groups)
@@ -25,5 +27,5 @@ __all__ = [
     "pass_matrix", "fast_reductions", "checked_fast_rows", "scaled_sums",
     "masked_reduction_matrix", "reduction_matrix", "statistics_from_reductions",
     "statistics_matrix", "combine_moments", "combine_shards", "histogram_bit_tables",
-    "histogram_rows", "histogram_matrix",
+    "histogram_rows", "histogram_matrix", "adam_rms",
 ]
