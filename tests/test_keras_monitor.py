@@ -343,6 +343,39 @@ class WithSpareWeight(keras.layers.Layer):
         return inputs
 
 
+def test_adam_rms_of_sparse_and_missing_gradients(logdir):
+    """Keras' Adam with an embedding (TensorFlow's IndexedSlices gradients) and a weight without
+    a gradient: at the first step v_hat = g^2, so each entry's g^2 / v_hat is 1 where g is not 0
+    and 0 where it is, and the RMS is sqrt(the nonzero fraction); the missing gradient's row is
+    NaN; later steps stay below Adam's bound sqrt((1 - beta2^t) / (1 - beta2))."""
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((5,), dtype="int32")
+    embedded = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(64, 4, name="embed")(tokens))
+    hidden = WithSpareWeight(name="spare_owner")(embedded)
+    model = keras.Model(tokens, keras.layers.Dense(1, name="out")(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(0.01, beta_2=0.99), loss="mse")
+    rng = np.random.default_rng(0)
+    # No id twice in a batch: Keras' Adam squares a sparse gradient's slices before repeated
+    # rows are summed, so its v of a repeated row is not (1 - beta2) g^2 (adam_rms divides by
+    # the v Adam holds).
+    x = np.concatenate([rng.permutation(64)[:40].reshape(8, 5) for _ in range(2)]).astype("int32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[GradientMonitor(logdir)])
+    series = train_series(logdir)
+    assert isinstance(tape_gradients(model, x[:8], y[:8])[0], tf.IndexedSlices)
+    rms = series.stat("adam_rms")
+    present = [series.variables.index(n) for n in ("embed/embeddings", "out/kernel", "out/bias")]
+    assert np.isnan(rms[:, series.variables.index("spare_owner/spare")]).all()
+    # g / sqrt(v_hat) with v_hat = (1 - beta2) g^2 / (1 - beta2): 1 within a few float32
+    # roundings (u = 6e-8) per entry.
+    np.testing.assert_allclose(rms[0, present],
+                               np.sqrt(1 - series.stat("zero_fraction")[0, present]), rtol=1e-5)
+    assert series.stat("zero_fraction")[0, present[0]] > 0.3  # rows not looked up: exact zeros
+    t = series.steps[:, None].astype(np.float64)
+    assert (rms[:, present] <= np.sqrt((1 - 0.99**t) / (1 - 0.99)) * (1 + 1e-5)).all()
+
+
 def test_awkward_variables_embedding_frozen_missing_shared_and_nested(logdir, caplog):
     keras.utils.set_random_seed(0)
     tokens = keras.Input((5,), dtype="int32")

@@ -35,6 +35,7 @@ def adam_rms(ops, gradients, seconds, correction):
     sums = ops.square_sums(ratios) if ratios else None
     rows = [ops.constant(np.nan, correction)] * len(gradients)
     for k, i in enumerate(present):
-        size = ops.constant(max(1, ops.static_size(gradients[i])), correction)
+        # The moment's static shape is the variable's (a densified sparse gradient's may not be).
+        size = ops.constant(max(1, ops.static_size(seconds[i])), correction)
         rows[i] = sums[k] / size
     return ops.sqrt(ops.stack(rows) * correction)
