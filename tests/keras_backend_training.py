@@ -395,20 +395,27 @@ def check_clipping(logdir):
         np.testing.assert_allclose(logged.stat("l2_norm")[index], norms, rtol=BATCH_RTOL)
 
 
+def mixed_precision_mlp(optimizer):
+    """The MLP in float16 (under the caller's ``mixed_float16`` policy) with a float32 output,
+    compiled with a `LossScaleOptimizer` around ``optimizer`` whose first scale, 2**22,
+    overflows float16 on the first steps: they are skipped and the scale halves."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((6,)), keras.layers.Dense(12, activation="tanh", name="hidden"),
+        keras.layers.Dense(8, activation="tanh", name="middle"),
+        keras.layers.Dense(1, name="out", dtype="float32")], name="mp")
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0**22),
+                  loss="mse")
+    return model
+
+
 def check_mixed_precision(logdir):
     """LossScaleOptimizer: unscaled gradients, every call a step (skipped ones marked), the loss
     scale logged; steps still TensorBoard's batch_loss steps."""
     x, y = data()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([
-            keras.Input((6,)), keras.layers.Dense(12, activation="tanh", name="hidden"),
-            keras.layers.Dense(8, activation="tanh", name="middle"),
-            keras.layers.Dense(1, name="out", dtype="float32")], name="mp")
-        # 2**22 overflows float16 on the first steps: they are skipped and the scale halves.
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(LR), initial_scale=2.0**22)
-        model.compile(optimizer=optimizer, loss="mse")
+        model = mixed_precision_mlp(keras.optimizers.SGD(LR))
         snapshots = Snapshots()
         model.fit(x, y, batch_size=BATCH, epochs=4, shuffle=False, verbose=0, callbacks=[
             GradientMonitor(logdir), keras.callbacks.TensorBoard(logdir, update_freq="batch"),
@@ -617,6 +624,24 @@ def check_adam(logdir):
         np.testing.assert_allclose(logged.stat("adam_rms"), expected, rtol=1e-4)
         if optimizer.global_clipnorm:  # clipping bit: the clipped gradient's RMS differs
             assert clip_norm < np.sqrt(np.sum(logged.stat("l2_norm")[0] ** 2)) / 2
+    # A LossScaleOptimizer skips the steps whose float16 gradients overflow: Adam's moments do
+    # not move, and their rows are NaN (as the PyTorch monitor writes a skipped step); the
+    # steps taken stay below Adam's bound sqrt((1 - beta2^t) / (1 - beta2)), t counting them.
+    case_dir = os.path.join(logdir, "loss_scaled")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = mixed_precision_mlp(keras.optimizers.Adam(0.01, beta_2=beta2))
+        model.fit(x, y, batch_size=BATCH, epochs=4, shuffle=False, verbose=0,
+                  callbacks=[GradientMonitor(case_dir),
+                             keras.callbacks.TensorBoard(case_dir, update_freq="batch")])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    rms = series(case_dir).stat("adam_rms")
+    skipped = scalar_steps_and_values(case_dir)["gradients/skipped_step"][1].astype(bool)
+    assert skipped.any() and not skipped.all(), skipped
+    assert np.isnan(rms[skipped]).all()
+    taken = np.cumsum(~skipped)[~skipped][:, None].astype(np.float64)
+    assert (rms[~skipped] <= np.sqrt((1 - beta2**taken) / (1 - beta2)) * (1 + 1e-5)).all()
 
 
 SCENARIOS = {

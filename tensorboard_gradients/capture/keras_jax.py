@@ -51,6 +51,12 @@ from tensorboard_gradients.capture.keras_hooks import (
 from tensorboard_gradients.format import statistics
 
 
+def _all_finite(grads):
+    """Whether every entry of the gradients is finite: a ``LossScaleOptimizer`` skips the step
+    otherwise."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads if g is not None]))
+
+
 def _position(variables, variable):
     ids = [id(v) for v in variables]
     return ids.index(id(variable))
@@ -198,8 +204,11 @@ class StepRecorder(Recorder):
         seconds = [optimizer_after[i].astype(dtype) for i in self._adam_positions]
         t = jnp.asarray(optimizer_after[self._adam_iterations], dtype)
         correction = 1 - jnp.asarray(self._inner.beta_2, dtype) ** t
-        return statistics.adam_rms(JaxOps, [None if g is None else g.astype(dtype)
-                                            for g in watched], seconds, correction)
+        rms = statistics.adam_rms(JaxOps, [None if g is None else g.astype(dtype)
+                                           for g in watched], seconds, correction)
+        if self._loss_scaled:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
+            rms = jnp.where(_all_finite(unscaled), rms, jnp.nan)
+        return rms
 
     def _histogram_matrix(self, optimizer_variables, grads):
         _, entries, dtype = self._entries(optimizer_variables, grads)
@@ -215,7 +224,7 @@ class StepRecorder(Recorder):
             values.append(JaxOps.sqrt(JaxOps.sum(JaxOps.square_sums(
                 [g.astype(dtype) for g in clipped]))))
         if self._loss_scaled:
-            finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads if g is not None]))
+            finite = _all_finite(grads)
             values += [optimizer_variables[self._dynamic_scale], jnp.logical_not(finite)]
         return jnp.stack([jnp.asarray(v, jnp.float32) for v in values])
 

@@ -201,7 +201,10 @@ class StepRecorder(Recorder):
         # ``iterations`` counts this step now: it is Adam's t.
         t = tf.cast(_tf_variable(inner.iterations), self.dtype)
         correction = 1 - tf.pow(tf.cast(inner.beta_2, self.dtype), t)
-        return statistics.adam_rms(tensorflow_ops.TensorFlowOps, dense, seconds, correction)
+        rms = statistics.adam_rms(tensorflow_ops.TensorFlowOps, dense, seconds, correction)
+        if self._loss_scaled:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
+            rms = tf.where(self._all_finite(grads), rms, tf.constant(math.nan, rms.dtype))
+        return rms
 
     def _record_reduced(self, strategy, grads, variables):
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -279,18 +282,20 @@ class StepRecorder(Recorder):
             clipped = self._inner._clip_gradients([g for g, _ in present])
             values.append(self._global_norm(clipped, [v for _, v in present], None))
         if self._loss_scaled:
-            finite = tf.reduce_all(
-                [
-                    tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
-                    for g in grads
-                    if g is not None
-                ]
-            )
+            finite = self._all_finite(grads)
             values += [
                 tf.cast(self._optimizer.dynamic_scale, tf.float32),
                 tf.cast(tf.logical_not(finite), tf.float32),
             ]
         return tf.stack([tf.cast(v, tf.float32) for v in values])
+
+    @staticmethod
+    def _all_finite(grads):
+        """Whether every entry of the gradients is finite: a ``LossScaleOptimizer`` skips the
+        step otherwise."""
+        return tf.reduce_all([
+            tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+            for g in grads if g is not None])
 
     def _global_norm(self, grads, variables, watched_stats):
         """L2 norm over all gradients (sparse rows summed); NaN/Inf when any entry is.

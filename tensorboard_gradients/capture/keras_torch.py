@@ -134,6 +134,7 @@ class StepRecorder(Recorder):
             clipped = self._inner._clip_gradients([g for g in unscaled if g is not None])
             scalars.append(ops.sqrt(ops.sum(ops.square_sums(
                 [g.to(device=device, dtype=dtype) for g in clipped]))))
+        finite = None  # a LossScaleOptimizer skips a step whose gradients are not all finite
         if self._loss_scaled:
             finite = torch.stack([torch.isfinite(g).all().to(device) for g in grads
                                   if g is not None]).all()
@@ -145,10 +146,11 @@ class StepRecorder(Recorder):
             return None
         # The weights as they are before `apply` changes them in place.
         before = [w.clone() for w in weights] if self.records_updates else None
-        adam = None
+        adam = None  # (the gradients Adam received, whether the step was taken)
         if self.records_adam:
-            adam = [None if g is None else g.to(device=device, dtype=dtype)
-                    for g in adam_gradients(self._inner, unscaled, variables, self.watched)]
+            adam = ([None if g is None else g.to(device=device, dtype=dtype)
+                     for g in adam_gradients(self._inner, unscaled, variables, self.watched)],
+                    finite)
         return index + 1, stats, scalars, before, adam, ops, dtype
 
     @torch.no_grad()
@@ -160,13 +162,17 @@ class StepRecorder(Recorder):
                       for v, b in zip(self.watched, before)]
             extra.append(ops.sqrt(ops.square_sums(deltas)))
         if adam is not None:
+            gradients, finite = adam
             inner = self._inner
             seconds = [_tensor(v).to(device=device, dtype=dtype)
                        for v in adam_second_moments(inner, self.watched)]
             # ``iterations`` counts this step now: it is Adam's t.
             t = float(_tensor(inner.iterations))
             correction = torch.tensor(1 - inner.beta_2**t, dtype=dtype, device=device)
-            extra.append(statistics.adam_rms(ops, adam, seconds, correction))
+            rms = statistics.adam_rms(ops, gradients, seconds, correction)
+            if finite is not None:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
+                rms = torch.where(finite, rms, torch.full_like(rms, float("nan")))
+            extra.append(rms)
         self._rows.append((step, torch.cat([stats, torch.stack(extra, dim=1)], dim=1), scalars))
 
     # --- host side ----------------------------------------------------------------------------
