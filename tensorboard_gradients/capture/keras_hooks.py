@@ -21,7 +21,7 @@ Steps are 1-based optimizer steps; a row of step k holds the statistics of the k
 
 import numpy as np
 
-from tensorboard_gradients.format import columns
+from tensorboard_gradients.format import columns, statistics
 
 SCALAR_GLOBAL_NORM = "global_norm"
 SCALAR_GLOBAL_NORM_CLIPPED = "global_norm_clipped"
@@ -107,6 +107,18 @@ def adam_gradients(optimizer, grads, variables, watched):
         [g for g, _ in present])
     by_variable = {id(v): g for (_, v), g in zip(present, clipped)}
     return [by_variable.get(id(v)) for v in watched]
+
+
+def adam_rms(ops, optimizer, gradients, seconds, steps, taken=None):
+    """`statistics.adam_rms` of a step of Keras' Adam ``optimizer``, over ``ops``: ``gradients``
+    as it received them (`adam_gradients`), ``seconds`` its second moments after the step
+    (`adam_second_moments`), ``steps`` its ``iterations`` after the step (Adam's t: a scalar of
+    the computation dtype, read on the device), ``taken`` whether a ``LossScaleOptimizer`` took
+    the step (None: no loss scaling). A skipped step moved no moment: its row is NaN, as the
+    PyTorch monitor writes a skipped step's."""
+    correction = 1 - ops.constant(optimizer.beta_2, steps) ** steps
+    rms = statistics.adam_rms(ops, gradients, seconds, correction)
+    return rms if taken is None else ops.where(taken, rms, ops.constant(np.nan, rms))
 
 
 class Recorder:

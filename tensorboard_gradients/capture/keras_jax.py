@@ -44,6 +44,7 @@ from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
     adam_gradients,
+    adam_rms,
     adam_second_moments,
     global_norm,
     optimizers,
@@ -202,13 +203,10 @@ class StepRecorder(Recorder):
         step there (Adam's t)."""
         watched = adam_gradients(self._inner, unscaled, self._trained, self.watched)
         seconds = [optimizer_after[i].astype(dtype) for i in self._adam_positions]
-        t = jnp.asarray(optimizer_after[self._adam_iterations], dtype)
-        correction = 1 - jnp.asarray(self._inner.beta_2, dtype) ** t
-        rms = statistics.adam_rms(JaxOps, [None if g is None else g.astype(dtype)
-                                           for g in watched], seconds, correction)
-        if self._loss_scaled:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
-            rms = jnp.where(_all_finite(unscaled), rms, jnp.nan)
-        return rms
+        return adam_rms(JaxOps, self._inner, [None if g is None else g.astype(dtype)
+                                              for g in watched], seconds,
+                        jnp.asarray(optimizer_after[self._adam_iterations], dtype),
+                        _all_finite(unscaled) if self._loss_scaled else None)
 
     def _histogram_matrix(self, optimizer_variables, grads):
         _, entries, dtype = self._entries(optimizer_variables, grads)

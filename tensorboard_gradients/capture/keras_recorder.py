@@ -42,9 +42,10 @@ from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
     adam_gradients,
+    adam_rms,
     adam_second_moments,
 )
-from tensorboard_gradients.format import columns, statistics
+from tensorboard_gradients.format import columns
 
 
 def _tf_variable(variable):
@@ -199,12 +200,9 @@ class StepRecorder(Recorder):
         seconds = [tf.cast(_tf_variable(v), self.dtype)
                    for v in adam_second_moments(inner, self.watched)]
         # ``iterations`` counts this step now: it is Adam's t.
-        t = tf.cast(_tf_variable(inner.iterations), self.dtype)
-        correction = 1 - tf.pow(tf.cast(inner.beta_2, self.dtype), t)
-        rms = statistics.adam_rms(tensorflow_ops.TensorFlowOps, dense, seconds, correction)
-        if self._loss_scaled:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
-            rms = tf.where(self._all_finite(grads), rms, tf.constant(math.nan, rms.dtype))
-        return rms
+        return adam_rms(tensorflow_ops.TensorFlowOps, inner, dense, seconds,
+                        tf.cast(_tf_variable(inner.iterations), self.dtype),
+                        self._all_finite(grads) if self._loss_scaled else None)
 
     def _record_reduced(self, strategy, grads, variables):
         present = [i for i, g in enumerate(grads) if g is not None]

@@ -28,6 +28,7 @@ from tensorboard_gradients.capture.keras_hooks import (
     SCALAR_GLOBAL_NORM_CLIPPED,
     Recorder,
     adam_gradients,
+    adam_rms,
     adam_second_moments,
     global_norm,
 )
@@ -166,13 +167,10 @@ class StepRecorder(Recorder):
             inner = self._inner
             seconds = [_tensor(v).to(device=device, dtype=dtype)
                        for v in adam_second_moments(inner, self.watched)]
-            # ``iterations`` counts this step now: it is Adam's t.
-            t = float(_tensor(inner.iterations))
-            correction = torch.tensor(1 - inner.beta_2**t, dtype=dtype, device=device)
-            rms = statistics.adam_rms(ops, gradients, seconds, correction)
-            if finite is not None:  # a skipped step moved no moment: no RMS (NaN), as in PyTorch
-                rms = torch.where(finite, rms, torch.full_like(rms, float("nan")))
-            extra.append(rms)
+            # ``iterations`` counts this step now: it is Adam's t (kept on the device: no sync).
+            extra.append(adam_rms(ops, inner, gradients, seconds,
+                                  _tensor(inner.iterations).to(device=device, dtype=dtype),
+                                  finite))
         self._rows.append((step, torch.cat([stats, torch.stack(extra, dim=1)], dim=1), scalars))
 
     # --- host side ----------------------------------------------------------------------------
