@@ -44,7 +44,8 @@ export function alertSpans(alerts, rowsOf) {
 
 /**
  * The loss spikes and the warnings before them, to mark over the loss curve: one mark per
- * `loss_spike` alert, {firstStep, lastStep, raisedStep, rule ("precursor" or "spike"), severity},
+ * `loss_spike` alert, {firstStep, lastStep, raisedStep, rule ("spike", or a precursor's: "precursor",
+ * "update", "sustained", "jump"), severity},
  * in step order.
  */
 export function lossSpikeMarks(alerts) {

@@ -34,8 +34,9 @@ EPOCH_STEPS = 250
 SPIKES = {(300, 3), (777, 8), (1201, 0)}  # (step, variable)
 NAN_CELL = (650, 5)
 LATE_NAN_STEP = STEPS + 100  # the same cell again, in steps a growing run appends
-# From this step the loss rises by these: to x2.5 at the fifth rise (warned), then x6 twice (a
-# spike, told at its second step).
+# From this step the loss rises by these, the gradient 4x up: to x2.5 at the fifth rise (warned),
+# then x6 twice (a spike, told at its second step); from x1.2 with the gradient up for 4 steps
+# (the sustained precursor, told at the fourth).
 LOSS_CLIMB = (1100, (0.1, 0.2, 0.3, 0.7, 1.5, 5.0, 5.0))
 
 
@@ -156,10 +157,11 @@ def _assert_routes_answer_as_the_run_read_whole(client, monkeypatch, steps=STEPS
     assert long == short and long["run"]["gradients"]["steps"] == steps
     long, short = both("alerts")
     assert long == short
-    # The loss logged beside the gradients: its precursor and its spike, each raised at its
-    # first step, as the run read whole.
+    # The loss logged beside the gradients: its precursors and its spike, each raised where the
+    # run read whole raises it.
     assert {(a["rule"], a["first_step"], a["raised_step"]) for a in long["alerts"]
-            if a["kind"] == "loss_spike"} == {("precursor", 1104, 1104), ("spike", 1105, 1106)}
+            if a["kind"] == "loss_spike"} == {("precursor", 1104, 1104), ("spike", 1105, 1106),
+                                              ("sustained", 1101, 1104)}
     assert {(a["first_step"], a["variable"]) for a in long["alerts"] if a["rule"] == "spike"} >= {
         (step, short_name) for step, short_name in
         ((s, f"layer_{r // 2}/{'kernel' if r % 2 == 0 else 'bias'}") for s, r in SPIKES)}

@@ -108,12 +108,55 @@ def test_a_loss_climbing_with_the_gradient_is_warned_before_it_spikes(tmp_path):
     assert all(a.severity == "info" for a in tg.diagnose(series) if a.kind == "spike")
 
 
+def test_a_gradient_raised_with_the_loss_for_four_steps_is_warned_at_the_fourth(tmp_path):
+    """A rate past its stable edge: the loss drifts up noisily (never 5 clean rises, never 2x)
+    while the gradient stays up, then spikes. Three such steps are a few hard batches."""
+    rng = np.random.default_rng(2)
+    steps = 120
+    losses = 1.0 + 0.02 * rng.standard_normal(steps)
+    norms = 1.0 + 0.02 * rng.standard_normal(steps)
+    # The global norm is sqrt(encoder^2 + 1), its median about sqrt(2): an encoder norm of 4
+    # puts it at 2.9x, of 40 at 28x.
+    norms[100:104] = 4.0
+    losses[100:104] = [1.4, 1.3, 1.5, 1.35]
+    norms[106:110], losses[106:110] = 40.0, 8.0
+    series = _run(tmp_path, losses, norms)
+    alerts = sorted((a for a in tg.diagnose(series) if a.kind == "loss_spike"),
+                    key=lambda a: a.first_step)
+    assert [(a.rule, a.first_step, a.raised_step) for a in alerts] == [
+        ("sustained", 100, 103), ("spike", 106, 107)]
+    assert "for 4 logged steps in a row" in alerts[0].message
+    three = losses.copy(), norms.copy()
+    three[0][103], three[1][103] = 1.0, 1.0
+    three[0][106:110], three[1][106:110] = 1.0, 1.0
+    assert [a for a in tg.diagnose(_run(tmp_path / "three", *three))
+            if a.kind == "loss_spike"] == []
+
+
+def test_a_gradient_jump_the_loss_felt_is_warned_and_a_raised_gradient_with_a_falling_loss_not(
+        tmp_path):
+    rng = np.random.default_rng(3)
+    steps = 120
+    losses = 1.0 + 0.02 * rng.standard_normal(steps)
+    norms = 1.0 + 0.02 * rng.standard_normal(steps)
+    norms[100], losses[100] = 20.0, 1.2  # 14x the global norm's median, the loss 1.2x its own
+    (jump,) = [a for a in tg.diagnose(_run(tmp_path, losses, norms)) if a.kind == "loss_spike"]
+    assert (jump.rule, jump.severity, jump.first_step, jump.raised_step) == (
+        "jump", "warning", 100, 100)
+    assert "jumped to 14" in jump.message
+    # A rate warming up: the gradient 3x up for 20 steps while the loss falls.
+    norms[100:120], losses[100:120] = 4.0, np.linspace(0.95, 0.6, 20)
+    warming = _run(tmp_path / "warming", losses, norms)
+    assert [a for a in tg.diagnose(warming) if a.severity != "info"] == []
+
+
 def test_a_noisy_loss_and_a_gradient_spike_the_loss_never_felt_raise_no_warning(tmp_path):
     rng = np.random.default_rng(1)
     steps = 200
     losses = np.exp(0.2 * rng.standard_normal(steps))  # mini-batch noise
     norms = np.exp(0.2 * rng.standard_normal(steps))
     norms[150] *= 30  # a rare batch: the gradient jumps, the loss does not
+    losses[150] = 1.0  # the noise's median (a loss 1.1x up would be the jump precursor's)
     series = _run(tmp_path, losses, norms)
     assert [a for a in tg.diagnose(series) if a.severity != "info"] == []
     assert any(a.kind == "spike" and a.severity == "info" for a in tg.diagnose(series))

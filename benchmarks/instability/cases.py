@@ -10,7 +10,10 @@ Calibrated (seed 0): adam_linear_regression (25 onsets in 3,000 steps) and
 adam_linear_interpolation (27), lstm_sgd_no_clip (11: a loss that swings between 5 and 26 once it
 has blown up), lstm_lr_jump (3), rnn_sgd_no_clip, cnn_lr_ramp, mlp_lr_jump, gpt_lr_jump and
 adam_mlp_regression (1 each: one Adam spike from 1e-15 to 3e-4 at step 1,750 once the MLP
-interpolates its data) spike as labelled; the six controls have none. Two recipes of the
+interpolates its data), mlp_lr_ramp (1, at 672), mlp_sgd_lr_ramp (1, at 803) and gpt_lr_ramp (1,
+at 850) spike as labelled; the seven controls have none. The ramps kill the MLPs' ReLUs once they
+have spiked: they stop about 100 steps later, as a job seen to have failed is stopped (a dead
+network's findings are no precursor). Two recipes of the
 literature did not reproduce on CPU at this scale and are not in the set: the slingshot effect
 (arXiv 2206.04817: the loss reached an exact 0 in float32 by 10,000 steps and then had no
 gradient) and a tiny GPT without warm-up at a high rate (arXiv 2309.14322: it plateaus instead,
@@ -244,6 +247,10 @@ def _gpt_lr_jump(rng):
     return _gpt(rng, 1e-3, schedule=jump(1e-3, 500, 30))
 
 
+def _gpt_lr_ramp(rng):
+    return _gpt(rng, 1e-3, schedule=ramp(1e-3, 0.3, 1000))
+
+
 def _gpt_warmup_qknorm(rng):
     return _gpt(rng, 1e-3, qk_norm=True, schedule=warmup_cosine(1e-3, 100, 1500), clip=1.0)
 
@@ -258,6 +265,21 @@ def _digits_mlp(rng, schedule, lr=1e-3):
     model = models.MLP(64, 128, 10, depth=4)
     return Training(model, torch.optim.Adam(model.parameters(), lr=lr),
                     minibatches(rng, x, y, 64), smoothed_cross_entropy, schedule)
+
+
+def _mlp_lr_ramp(rng):
+    return _digits_mlp(rng, ramp(1e-3, 1.0, 1000))
+
+
+def _mlp_lr_warmup(rng):
+    return _digits_mlp(rng, ramp(1e-4, 3e-3, 1000))
+
+
+def _mlp_sgd_lr_ramp(rng):
+    x, y = digits(rng)
+    model = models.MLP(64, 128, 10, depth=4)
+    return Training(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                    minibatches(rng, x, y, 64), smoothed_cross_entropy, ramp(0.01, 3.0, 1000))
 
 
 def _mlp_lr_jump(rng):
@@ -341,6 +363,16 @@ CASES = (
     Case("cnn_lr_ramp", HELD_OUT, True, "a known cause: a schedule that ramps past stability",
          "small CNN on digits, SGD(momentum 0.9), lr 0.01 -> 3 over 1,000 steps", 1000,
          _cnn_lr_ramp, 1000),
+    Case("mlp_lr_ramp", TUNE, True, "a known cause: a schedule that ramps past stability",
+         "4-layer MLP on digits, Adam, lr 1e-3 -> 1 over 1,000 steps, stopped at 800", 800,
+         _mlp_lr_ramp),
+    Case("mlp_sgd_lr_ramp", TUNE, True, "a known cause: a schedule that ramps past stability",
+         "4-layer MLP on digits, SGD(momentum 0.9), lr 0.01 -> 3 over 1,000 steps, stopped at 900",
+         900, _mlp_sgd_lr_ramp),
+    Case("gpt_lr_ramp", TUNE, True, "a known cause: a schedule that ramps past stability",
+         "2-block GPT, AdamW, lr 1e-3 -> 0.3 over 1,000 steps", 1000, _gpt_lr_ramp),
+    Case("mlp_lr_warmup", TUNE, False, "the control of the ramps: a rate that rises and stays stable",
+         "4-layer MLP on digits, Adam, lr 1e-4 -> 3e-3 over 1,000 steps", 1000, _mlp_lr_warmup),
     Case("gpt_warmup_qknorm", TUNE, False, "the control of gpt_high_lr (arXiv 2309.14322)",
          "2-block GPT with qk-layernorm, AdamW(1e-3), warm-up + cosine, clip 1.0", 1500,
          _gpt_warmup_qknorm),

@@ -28,6 +28,10 @@ _PHRASES = {
                                        "band",
     # Whole-model findings: one per episode, never several subjects.
     ("loss_spike", "precursor"): "had the loss climbing with the gradient",
+    ("loss_spike", "update"): "had the optimizer's update jump above its running median",
+    ("loss_spike", "sustained"): "had the loss above its band with the gradient raised for several "
+                                 "steps",
+    ("loss_spike", "jump"): "had a gradient jump the loss felt",
     ("loss_spike", "spike"): "had a loss spike",
 }
 

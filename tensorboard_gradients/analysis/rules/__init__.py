@@ -30,7 +30,8 @@ RULES: Tuple[Rule, ...] = (
 # another revision is recomputed, not served (`digest.analysis_identity`). 2: a vanishing-by-depth
 # finding lasts until its layer recovers by itself (issue 33). 3: the loss-spike rule; alerts carry
 # their raised step (issue 35).
-RULES_REVISION = 4  # 4: the update precursor, surges (issue 35)
+# 4: the update precursor, surges (issue 35). 5: the sustained and jump precursors (issue 35).
+RULES_REVISION = 5
 
 PARAMETERS = tuple(parameter for rule in RULES for parameter in rule.parameters)
 

@@ -138,6 +138,57 @@ gradient moved 0.7-1.1x, the update 27-45x; blown-up SGD runs: both alike), so t
 half does not validate this parameter; the held-out controls' absence of warnings does.
 """)
 
+PRECURSOR_SUSTAINED_STEPS = Parameter(
+    "precursor_sustained_steps", 4, int, "warn after a raised gradient lasting (logged steps)",
+    doc="""
+The sustained precursor: for this many logged steps in a row, the global gradient norm at
+``precursor_sustained_norm_ratio`` x its median over the previous ``loss_window`` logged steps
+and the loss at ``precursor_sustained_loss_ratio`` x its own. A rate past the edge of stability
+reached by a schedule that rises a little each step (a warm-up aimed too high): the loss does not
+jump, it drifts up 1.1-2x, noisily, while the gradient stays 2-5x up for 5-15 steps before the
+spike (Cohen et al. 2021, arXiv 2103.00065: past 2/lr the loss oscillates and rises). Such a
+climb is never the 5 clean rises the climbing precursor needs, and the rate never jumps as the
+update precursor needs. A hard batch raises the gradient for a step. Tuned on the tune half's
+learning-rate ramps (an MLP under Adam and under SGD with momentum, a GPT under AdamW, three
+seeds each; their control ramps to a stable rate): 2 to 5 steps and norms of 1.5x to 3x tried
+with losses of 1.2x to 1.5x; 3 steps at 1.8x added 2 warned spikes and 9 false warnings (a
+ramped MLP's loss bumps 1.6x and recovers), 4 at 2x the same 2 warned spikes and no false one
+(benchmarks/NOTES.md, "Early warning: ramps").
+""")
+
+PRECURSOR_SUSTAINED_NORM_RATIO = Parameter(
+    "precursor_sustained_norm_ratio", 2.0, float, "sustained warning at global norm (x median)",
+    doc="""
+The global gradient norm's part of the sustained precursor (see ``precursor_sustained_steps``).
+""")
+
+PRECURSOR_SUSTAINED_LOSS_RATIO = Parameter(
+    "precursor_sustained_loss_ratio", 1.2, float, "sustained warning at loss (x its median)",
+    doc="""
+The loss's part of the sustained precursor (see ``precursor_sustained_steps``): the loss above
+its band while the gradient stays up, so a healthy run whose gradient grows while its loss falls
+(a rate warming up, a model learning a new feature) is not warned.
+""")
+
+PRECURSOR_JUMP_RATIO = Parameter(
+    "precursor_jump_ratio", 12.0, float, "warn at a global norm jump (x its median)", doc="""
+The jump precursor: the global gradient norm at least this multiple of its median over the
+previous ``loss_window`` logged steps while the loss is already ``precursor_jump_loss_ratio``
+x its own: a gradient spike the loss felt. A transformer pushed past its stable rate shows it
+one or two steps before its loss spikes (the tune half's ramped GPT: 9x-28x with the loss at
+1.0-2.1x; ZClip, arXiv 2504.02507, and SPAM, arXiv 2501.06842, clip such jumps because they
+precede loss spikes). A gradient spike the loss never felt stays the ``spike`` rule's (info
+unless the loss follows). Tried on the tune half at 6x to 20x: 4 more spikes warned from 6x to
+16x (the ramped GPT's, and a blown-up LSTM's), fewer false warnings from 12x on (the ramped
+GPT's 10x-25x jumps it recovered from), 3 fewer spikes warned at 20x.
+""")
+
+PRECURSOR_JUMP_LOSS_RATIO = Parameter(
+    "precursor_jump_loss_ratio", 1.1, float, "jump warning at loss (x its median)", doc="""
+The loss's part of the jump precursor (see ``precursor_jump_ratio``). 1.0 (the loss at its
+median) added 5 false warnings on the tune half; 1.1 to 1.3 gave the same results.
+""")
+
 LOSS_EPISODE_STEPS = Parameter(
     "loss_episode_steps", 20, int, "loss episode gap (logged steps)", doc="""
 Warnings and spikes less than this many logged steps apart are one episode: one finding
@@ -155,6 +206,13 @@ _CLIMB = ("loss at {value:.3g}x its median of the previous {window} logged steps
           "with the gradient, a loss spike may follow")
 _SPIKED = ("loss spiked to {value:.3g}x its median of the previous {window} logged steps (from "
            "{limit:g}x), the global gradient norm at {detail:.3g}x its own")
+_SUSTAINED = ("global gradient norm at {detail:.3g}x its median of the previous {window} logged "
+              "steps, and the loss at {value:.3g}x its own, for {sustain} logged steps in a row "
+              "(warned from {limit:g}x the norm): the optimizer is past its stable rate (a "
+              "schedule ramping too high?), a loss spike may follow")
+_JUMPED = ("global gradient norm jumped to {detail:.3g}x its median of the previous {window} "
+           "logged steps (warned from {limit:g}x) with the loss at {value:.3g}x its own: the loss "
+           "felt the gradient's jump, a loss spike may follow")
 # The global norm is often NaN at such a step: not told.
 _NOT_FINITE = "loss was not finite (NaN or Inf)"
 _UPDATE_JUMPED = ("the update/weight ratio jumped to {value:.3g}x its median of the previous "
@@ -165,7 +223,8 @@ _WORDINGS = {
     (kind, moved): Wording.define(f"loss_spike.{kind}{'_moved' if moved else ''}",
                                   template + (_MOVED_FIRST if moved else ""))
     for kind, template in (("precursor", _CLIMB), ("spike", _SPIKED), ("not_finite", _NOT_FINITE),
-                           ("update", _UPDATE_JUMPED))
+                           ("update", _UPDATE_JUMPED), ("sustained", _SUSTAINED),
+                           ("jump", _JUMPED))
     for moved in (False, True)
 }
 
@@ -178,7 +237,10 @@ class LossSpike(Rule):
     kind = "loss_spike"
     parameters = (LOSS_WINDOW, LOSS_SPIKE_RATIO, LOSS_SPIKE_STEPS, LOSS_SPIKE_ZSCORE,
                   PRECURSOR_LOSS_RATIO, PRECURSOR_NORM_RATIO, PRECURSOR_RISING_STEPS,
-                  PRECURSOR_UPDATE_RATIO, PRECURSOR_UPDATE_BEYOND_GRADIENT, LOSS_EPISODE_STEPS)
+                  PRECURSOR_UPDATE_RATIO, PRECURSOR_UPDATE_BEYOND_GRADIENT,
+                  PRECURSOR_SUSTAINED_STEPS, PRECURSOR_SUSTAINED_NORM_RATIO,
+                  PRECURSOR_SUSTAINED_LOSS_RATIO, PRECURSOR_JUMP_RATIO, PRECURSOR_JUMP_LOSS_RATIO,
+                  LOSS_EPISODE_STEPS)
     whole_run = True
 
     def check(self, thresholds):
@@ -221,8 +283,10 @@ class LossSpike(Rule):
         with np.errstate(invalid="ignore", divide="ignore"):
             # A loss at twice its median is at least twice the least of its window: only those
             # steps need their medians (a 100,000-step run has a few); the same for updates.
-            candidates = logged & (loss >= limits.precursor_loss_ratio * window.trailing_minima(
-                history, limits.loss_window))
+            candidates = logged & (loss >= min(
+                limits.precursor_loss_ratio, limits.precursor_sustained_loss_ratio,
+                limits.precursor_jump_loss_ratio) * window.trailing_minima(history,
+                                                                          limits.loss_window))
             jumps = update >= limits.precursor_update_ratio * window.trailing_minima(
                 update, limits.loss_window)
             loss_ratio = loss / window.trailing_medians(history, limits.loss_window, candidates)
@@ -236,6 +300,12 @@ class LossSpike(Rule):
             update_jump = (~spike & (update_ratio >= limits.precursor_update_ratio)
                            & (update_ratio >= limits.precursor_update_beyond_gradient
                               * norm_ratio))
+            gradient_up = (logged & ~spike
+                           & (loss_ratio >= limits.precursor_sustained_loss_ratio)
+                           & (norm_ratio >= limits.precursor_sustained_norm_ratio))
+            gradient_jump = (logged & ~spike & (loss_ratio >= limits.precursor_jump_loss_ratio)
+                             & (norm_ratio >= limits.precursor_jump_ratio))
+        sustained = window.sustained(gradient_up, limits.precursor_sustained_steps)
         # A non-finite loss is infinitely far above its median (its own wording says so).
         shown = np.where(np.isfinite(loss), loss_ratio, np.inf)
         finite = np.isfinite(loss)
@@ -247,13 +317,16 @@ class LossSpike(Rule):
         lasting = (window.sustained(spike & finite & outside, limits.loss_spike_steps)
                    | (spike & ~finite))
         steps = builder.steps
-        for episode in _episodes(steps, spike | precursor | update_jump, limits.loss_episode_steps):
+        for episode in _episodes(steps, spike | precursor | update_jump | sustained
+                                 | gradient_jump, limits.loss_episode_steps):
             spiking = spike & episode
             # Before the episode's first spiking step: what follows it is the spike's recovery.
             before = np.arange(len(steps)) < (np.argmax(spiking) if spiking.any() else len(steps))
             identity = int(steps[np.argmax(episode)])
             for rule, mask in (("precursor", precursor & episode & before),
                                ("update", update_jump & episode & before),
+                               ("sustained", sustained & episode & before),
+                               ("jump", gradient_jump & episode & before),
                                ("spike", spiking & lasting)):
                 if not mask.any():
                     continue
@@ -261,13 +334,19 @@ class LossSpike(Rule):
                 all_finite = bool(finite[mask].all()) or rule != "spike"
                 wording = rule if rule != "spike" or all_finite else "not_finite"
                 limit = {"precursor": limits.precursor_loss_ratio, "spike": limits.loss_spike_ratio,
-                         "update": limits.precursor_update_ratio}[rule]
-                # A spike is told when it has lasted (at once when the loss is not finite).
-                raised = (first + limits.loss_spike_steps - 1
-                          if rule == "spike" and finite[first] else first)
+                         "update": limits.precursor_update_ratio,
+                         "sustained": limits.precursor_sustained_norm_ratio,
+                         "jump": limits.precursor_jump_ratio}[rule]
+                # A spike is told when it has lasted (at once when the loss is not finite), a
+                # sustained rise when it has lasted its steps.
+                lasted = {"spike": limits.loss_spike_steps if finite[first] else 1,
+                          "sustained": limits.precursor_sustained_steps}.get(rule, 1)
+                raised = first + lasted - 1
                 severity = "warning" if all_finite else "critical"
                 mover = _first_mover(values, first, limits.loss_episode_steps)
                 params = dict(limit=limit, window=limits.loss_window)
+                if rule == "sustained":
+                    params.update(sustain=limits.precursor_sustained_steps)
                 if mover is not None:
                     params.update(mover=builder.series.variables[mover[0]], rise=mover[1],
                                   since=int(steps[mover[2]]),
