@@ -3,24 +3,27 @@ of the same shapes. PyTorch on CPU, seeded, seconds to a minute each.
 
 Each case is a plain eager loop as users write it: the loss logged as the scalar ``loss`` through
 `torch.utils.tensorboard.SummaryWriter`, the gradients by `tensorboard_gradients.torch
-.GradientMonitor` on the same writer, every step, with the loss and the optimizer (its updates). A run whose loss is no longer finite stops
-`NAN_STEPS_LOGGED` steps later, as a job whose loss went NaN is stopped.
+.GradientMonitor` on the same writer, every step, with the loss and the optimizer (its updates).
+A run whose loss is no longer finite stops `NAN_STEPS_LOGGED` steps later, as a job whose loss
+went NaN is stopped.
 
-Calibrated (seed 0): adam_linear_regression (25 onsets in 3,000 steps) and
-adam_linear_interpolation (27), lstm_sgd_no_clip (11: a loss that swings between 5 and 26 once it
-has blown up), lstm_lr_jump (3), rnn_sgd_no_clip, cnn_lr_ramp, mlp_lr_jump, gpt_lr_jump and
-adam_mlp_regression (1 each: one Adam spike from 1e-15 to 3e-4 at step 1,750 once the MLP
-interpolates its data), mlp_lr_ramp (1, at 672), mlp_sgd_lr_ramp (1, at 803) and gpt_lr_ramp (1,
-at 850) spike as labelled; the eight controls have none. The ramps kill the MLPs' ReLUs once they
-have spiked: they stop about 100 steps later, as a job seen to have failed is stopped (a dead
-network's findings are no precursor). Two recipes of the
-literature did not reproduce on CPU at this scale and are not in the set: the slingshot effect
-(arXiv 2206.04817: the loss reached an exact 0 in float32 by 10,000 steps and then had no
-gradient) and a tiny GPT without warm-up at a high rate (arXiv 2309.14322: it plateaus instead,
-pre-LN on the Markov task at AdamW 1e-2 to 0.3, full batch on the counting task at 1e-2 to 0.1,
-post-LN with 4 blocks at 3e-3 to 3e-2; broken from step 100 at 1.0). The two Adam regression
-cases share a mechanism (Adam's second moment decaying under a vanishing gradient): the held-out
-one differs in its data (no noise), not in kind.
+Calibrated (seed 0): adam_linear_regression (25 onsets in 3,000 steps) and adam_linear_interpolation
+(27), lstm_sgd_no_clip (11: a loss that swings between 5 and 26 once it has blown up), gpt_high_lr
+(6 in 1,000 steps: AdamW at 1.0 from the first step spikes from ~2 to 15-19 and recovers, every ~160
+steps) and gpt_wide_high_lr (5, at 0.5), lstm_lr_jump (3), rnn_sgd_no_clip, cnn_lr_ramp,
+mlp_lr_jump, gpt_lr_jump and adam_mlp_regression (1 each: one Adam spike from 1e-15 to 3e-4 at step
+1,750 once the MLP interpolates its data), mlp_lr_ramp (1, at 672), mlp_sgd_lr_ramp (1, at 803) and
+gpt_lr_ramp (1, at 850) spike as labelled; the eight controls have none. The ramps kill the MLPs'
+ReLUs once they have spiked: they stop about 100 steps later, as a job seen to have failed is
+stopped (a dead network's findings are no precursor).
+
+The slingshot effect (arXiv 2206.04817) did not reproduce on CPU at this scale and is not in the
+set: the loss reached an exact 0 in float32 by 10,000 steps and then had no gradient. A tiny GPT
+without warm-up (arXiv 2309.14322) plateaus at AdamW 1e-2 to 0.3 (pre-LN on the Markov task; full
+batch on the counting task at 1e-2 to 0.1; post-LN with 4 blocks at 3e-3 to 3e-2) and spikes, again
+and again, from 0.5 (width 128) and 1.0 (width 64): gpt_wide_high_lr and gpt_high_lr. The two Adam
+regression cases share a mechanism (Adam's second moment decaying under a vanishing gradient): the
+held-out one differs in its data (no noise), not in kind.
 
 ``half`` splits the set: the rules' defaults are tuned on the "tune" cases only, and the
 "held_out" ones are reported apart (`benchmarks/early_warning.py`).
@@ -247,6 +250,14 @@ def _gpt_lr_jump(rng):
     return _gpt(rng, 1e-3, schedule=jump(1e-3, 500, 30))
 
 
+def _gpt_high_lr(rng):
+    return _gpt(rng, 1.0)
+
+
+def _gpt_wide_high_lr(rng):
+    return _gpt(rng, 0.5, width=128)
+
+
 def _gpt_lr_ramp(rng):
     return _gpt(rng, 1e-3, schedule=ramp(1e-3, 0.3, 1000))
 
@@ -378,9 +389,18 @@ CASES = (
          900, _mlp_sgd_lr_ramp),
     Case("gpt_lr_ramp", TUNE, True, "a known cause: a schedule that ramps past stability",
          "2-block GPT, AdamW, lr 1e-3 -> 0.3 over 1,000 steps", 1000, _gpt_lr_ramp),
-    Case("mlp_lr_warmup", TUNE, False, "the control of the ramps: a rate that rises and stays stable",
+    Case("mlp_lr_warmup", TUNE, False,
+         "the control of the ramps: a rate that rises and stays stable",
          "4-layer MLP on digits, Adam, lr 1e-4 -> 3e-3 over 1,000 steps", 1000, _mlp_lr_warmup),
-    Case("gpt_warmup_qknorm", TUNE, False, "the control of gpt_high_lr (arXiv 2309.14322)",
+    Case("gpt_wide_high_lr", TUNE, True,
+         "arXiv 2309.14322 (a small transformer at a high learning rate without warm-up)",
+         "2-block GPT of width 128, AdamW(0.5) from the first step, no warm-up, no clipping", 1000,
+         _gpt_wide_high_lr),
+    Case("gpt_high_lr", HELD_OUT, True,
+         "arXiv 2309.14322 (a small transformer at a high learning rate without warm-up)",
+         "2-block GPT, AdamW(1.0) from the first step, no warm-up, no clipping", 1000,
+         _gpt_high_lr),
+    Case("gpt_warmup_qknorm", TUNE, False, "the control of the high-rate GPTs (arXiv 2309.14322)",
          "2-block GPT with qk-layernorm, AdamW(1e-3), warm-up + cosine, clip 1.0", 1500,
          _gpt_warmup_qknorm),
     Case("gpt_converged", HELD_OUT, False, "a converged model: small gradients for a good reason",

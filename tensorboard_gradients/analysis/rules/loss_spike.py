@@ -110,7 +110,7 @@ of the noise-free interpolating regression).
 """)
 
 PRECURSOR_UPDATE_RATIO = Parameter(
-    "precursor_update_ratio", 5.0, float, "warn at update/weight (x its median)", doc="""
+    "precursor_update_ratio", 10.0, float, "warn at update/weight (x its median)", doc="""
 The update precursor: the model's update/weight ratio, ``sqrt(sum ||update||^2) /
 sqrt(sum ||w||^2)`` over the variables whose update was logged, at least this multiple of its
 median over the previous ``loss_window`` logged steps. The optimizer's steps grew at once:
@@ -121,7 +121,11 @@ linear warm-up doubles it at most against the median of the steps before. On the
 set the healthy controls' ratio never passed 2.7x its median (warm-up included; 1.9x on the
 tune half), the learning rates raised 30x passed 27x at the step that took the new rate. With
 ``precursor_update_beyond_gradient`` the results on the tune half were the same from 3 to 20
-(benchmarks/NOTES.md, "Early warning").
+(benchmarks/NOTES.md, "Early warning"). A transformer at a high rate without warm-up then
+showed the other side: between its spikes, as Adam's second moment decays after one, the
+update/weight ratio moves 5x-8x its median with no spike after it; 10x (tried 5x to 30x on the
+tune half with that case) removed those warnings and warned the same spikes ("Early warning:
+ramps, the sustained and jump precursors").
 """)
 
 PRECURSOR_UPDATE_BEYOND_GRADIENT = Parameter(
