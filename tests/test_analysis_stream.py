@@ -87,7 +87,9 @@ def random_series(seed):
         loss = dict(loss=np.where(logged, curve, np.nan), loss_logged=logged)
     if rng.random() < 0.5:
         thresholds = dataclasses.replace(thresholds, loss_window=int(rng.integers(1, 30)),
-                                         loss_episode_steps=int(rng.integers(1, 30)))
+                                         loss_episode_steps=int(rng.integers(1, 30)),
+                                         precursor_sustained_steps=int(rng.integers(1, 7)),
+                                         precursor_jump_ratio=float(rng.uniform(2, 30)))
     series = GradientSeries(
         run="run", tag="gradients", name="gradients", variables=layout.variables,
         layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,

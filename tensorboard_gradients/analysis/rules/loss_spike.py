@@ -287,8 +287,9 @@ class LossSpike(Rule):
         norm, update = values[:, _NORM], values[:, _UPDATE]
         history = np.where(logged, loss, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
-            # A loss at twice its median is at least twice the least of its window: only those
-            # steps need their medians (a 100,000-step run has a few); the same for updates.
+            # A loss at r times its median is at least r times the least of its window: only
+            # those steps need their medians (the least r a precursor judges); the same for
+            # updates.
             candidates = logged & (loss >= min(
                 limits.precursor_loss_ratio, limits.precursor_sustained_loss_ratio,
                 limits.precursor_jump_loss_ratio) * window.trailing_minima(history,
@@ -322,6 +323,11 @@ class LossSpike(Rule):
                        >= limits.loss_spike_zscore * np.maximum(noise, _LOSS_SIGMA_FLOOR))
         lasting = (window.sustained(spike & finite & outside, limits.loss_spike_steps)
                    | (spike & ~finite))
+        # Where each finding that must last is told: a spike once it lasted (at once when the
+        # loss is not finite), a sustained rise once it lasted its steps.
+        told = {"spike": _held(spike & finite & outside, limits.loss_spike_steps)
+                | (spike & ~finite),
+                "sustained": _held(gradient_up, limits.precursor_sustained_steps)}
         steps = builder.steps
         for episode in _episodes(steps, spike | precursor | update_jump | sustained
                                  | gradient_jump, limits.loss_episode_steps):
@@ -343,11 +349,9 @@ class LossSpike(Rule):
                          "update": limits.precursor_update_ratio,
                          "sustained": limits.precursor_sustained_norm_ratio,
                          "jump": limits.precursor_jump_ratio}[rule]
-                # A spike is told when it has lasted (at once when the loss is not finite), a
-                # sustained rise when it has lasted its steps.
-                lasted = {"spike": limits.loss_spike_steps if finite[first] else 1,
-                          "sustained": limits.precursor_sustained_steps}.get(rule, 1)
-                raised = first + lasted - 1
+                # An episode may begin inside a stretch that began before it (episodes of a
+                # logged step or two): told at the stretch's telling row, or at once.
+                raised = first + int(np.argmax(told[rule][first:])) if rule in told else first
                 severity = "warning" if all_finite else "critical"
                 mover = _first_mover(values, first, limits.loss_episode_steps)
                 params = dict(limit=limit, window=limits.loss_window)
@@ -386,18 +390,25 @@ def _rising(loss, steps: int) -> np.ndarray:
     """``bool[rows]``: the loss rose at each of the ``steps`` rows up to this one (each above
     the row before; NaN never rises)."""
     with np.errstate(invalid="ignore"):
-        rose = np.concatenate([[False], loss[1:] > loss[:-1]])
-    return np.concatenate([np.zeros(steps - 1, bool), window.all_in_window(rose, steps)])[
-        :len(loss)] if len(loss) >= steps else np.zeros(len(loss), bool)
+        return _held(np.concatenate([[False], loss[1:] > loss[:-1]]), steps)
+
+
+def _held(flags: np.ndarray, steps: int) -> np.ndarray:
+    """``bool[rows]``: ``flags`` held at each of the ``steps`` rows up to this one: where a
+    finding that needs them to last is told, knowing nothing after it."""
+    if len(flags) < steps:
+        return np.zeros(len(flags), bool)
+    return np.concatenate([np.zeros(steps - 1, bool), window.all_in_window(flags, steps)])[
+        :len(flags)]
 
 
 def _episodes(steps, alarms, gap: int):
     """A ``bool[steps]`` mask per episode: alarmed rows less than ``gap`` logged steps apart
-    belong together."""
+    belong together, and adjacent ones always (a stretch that must last is one finding)."""
     rows = np.flatnonzero(alarms)
     if not rows.size:
         return []
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(rows) >= gap) + 1])
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(rows) >= max(gap, 2)) + 1])
     ends = np.concatenate([starts[1:], [rows.size]])
     masks = []
     for start, end in zip(starts, ends):
