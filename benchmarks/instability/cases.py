@@ -13,7 +13,7 @@ Calibrated (seed 0): adam_linear_regression (25 onsets in 3,000 steps) and adam_
 steps) and gpt_wide_high_lr (5, at 0.5), lstm_lr_jump (3), rnn_sgd_no_clip, cnn_lr_ramp,
 mlp_lr_jump, gpt_lr_jump and adam_mlp_regression (1 each: one Adam spike from 1e-15 to 3e-4 at step
 1,750 once the MLP interpolates its data), mlp_lr_ramp (1, at 672), mlp_sgd_lr_ramp (1, at 803) and
-gpt_lr_ramp (1, at 850) spike as labelled; the eight controls have none. The ramps kill the MLPs'
+gpt_lr_ramp (1, at 850) spike as labelled; the ten controls have none. The ramps kill the MLPs'
 ReLUs once they have spiked: they stop about 100 steps later, as a job seen to have failed is
 stopped (a dead network's findings are no precursor).
 
@@ -266,6 +266,10 @@ def _gpt_warmup_qknorm(rng):
     return _gpt(rng, 1e-3, qk_norm=True, schedule=warmup_cosine(1e-3, 100, 1500), clip=1.0)
 
 
+def _gpt_warmup(rng):
+    return _gpt(rng, 3e-3, schedule=warmup_cosine(3e-3, 100, 1500), clip=1.0)
+
+
 def _gpt_converged(rng):
     return _gpt(rng, 3e-3, tokens=counting_tokens(rng), weight_decay=0.0,
                 schedule=warmup_cosine(3e-3, 100, 2000))
@@ -334,6 +338,10 @@ def _lstm_converged(rng):
     model = models.LSTMLanguageModel(32)
     return Training(model, torch.optim.Adam(model.parameters(), lr=3e-3),
                     token_batches(rng, tokens, 16), next_token, warmup_cosine(3e-3, 100, 2000))
+
+
+def _lstm_sgd_clipped(rng):
+    return _lstm(rng, torch.optim.SGD, 1.0, clip=0.5)
 
 
 def _lstm_healthy(rng):
@@ -413,6 +421,10 @@ CASES = (
     Case("lstm_converged", TUNE, False, _CONVERGED,
          "2-layer LSTM on the counting task learnt exactly, Adam(3e-3), warm-up + cosine to 0",
          2000, _lstm_converged),
+    Case("gpt_warmup", HELD_OUT, False, "the control of the high-rate GPTs, without qk-layernorm",
+         "2-block GPT, AdamW(3e-3), warm-up + cosine, clip 1.0", 1500, _gpt_warmup),
+    Case("lstm_sgd_clipped", HELD_OUT, False, "the control of lstm_lr_jump",
+         "2-layer LSTM language model, SGD(1), clip 0.5", 1000, _lstm_sgd_clipped),
     Case("lstm_healthy", TUNE, False, "the control of lstm_sgd_no_clip",
          "2-layer LSTM language model, Adam(3e-3), clip 1.0", 1500, _lstm_healthy),
     Case("mlp_healthy", HELD_OUT, False, "the control of mlp_lr_jump",
