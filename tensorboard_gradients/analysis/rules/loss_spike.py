@@ -321,12 +321,11 @@ class LossSpike(Rule):
             noise = window.trailing_robust_sigmas(logs, limits.loss_window, spike & finite)
             outside = (logs - window.trailing_medians(logs, limits.loss_window, spike & finite)
                        >= limits.loss_spike_zscore * np.maximum(noise, _LOSS_SIGMA_FLOOR))
-        lasting = (window.sustained(spike & finite & outside, limits.loss_spike_steps)
-                   | (spike & ~finite))
+        far_spike = spike & finite & outside
+        lasting = window.sustained(far_spike, limits.loss_spike_steps) | (spike & ~finite)
         # Where each finding that must last is told: a spike once it lasted (at once when the
         # loss is not finite), a sustained rise once it lasted its steps.
-        told = {"spike": _held(spike & finite & outside, limits.loss_spike_steps)
-                | (spike & ~finite),
+        told = {"spike": _held(far_spike, limits.loss_spike_steps) | (spike & ~finite),
                 "sustained": _held(gradient_up, limits.precursor_sustained_steps)}
         steps = builder.steps
         for episode in _episodes(steps, spike | precursor | update_jump | sustained
