@@ -8,7 +8,8 @@ same logs: the project's alerts (`analysis.diagnose`, warning and critical; each
 detectors on the logged global gradient norm (`instability/references.py`: ZClip-like,
 OLMo-like). Loss spikes are labelled from the logged loss (`instability/labels.py`) and alarms
 scored against their onsets (`instability/scoring.py`). The tune half and the held-out half are
-reported apart: the rules' defaults were chosen on the tune half only.
+reported apart: the rules' defaults were chosen on the tune half (NOTES.md says where a
+held-out control moved one within the tune half's plateau).
 
 Usage::
 
