@@ -10,11 +10,12 @@ FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
 
 Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
 ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | fsdp1_accumulate
-| fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal
+| fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal | fsdp2_clip | fsdp1_clip
 (``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
 ``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
 ``monitor.step()`` at step 1; ``fsdp2_misnumbered``: rank 1 passes another step number there.
-GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
+``*_clip``: ``monitor.clip_grad_norm_`` instead of ``step``, the reference logging and then
+clipping with PyTorch's. GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
 """
 
 import contextlib
@@ -40,6 +41,7 @@ from rank_exit import leave_together  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
 
 STEPS, LOCAL_BATCH = 3, 4
+CLIP = 0.05  # the *_clip engines' max_norm: below these gradients' norms, so they are clipped
 dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=float(os.environ.get("GROUP_TIMEOUT_S", 60))))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 8),
@@ -55,7 +57,7 @@ if engine.startswith("fsdp2"):
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-elif engine in ("fsdp1", "fsdp1_accumulate", "fsdp1_hybrid"):  # FSDP1 wrapping each Linear
+elif engine in ("fsdp1", "fsdp1_accumulate", "fsdp1_hybrid", "fsdp1_clip"):  # FSDP1 wrapping each Linear
     data_rank, data_ranks = rank, world
     hybrid = engine == "fsdp1_hybrid"
     model = FullyShardedDataParallel(
@@ -106,20 +108,28 @@ for step in range(STEPS):
     else:
         torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
     norm = None
-    if engine.startswith("fsdp2") or engine == "hsdp":
+    if engine.endswith("_clip"):  # the monitor logs, then clips the whole model over the ranks
+        norm = monitor.clip_grad_norm_(max_norm=CLIP)
+    elif engine.startswith("fsdp2") or engine == "hsdp":
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
     elif engine.startswith("fsdp1"):
         norm = model.clip_grad_norm_(max_norm=1e9)
     if engine == "fsdp2_misnumbered" and rank == 1 and step == 1:  # a rank with its own count
         monitor.step(step=101, total_norm=norm)
+    elif engine.endswith("_clip"):
+        pass
     elif not (engine == "fsdp2_skip" and rank == 1 and step == 1):  # a rank that skips a call
         monitor.step(total_norm=norm)
     optimizer.step()
     optimizer.zero_grad()
     if rank == 0:
         torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
-        reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=1e9)
-        reference_monitor.step(total_norm=reference_norm)
+        if engine.endswith("_clip"):  # logged before clipping, as the monitor's clip does
+            reference_monitor.step()
+            reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=CLIP)
+        else:
+            reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=1e9)
+            reference_monitor.step(total_norm=reference_norm)
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm

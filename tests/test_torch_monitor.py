@@ -204,6 +204,96 @@ def test_summary_writer_run_clipping_amp_accumulation_and_compile(tmp_path):
     assert float(tensor_util.make_ndarray(before[-1].tensor_proto)) > 1e-3 * 10  # it was clipped
 
 
+def _scalar_values(run_dir, tag):
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    events = event_accumulator.EventAccumulator(str(run_dir)).Reload().Tensors(tag)
+    return {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in events}
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_clips_as_pytorch_does_and_logs_the_gradients_before_it(tmp_path,
+                                                                                norm_type):
+    import copy
+
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=3)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    before = []
+    # The biases are not watched, and still clipped: what clip_grad_norm_(model.parameters()) does.
+    with GradientMonitor(model, tmp_path, exclude=r"\.bias$") as monitor:
+        for step, (x, y) in enumerate(batches(4)):
+            for net, opt in ((model, optimizer), (reference, reference_optimizer)):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+            before.append({n: p.grad.numpy().copy() for n, p in model.named_parameters()})
+            total = monitor.clip_grad_norm_(0.05, norm_type, step=10 * step)
+            expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
+            # The same function on the same gradients: bit for bit.
+            assert torch.equal(total, expected)
+            assert all(torch.equal(p.grad, q.grad)
+                       for p, q in zip(model.parameters(), reference.parameters()))
+            optimizer.step()
+            reference_optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters()))
+    series = series_of(tmp_path)
+    assert series.steps.tolist() == [0, 10, 20, 30]
+    assert not any(name.endswith(".bias") for name in series.variables)
+    for index, gradients in enumerate(before):  # logged before clipping
+        for name in series.variables:
+            assert_row_matches(series, index, name, reference_stats(gradients[name]))
+    totals = _scalar_values(tmp_path, "gradients/global_norm_before_clipping")
+    coefficients = _scalar_values(tmp_path, "gradients/clip_coefficient")
+    assert sorted(totals) == sorted(coefficients) == [0, 10, 20, 30]
+    for index, gradients in enumerate(before):
+        whole = np.concatenate([g.ravel() for g in gradients.values()]).astype(np.float64)
+        expected_total = np.linalg.norm(whole, norm_type)
+        # float32 norms of 1,700 entries against float64: within norm_rtol of each other.
+        assert totals[10 * index] == pytest.approx(expected_total, rel=norm_rtol(whole.size))
+        assert coefficients[10 * index] == pytest.approx(min(1.0, 0.05 / (totals[10 * index]
+                                                                            + 1e-6)))
+    assert min(coefficients.values()) < 1.0, "these gradients were clipped"
+
+
+def test_clip_grad_norm_logs_a_non_finite_step_before_it_refuses_to_clip(tmp_path):
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    with GradientMonitor(model, tmp_path) as monitor:
+        x, y = batches(1)[0]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        model[0].weight.grad[0, 0] = float("nan")
+        with pytest.raises(RuntimeError, match="non-finite"):
+            monitor.clip_grad_norm_(1.0, error_if_nonfinite=True, step=7)
+        # Without the check it clips as PyTorch does (here: every gradient becomes NaN).
+        total = monitor.clip_grad_norm_(1.0, step=8)
+        assert torch.isnan(total) and torch.isnan(model[2].weight.grad).all()
+    series = series_of(tmp_path)
+    assert series.steps.tolist() == [7, 8]
+    row = series.variables.index("0.weight")
+    assert series.stat("nan_count")[:, row].tolist() == [1, 1]
+    assert series.stat("nan_count")[0].sum() == 1, "logged before clipping spread the NaN"
+
+
+def test_clip_grad_norm_refuses_a_deepspeed_engine_with_the_fix():
+    class Engine(torch.nn.Module):  # DeepSpeed's engine interface (DeepSpeed is not installed)
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(2, 1)
+
+        def zero_optimization_stage(self):
+            return 0
+
+        def is_gradient_accumulation_boundary(self):
+            return True
+
+    monitor = GradientMonitor(Engine(), "unused")
+    with pytest.raises(ValueError, match="gradient_clipping"):
+        monitor.clip_grad_norm_(1.0)
+
+
 DDP_SCRIPT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
@@ -222,11 +312,19 @@ DDP_SCRIPT = textwrap.dedent(
             optimizer.zero_grad()
             x = torch.randn(16, 4, generator=generator)
             model(x).pow(2).mean().backward()
-            wrote = monitor.step()
-            assert wrote == (rank == 0), (rank, wrote)
+            grads = [p.grad.clone() for p in model.parameters()]  # as logged: before clipping
+            if sys.argv[3] == "clip":  # every rank clips; PyTorch's clip of a copy agrees
+                copies = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+                for copy, gradient in zip(copies, grads):
+                    copy.grad = gradient.clone()
+                expected = torch.nn.utils.clip_grad_norm_(copies, 0.01)
+                assert torch.equal(monitor.clip_grad_norm_(0.01), expected)
+                assert all(torch.equal(p.grad, c.grad) for p, c in zip(model.parameters(), copies))
+            else:
+                wrote = monitor.step()
+                assert wrote == (rank == 0), (rank, wrote)
             optimizer.step()
         monitor.close()
-        grads = [p.grad for p in model.parameters()]
         torch.save(grads, os.path.join(logdir, f"grads{rank}.pt"))
         dist.destroy_process_group()
 
@@ -236,7 +334,10 @@ DDP_SCRIPT = textwrap.dedent(
 )
 
 
-def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
+@pytest.mark.parametrize("mode", ["step", "clip"])
+def test_distributed_data_parallel_only_rank_zero_writes(tmp_path, mode):
+    """``clip``: `GradientMonitor.clip_grad_norm_` on every rank, which clips as PyTorch does
+    and logs the gradients before clipping."""
     import socket
 
     with socket.socket() as s:
@@ -244,7 +345,7 @@ def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
         port = str(s.getsockname()[1])
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), port],
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), port, mode],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = tg.read_logdir(str(tmp_path))
@@ -259,6 +360,9 @@ def test_distributed_data_parallel_only_rank_zero_writes(tmp_path):
         expected = reference_stats(gradient)
         assert series.stat("l2_norm")[-1, series.variables.index(name)] == pytest.approx(
             expected["l2_norm"], rel=norm_rtol(gradient.size))
+    if mode == "clip":
+        coefficients = _scalar_values(tmp_path / "rank0", "gradients/clip_coefficient")
+        assert sorted(coefficients) == [0, 1, 2, 3, 4] and max(coefficients.values()) < 1
 
 
 def test_the_torch_monitor_never_imports_tensorflow(tmp_path):

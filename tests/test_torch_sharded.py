@@ -43,6 +43,7 @@ def _train(engine, world, logdir):
 @pytest.mark.parametrize("engine,world", [
     ("fsdp2", 2), ("fsdp2", 4), ("hsdp", 4), ("tp", 2), ("fsdp_tp", 4),
     ("fsdp1", 2), ("fsdp1_hybrid", 4), ("fsdp2_accumulate", 2), ("fsdp1_accumulate", 2),
+    ("fsdp2_clip", 2), ("fsdp1_clip", 2),
 ])
 def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
     norms = _train(engine, world, tmp_path)
@@ -65,6 +66,8 @@ def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
         assert logged == pytest.approx(printed["reference_norm"], rel=1e-5)
         if printed["clip_norm"] is not None:
             assert logged == pytest.approx(printed["clip_norm"], rel=1e-5)
+    if engine.endswith("_clip"):  # trained clipped (the later steps' equality says alike)
+        assert all(printed["reference_norm"] > 0.05 for printed in norms)
 
 
 def test_a_rank_that_skips_a_step_fails_the_job_at_the_group_timeout_instead_of_hanging(tmp_path):

@@ -39,9 +39,12 @@ Order of calls in the usual recipes:
   ``scaler.unscale_(optimizer)``, ``monitor.step(scaler=scaler)`` (unscaled gradients; the scale
   is logged as ``<name>/loss_scale``), ``scaler.step(optimizer)``, ``scaler.update()``. A step
   the scaler skips has Inf/NaN gradients: they are logged as such.
-* Clipping: call ``monitor.step()`` before ``clip_grad_norm_`` to log the gradients the model
-  produced (pre-clip), or pass what ``clip_grad_norm_`` returns, ``monitor.step(total_norm=...)``,
-  which is logged as ``<name>/global_norm_before_clipping`` next to ``<name>/global_norm``.
+* Clipping: ``total_norm = monitor.clip_grad_norm_(max_norm)`` in place of both ``step()`` and
+  ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``: it logs the gradients the
+  model produced (pre-clip), then clips exactly as PyTorch does and returns the same total norm
+  (logged as ``<name>/global_norm_before_clipping``, with ``<name>/clip_coefficient``). Clipping
+  yourself, call ``monitor.step()`` before ``clip_grad_norm_``, and pass what it returns,
+  ``monitor.step(total_norm=...)``.
 * The optimizer: ``GradientMonitor(model, writer, optimizer=optimizer)`` also logs, per
   parameter, the update the optimizer made (``update_l2_norm``; the tab shows update/weight) and,
   for Adam and AdamW, the RMS of ``g / sqrt(v)`` (``adam_rms``), read from the optimizer after its
@@ -92,7 +95,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensorboard_gradients.capture import options
+from tensorboard_gradients.capture import options, torch_clip
 from tensorboard_gradients.capture.torch_distributed import Distribution, squared_norm, writes_here
 from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
 from tensorboard_gradients.capture.torch_optimizer import OptimizerReader, optimizer_note
@@ -214,6 +217,9 @@ class GradientMonitor:
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
         deepspeed = _deepspeed_engine(model)
         model = _unwrapped(deepspeed.module if deepspeed else model)
+        # What `clip_grad_norm_` clips: the whole model, as ``clip_grad_norm_(model.parameters())``
+        # does, watched or not.
+        self._model = model
         self._parameters = [
             (user_parameter_name(parameter_name), parameter)
             for parameter_name, parameter in model.named_parameters()
@@ -289,15 +295,65 @@ class GradientMonitor:
           skips it, on ranks other than 0 (DDP and sharded models), and when the write was
           dropped: see ``strict``).
         """
+        return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
+
+    def _step(self, step, **extras):
+        """`step`: (the step number it logged at or would have, whether it logged)."""
         self._write_pending()  # the last logged step's optimizer step never came (skipped)
         if self._distribution.accumulating():
-            return False  # a micro-batch of an accumulation: its gradients are not complete yet
+            return None, False  # a micro-batch of an accumulation: its gradients are incomplete
         step = self._calls if step is None else int(step)
         self._calls += 1
         every_histograms = self.histograms_every_n_steps
-        return self.log(step, statistics=step % self.every_n_steps == 0,
-                        histograms=every_histograms is not None and step % every_histograms == 0,
-                        loss=loss, total_norm=total_norm, scaler=scaler)
+        return step, self.log(
+            step, statistics=step % self.every_n_steps == 0,
+            histograms=every_histograms is not None and step % every_histograms == 0, **extras)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
+                        step: Optional[int] = None, loss=None, scaler=None):
+        """Logs this step like `step`, then clips the model's gradients in place exactly as
+        ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type,
+        error_if_nonfinite, foreach)``, and returns what it returns: the total norm before
+        clipping (a tensor on the gradients' device). Call it instead of both, after
+        ``backward`` (and ``scaler.unscale_(optimizer)``), before ``optimizer.step()``.
+
+        What is logged is the gradients the model produced (before clipping), and at the
+        logged steps, beside them, ``<name>/global_norm_before_clipping`` (the returned norm)
+        and ``<name>/clip_coefficient`` (what the gradients were multiplied by:
+        ``min(1, max_norm / (total + 1e-6))``, 1 when not clipped).
+
+        Clipped are all of the model's parameters with a gradient, also those ``include`` and
+        ``exclude`` leave unwatched. Under DDP every rank clips its (identical) gradients; under
+        FSDP2, HSDP and tensor parallel PyTorch's own function computes the norm of the whole
+        model over the ranks; an FSDP1 model clips by its ``clip_grad_norm_`` (its arguments:
+        ``max_norm`` and ``norm_type``; ``error_if_nonfinite`` checked on the norm it returns).
+        Every rank must call it, as `step`.
+
+        Args:
+          max_norm, norm_type, error_if_nonfinite, foreach: as ``torch.nn.utils
+            .clip_grad_norm_``'s.
+          step, loss, scaler: as `step`'s.
+
+        Raises:
+          RuntimeError: ``error_if_nonfinite`` and a total norm that is NaN or Inf (as PyTorch
+            raises; this step is logged first, its non-finite gradients counted).
+          ValueError: a DeepSpeed engine (it clips inside ``engine.step()``: set
+            ``gradient_clipping`` in its configuration).
+        """
+        if self._distribution.deepspeed is not None:
+            raise ValueError("a DeepSpeed engine clips its gradients itself, inside "
+                             "engine.step(): set \"gradient_clipping\" in its configuration and "
+                             "call monitor.step()")
+        number, logged = self._step(step, loss=loss, scaler=scaler)
+        with torch.no_grad():
+            total = torch_clip.clip_grad_norm_(self._model, float(max_norm), float(norm_type),
+                                               error_if_nonfinite, foreach)
+        if logged and writes_here():
+            before = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+            self.write_scalars(number, {
+                "global_norm_before_clipping": before,
+                "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
+        return total
 
     def log(self, step: int, *, statistics=True, histograms=False, loss=None, total_norm=None,
             scaler=None) -> bool:
