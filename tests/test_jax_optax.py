@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 import tensorboard_gradients as tg  # noqa: E402
 from tensorboard_gradients.format import columns  # noqa: E402
 from tensorboard_gradients.jax import (  # noqa: E402
-    GradientMonitorState, gradient_monitor, log_gradients)
+    GradientMonitorState, clip_by_global_norm, gradient_monitor, log_gradients)
 
 from conftest import (  # noqa: E402
     assert_row_matches, reference_histogram, reference_stats, stat_tolerances)
@@ -441,3 +441,69 @@ def test_adam_rms_is_read_from_the_wrapped_optimizers_state(tmp_path):
     # gradients' ~1e-6 relative difference from the float64 reference.
     np.testing.assert_allclose(series_of(tmp_path, "adam").stat("adam_rms"), expected, rtol=1e-4)
     assert "adam_rms" not in series_of(tmp_path, "sgd").stat_names
+
+
+def _tensors(run_dir, tag):
+    from tensorboard.util import tensor_util
+
+    return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in event_accumulator.EventAccumulator(str(run_dir)).Reload().Tensors(tag)}
+
+
+def test_clip_by_global_norm_clips_as_optax_does_and_logs_the_gradients_before_it(tmp_path):
+    """Under nnx.jit, beside a model trained with optax's own clip: the same parameters at every
+    step, the logged statistics those of the gradients before clipping, and the global norm and
+    coefficient of each step."""
+    model, reference = MLP(nnx.Rngs(0)), MLP(nnx.Rngs(0))
+    writer = tg.GradientWriter(str(tmp_path))
+    # Only the kernels are logged; the whole tree is clipped.
+    tx = optax.chain(clip_by_global_norm(0.05, writer, exclude="/bias$"), optax.sgd(0.1))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    reference_optimizer = nnx.Optimizer(
+        reference, optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.1)), wrt=nnx.Param)
+    seen = []
+    for x, y in batches(4):
+        seen.append(reference_gradients(snapshot(reference), x, y))
+        train_step(model, optimizer, x, y)
+        train_step(reference, reference_optimizer, x, y)
+        # optax's function on the same gradients in one compiled step: bit for bit.
+        for layer in ("linear1", "linear2"):
+            for leaf in ("kernel", "bias"):
+                np.testing.assert_array_equal(snapshot(model)[layer][leaf],
+                                              snapshot(reference)[layer][leaf])
+    jax.effects_barrier()
+    writer.close()
+    series = series_of(tmp_path)
+    assert series.variables == ("linear1/kernel", "linear2/kernel")
+    for index, gradients in enumerate(seen):
+        for name in series.variables:
+            gradient, _ = gradients[name]
+            assert_row_matches(series, index, name, reference_stats(gradient),
+                               input_rtol=INPUT_RTOL)
+    totals = _tensors(tmp_path, "gradients/global_norm_before_clipping")
+    coefficients = _tensors(tmp_path, "gradients/clip_coefficient")
+    assert sorted(totals) == sorted(coefficients) == [0, 1, 2, 3]
+    for step, gradients in enumerate(seen):
+        whole = np.concatenate([g.ravel() for g, _ in gradients.values()]).astype(np.float64)
+        # The compiled step's float32 gradients against the eager reference's (INPUT_RTOL).
+        assert totals[step] == pytest.approx(np.linalg.norm(whole), rel=INPUT_RTOL)
+        assert coefficients[step] == pytest.approx(min(1.0, 0.05 / totals[step]), rel=1e-6)
+    assert max(coefficients.values()) < 1, "these gradients were clipped"
+
+
+def test_clip_by_global_norm_wraps_the_optimizer_and_refuses_a_bad_threshold(tmp_path):
+    params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    grads = {"w": jnp.full((3, 2), 2.0), "b": jnp.ones(2)}
+    tx = clip_by_global_norm(1.0, None, optimizer=optax.sgd(1.0))
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    expected, _ = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1.0)).update(
+        grads, optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1.0)).init(params))
+    for key in params:
+        np.testing.assert_array_equal(updates[key], expected[key])
+    # The update logged is the optimizer's (clipped, times -1), the gradient the one given.
+    assert state.stat("l2_norm")[state.variables.index("w")] == pytest.approx(np.sqrt(24))
+    np.testing.assert_allclose(np.linalg.norm(state.stat("update_l2_norm")), 1.0, rtol=1e-6)
+    for bad in (0, -1.0, float("nan"), "1", None):
+        with pytest.raises(ValueError, match="max_norm must be a positive number"):
+            clip_by_global_norm(bad)

@@ -11,6 +11,14 @@ def positive_int(argument, value):
     return int(value)
 
 
+def positive_number(argument, value):
+    """A finite number above 0, as a float (a clipping threshold)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+            or not np.isfinite(value) or value <= 0):
+        raise ValueError(f"{argument} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def optional_positive_int(argument, value):
     return None if value is None else positive_int(argument, value)
 

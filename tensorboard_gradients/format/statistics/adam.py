@@ -1,6 +1,6 @@
 """The ``adam_rms`` column's formula, written once over `array_ops.ArrayOps` for every writer
 that reads an Adam-family optimizer (PyTorch's `capture.torch_optimizer`, the three Keras
-recorders, optax's `capture.jax.gradient_monitor`).
+recorders, optax's `capture.optax_monitor.gradient_monitor`).
 
 Per variable, the RMS over its entries of ``g / sqrt(v_hat)``: ``g`` the gradient Adam was given
 this step, ``v_hat = v / (1 - beta2^t)`` its bias-corrected second moment, which includes this
