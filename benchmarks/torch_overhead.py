@@ -14,6 +14,12 @@ interleaved round by round in one process, so machine noise hits them alike:
                   step
   ours_on_alert   the same with on_alert=: each step also waits for the judgement of the one
                   before (the live alerts)
+  ours_sync       every statistic, every step, with strict=True: the events written on the
+                  training thread, as before the writer's background thread (issue 36)
+  clip_recipe     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item(): what most
+                  recipes already run every step
+  ours_clip       GradientMonitor.clip_grad_norm_(1.0): every statistic logged, then the same
+                  clip
   hook_histograms a hook per parameter computing a 64-bin `torch.histc` of its gradient between
                   its min and max (read with .item()) and copying it to the host: what hosted
                   trackers' "watch the gradients" does
@@ -88,13 +94,20 @@ def item_norms(model, log_dir, _):
 
 
 def monitor(every_n_steps, histograms_every_n_steps=None, stats=None, optimizer=False,
-            on_alert=None):
+            on_alert=None, strict=False, clip=None):
     def attach(model, log_dir, model_optimizer):
-        return GradientMonitor(model, log_dir, every_n_steps=every_n_steps,
-                               histograms_every_n_steps=histograms_every_n_steps, stats=stats,
-                               optimizer=model_optimizer if optimizer else None,
-                               on_alert=on_alert).step
+        watching = GradientMonitor(model, log_dir, every_n_steps=every_n_steps,
+                                   histograms_every_n_steps=histograms_every_n_steps, stats=stats,
+                                   optimizer=model_optimizer if optimizer else None,
+                                   on_alert=on_alert, strict=strict)
+        if clip is not None:
+            return lambda: watching.clip_grad_norm_(clip)
+        return watching.step
     return attach
+
+
+def clip_recipe(model, _, __):
+    return lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
 
 
 VARIANTS = {
@@ -105,6 +118,9 @@ VARIANTS = {
     "ours_histograms": monitor(1, histograms_every_n_steps=1),
     "ours_optimizer": monitor(1, optimizer=True),
     "ours_on_alert": monitor(1, optimizer=True, on_alert=lambda alert: None),
+    "ours_sync": monitor(1, strict=True),
+    "clip_recipe": clip_recipe,
+    "ours_clip": monitor(1, clip=1.0),
     "hook_histograms": hook_histograms,
     "item_norms": item_norms,
 }
@@ -161,6 +177,9 @@ def render(result):
         "ours_histograms": "ours, stats + histograms every step",
         "ours_optimizer": "ours + `optimizer=` every step",
         "ours_on_alert": "ours + `optimizer=` + `on_alert=` every step",
+        "ours_sync": "ours, events written on the training thread (`strict=True`)",
+        "clip_recipe": "`clip_grad_norm_` + `.item()` (the clip recipe)",
+        "ours_clip": "ours, `monitor.clip_grad_norm_` (all stats, then the clip)",
         "hook_histograms": "hook + 64-bin `histc` per parameter",
         "item_norms": "`.item()` norm per parameter",
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"},

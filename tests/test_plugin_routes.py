@@ -344,6 +344,7 @@ def test_new_steps_are_served_after_a_reload(tmp_path, plugin_client):
     with tg.GradientWriter(str(tmp_path / "live")) as writer:
         for step in range(3):
             writer.write(step, {"a/kernel": np.ones(2)})
+        writer.flush()  # the queued writes on disk, as a live run's are a moment later
         client = plugin_client(str(tmp_path))
         assert get(client, "runs")[1]["live"]["gradients"]["steps"] == 3
         assert get(client, "heatmap", run="live", tag="gradients", stat="l2_norm")[1]["steps"] == [

@@ -83,6 +83,7 @@ def test_an_unwritable_directory_is_named_at_the_first_write(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="tensorboard_gradients"):
         writer = GradientWriter(str(logdir))
         write_steps(writer, range(3))
+        writer.flush()  # the writes run on the writer's thread: all of them done
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and str(logdir) in errors[0] and "Not a directory" in errors[0]
     assert writer.dropped_steps == 3
@@ -108,6 +109,7 @@ def test_a_really_full_tmpfs_drops_whole_steps_and_resumes_when_space_is_freed(t
     filler.write_bytes(b"\0" * (400 << 10))
     writer = GradientWriter(str(tiny_tmpfs / "run"))
     write_steps(writer, range(40))  # ~16 KiB per step: the disk fills part way through
+    writer.flush()  # every queued write tried
     assert writer.dropped_steps > 0
     filler.unlink()
     write_steps(writer, range(40, 45))

@@ -293,7 +293,8 @@ class GradientMonitor:
           True if statistics or histograms were written at this step, or (with ``optimizer``)
           will be when the optimizer's step completes them (False when the schedule
           skips it, on ranks other than 0 (DDP and sharded models), and when the write was
-          dropped: see ``strict``).
+          dropped: see ``strict``; the events are written on the writer's background thread,
+          so a disk that refuses them is known a write later).
         """
         return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
 

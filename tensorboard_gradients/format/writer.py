@@ -12,6 +12,14 @@ outage, every later step tries again, and when writing works again the writer lo
 steps were lost and records the running total as the scalar ``<name>/dropped_steps``.
 ``strict=True`` raises the `OSError` instead.
 
+Off the training thread: a write checks its arguments and returns; building the step's events,
+writing them and feeding the digest and the alert judgement happen in order on the writer's
+background thread (`write_queue.WriteQueue`). Its queue holds `QUEUE_LENGTH` writes: a loop that
+logs faster than they run waits for them, a little each time; when the disk stalls, a write is not
+waited for but dropped, counted and reported like a step a full disk refused. `flush`, `close` and `alerts(wait=True)` first wait for the queued writes;
+with ``strict=True`` (an error must reach the write that failed) or ``on_alert`` (a step's
+judgement must be in before the next step) the caller waits for each write.
+
 Each stats tag's digest (`digest_feed.DigestFeed`: the classes, alerts and block summaries the
 plugin shows) is kept in a background thread and written every 1,000 steps and at close, so
 TensorBoard opens runs of 100,000 steps at once; ``digest=False`` leaves it out.
@@ -29,11 +37,15 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
 from tensorboard_gradients.format import (
-    alert_feed, columns, digest_feed, event_files, metadata, statistics,
+    alert_feed, columns, digest_feed, event_files, metadata, run_tags, statistics, write_queue,
 )
 from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
 
 logger = logging.getLogger(__name__)
+
+# The most writes waiting for the background thread (a step's statistics are one, its scalars
+# another): about 100 steps of a 1,000-variable model's statistics and histograms, ~60 MB.
+QUEUE_LENGTH = 200
 
 
 def run_directory(log_dir) -> str:
@@ -82,8 +94,10 @@ class GradientWriter:
         writer touches no disk.
       name: the summary name = the tag (see `metadata` for the ``_varset<k>`` rule when the
         variable set changes).
-      strict: raise the `OSError` when events cannot be written. By default (False) the step is
-        dropped, counted (`dropped_steps`) and reported, and training goes on (see the module).
+      strict: raise the `OSError` when events cannot be written; each write is then made on the
+        calling thread, so the error reaches the write that failed. By default (False) writes
+        run on the writer's background thread and a step that cannot be written is dropped,
+        counted (`dropped_steps`) and reported, and training goes on (see the module).
       digest: also write each stats tag's digest (see the module); it costs a background thread
         about 0.2-0.3 ms of CPU per step for 1,000 variables, and 2.5 bytes per variable and step
         on disk (benchmarks/NOTES.md).
@@ -122,7 +136,10 @@ class GradientWriter:
         self._epochs = []  # (step, epoch) marks written, for the digests of tags made later
         self._tags = None  # LayoutTags, seeded from the run directory at the first write
         self._described = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # what the background thread and the digests' share
+        self._tags_lock = threading.Lock()  # the tags, chosen on the calling thread
+        self._drops_lock = threading.Lock()  # the drops, counted on either
+        self._queue = write_queue.WriteQueue(QUEUE_LENGTH)
         self._missing = MissingGradientWarnings(logger)
         self._dropped_steps = 0
         self._last_step = 0  # of the last event written
@@ -136,8 +153,21 @@ class GradientWriter:
 
     @property
     def dropped_steps(self) -> int:
-        """Steps whose events could not be written (a full disk, ...) since the writer was made."""
+        """Steps whose events could not be written (a full disk, ...) or waited for (a queue
+        full of writes) since the writer was made; after `flush` or `close`, every write made
+        before is counted."""
         return self._dropped_steps
+
+    def _submit(self, step: int, job) -> Optional[int]:
+        """Runs ``job`` (the writes of ``step``) on the background thread, or at once when
+        errors must reach the caller (``strict``); returns its ticket (None: run, or dropped)."""
+        if self._strict:
+            job()
+            return None
+        ticket = self._queue.submit(job)
+        if ticket is None:
+            self._dropped(int(step), None)
+        return ticket
 
     def write(
         self,
@@ -229,22 +259,34 @@ class GradientWriter:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
         if histogram_counts is not None:
             _check_histogram_shape(layout, histogram_counts)
-        with self._lock:
-            self._closed = False
-            tag = self._tag_for(layout)
-            values = [self._tensor_value(
-                tag, stats, lambda: metadata.stats_metadata_content(self._name, layout), description)]
-            if histogram_counts is not None:
-                values.append(self._histogram_value(tag, layout, histogram_counts, description))
-            if loss is not None:
-                values.append(self._loss_value(loss))
-            if self._emit(step, values):
-                # As written: the digest and the alerts judge what the readers will read.
-                written = tensor_util.make_ndarray(values[0].tensor)
-                if self._digest:
-                    self._feed(tag, layout).add(int(step), written, loss)
-                self._alert_feed(tag, layout).add(int(step), written, loss)
-        self._call_on_alert()
+        self._closed = False
+        tag = self._tag_for(layout)
+        # Copies: the caller may reuse its buffers once this returns.
+        stats = np.array(stats)
+        if histogram_counts is not None:
+            histogram_counts = np.array(histogram_counts)
+
+        def job():
+            with self._lock:
+                values = [self._tensor_value(
+                    tag, stats, lambda: metadata.stats_metadata_content(self._name, layout),
+                    description)]
+                if histogram_counts is not None:
+                    values.append(self._histogram_value(tag, layout, histogram_counts,
+                                                        description))
+                if loss is not None:
+                    values.append(self._loss_value(loss))
+                if self._emit(step, values):
+                    # As written: the digest and the alerts judge what the readers will read.
+                    written = tensor_util.make_ndarray(values[0].tensor)
+                    if self._digest:
+                        self._feed(tag, layout).add(int(step), written, loss)
+                    self._alert_feed(tag, layout).add(int(step), written, loss)
+
+        ticket = self._submit(step, job)
+        if self._on_alert is not None:  # the judgement of the steps before needs this one in
+            self._queue.wait(ticket)
+            self._call_on_alert()
         return tag
 
     def _alert_feed(self, tag, layout) -> alert_feed.AlertFeed:
@@ -259,6 +301,8 @@ class GradientWriter:
         a step is here once the next step is written.
         ``wait``: judge every step written before the last one first; after `close`, every
         step written is judged first."""
+        if wait or self._closed:
+            self._queue.wait()
         self._collect(wait=wait or self._closed, settle=self._closed)
         with self._lock:
             new = self._new_alerts[self._alerts_returned:]
@@ -316,17 +360,23 @@ class GradientWriter:
                          description: Optional[str] = None) -> str:
         """Writes a histogram matrix computed elsewhere, for a step without statistics."""
         _check_histogram_shape(layout, counts)
-        with self._lock:
-            tag = self._tag_for(layout)
-            self._emit(step, [self._histogram_value(tag, layout, counts, description)])
+        tag = self._tag_for(layout)
+        counts = np.array(counts)
+
+        def job():
+            with self._lock:
+                self._emit(step, [self._histogram_value(tag, layout, counts, description)])
+
+        self._submit(step, job)
         return metadata.histogram_tag(tag)
 
     def _tag_for(self, layout):
-        if self._tags is None:
-            self._tags = LayoutTags()
-            for tag, existing in _tags_in_run(self.logdir, self._name):
-                self._tags.known(self._name, tag, existing)
-        return self._tags.tag_for(self._name, layout)
+        with self._tags_lock:
+            if self._tags is None:
+                self._tags = LayoutTags()
+                for tag, existing in run_tags.tags_in_run(self.logdir, self._name):
+                    self._tags.known(self._name, tag, existing)
+            return self._tags.tag_for(self._name, layout)
 
     def _histogram_value(self, tag, layout, counts, description):
         return self._tensor_value(
@@ -338,26 +388,35 @@ class GradientWriter:
 
     def write_epoch(self, step: int, epoch: int):
         """Marks that epoch `epoch` (0-based) starts at `step` (tag ``<name>_epochs``)."""
-        with self._lock:
-            tag = metadata.epochs_tag(self._name)
-            self._epochs.append((int(step), int(epoch)))
-            for feed in self._feeds.values():
-                feed.epoch(int(step), int(epoch))
-            self._emit(step, [self._tensor_value(
-                tag, np.array(epoch, dtype=np.float64),
-                lambda: metadata.epochs_metadata_content(self._name), None)])
+        step, epoch = int(step), int(epoch)
+
+        def job():
+            with self._lock:
+                tag = metadata.epochs_tag(self._name)
+                self._epochs.append((step, epoch))
+                for feed in self._feeds.values():
+                    feed.epoch(step, epoch)
+                self._emit(step, [self._tensor_value(
+                    tag, np.array(epoch, dtype=np.float64),
+                    lambda: metadata.epochs_metadata_content(self._name), None)])
+
+        self._submit(step, job)
 
     def write_loss(self, step: int, loss) -> None:
         """Writes the training loss of ``step`` after its statistics (as `write`'s ``loss``
         does with them): for trainers that report the loss once the step is done. A number or
         a one-element tensor; NaN and Inf are kept."""
         loss = _loss_value(loss)
-        with self._lock:
-            for feed in self._feeds.values():
-                feed.loss(int(step), loss)
-            for feed in self._alert_feeds.values():
-                feed.loss(int(step), loss)
-            self._emit(step, [self._loss_value(loss)])
+
+        def job():
+            with self._lock:
+                for feed in self._feeds.values():
+                    feed.loss(int(step), loss)
+                for feed in self._alert_feeds.values():
+                    feed.loss(int(step), loss)
+                self._emit(step, [self._loss_value(loss)])
+
+        self._submit(step, job)
 
     def _loss_value(self, loss: float):
         return self._tensor_value(metadata.loss_tag(self._name), np.array(loss, dtype=np.float64),
@@ -365,8 +424,14 @@ class GradientWriter:
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]):
         """Writes ordinary TensorBoard scalars (Scalars dashboard) under ``<name>/<key>``."""
-        with self._lock:
-            self._emit(step, [self._scalar_value(key, value) for key, value in scalars.items()])
+        scalars = {key: float(value) for key, value in scalars.items()}
+
+        def job():
+            with self._lock:
+                self._emit(step, [self._scalar_value(key, value)
+                                  for key, value in scalars.items()])
+
+        self._submit(step, job)
 
     def _scalar_value(self, key, value):
         tag = f"{self._name}/{key}"
@@ -387,8 +452,14 @@ class GradientWriter:
     def _emit(self, step, values) -> bool:
         """Writes one step's values as one event, or drops the step (see the module); True
         when written."""
-        if self._outage is not None:  # the first write after an outage says how much was lost
-            values = values + [self._scalar_value("dropped_steps", self._dropped_steps)]
+        with self._drops_lock:
+            outage = self._outage
+            # Told by a write of a step at or after the first dropped one: the queue may still
+            # hold steps from before the drops.
+            reported = (None if outage is None or min(outage) > int(step)
+                        else (len(outage), self._dropped_steps))
+        if reported:  # the first write after an outage says how much was lost
+            values = values + [self._scalar_value("dropped_steps", reported[1])]
         event = event_pb2.Event(
             wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
         )
@@ -404,34 +475,48 @@ class GradientWriter:
         if self._events.path != path:  # a new file: it must describe its tags again
             self._described.clear()
         self._described.update(v.tag for v in values)
-        if self._outage is not None:
-            logger.warning(
-                "tensorboard-gradients writes to %s again from step %d: %d step(s) between "
-                "steps %d and %d were dropped (%d in all)", os.path.abspath(self.logdir), step,
-                len(self._outage), min(self._outage), max(self._outage), self._dropped_steps,
-            )
-            self._outage = None
+        with self._drops_lock:
+            # Steps the queue dropped meanwhile are reported by the next write.
+            if reported and len(outage) == reported[0]:
+                logger.warning(
+                    "tensorboard-gradients writes to %s again from step %d: %d step(s) between "
+                    "steps %d and %d were dropped (%d in all)", os.path.abspath(self.logdir),
+                    step, len(outage), min(outage), max(outage), reported[1],
+                )
+                self._outage = None
         return True
 
     def _dropped(self, step, error):
+        """Counts ``step`` as dropped (its events refused with ``error``, or with None not
+        queued: the background thread is `QUEUE_LENGTH` writes behind)."""
+        with self._drops_lock:
+            self._count_dropped(step, error)
+
+    def _count_dropped(self, step, error):
         if self._outage is None:
             self._outage = set()
+            reason = (f"{QUEUE_LENGTH} writes are stuck waiting for the disk" if error is None
+                      else error.strerror or error)
             logger.error(
                 "tensorboard-gradients cannot write to %s (%s): gradient statistics are NOT "
                 "being logged from step %d on; training continues and every later step tries "
                 "again (pass strict=True to raise instead)",
-                os.path.abspath(self.logdir), error.strerror or error, step,
+                os.path.abspath(self.logdir), reason, step,
             )
         if step not in self._outage:
             self._outage.add(step)
             self._dropped_steps += 1
 
     def flush(self):
-        self._events.flush()
+        """Writes what is queued and flushes the event file."""
+        self._queue.wait()
+        with self._lock:
+            self._events.flush()
 
     def close(self):
         """Writes the digests' last records, judges the last steps (``on_alert``) and closes the
         event file; a later write starts a new, self-describing file."""
+        self._queue.wait()
         if self._on_alert is not None:  # else the last steps are judged when alerts are asked
             self._collect(settle=True)
             self._call_on_alert()
@@ -454,50 +539,6 @@ class GradientWriter:
 
     def __exit__(self, *exc_info):
         self.close()
-
-
-def _tags_in_run(logdir, name):
-    """``[(tag, layout)]`` of the stats tags of summary ``name`` that earlier writers left in
-    the run directory ``logdir``: what TensorBoard shows for each, i.e. the first metadata of
-    the tag in the files read in name order, as its loaders do. A writer that joins a run (a
-    restarted job, a second process) must not write another variable set under a tag that
-    already has one: the loaders would show its rows under the first writer's names.
-
-    Only records carrying our metadata are parsed; unreadable files are passed over (reading
-    them is the reader's business, and they cannot hold a tag the loaders show either).
-    """
-    try:
-        names = sorted(f for f in os.listdir(logdir) if event_files.is_event_file(f))
-    except OSError:
-        return []  # no directory yet: nothing written before
-    found = {}
-    for file_name in names:
-        try:
-            with event_files.open_regular_file(os.path.join(logdir, file_name)) as file:
-                size = os.fstat(file.fileno()).st_size
-                records = event_files.iter_records(file, 0, size, event_files.ReadDamage())
-                for record in records:
-                    if record.intact and b"format_version" in record.data:
-                        _note_stats_tags(record.data, name, found)
-        except OSError:
-            continue
-    return list(found.items())
-
-
-def _note_stats_tags(record, name, found):
-    """Adds the stats tags of summary ``name`` in one event record to ``found`` (first wins)."""
-    event = event_files.parse_event(record)
-    if event is None:  # a record that does not parse describes no tag
-        return
-    for value in event.summary.value:
-        if value.tag in found or value.metadata.plugin_data.plugin_name != metadata.PLUGIN_NAME:
-            continue
-        try:
-            parsed = metadata.parse_plugin_data(value.metadata.plugin_data.content)
-        except metadata.UnsupportedFormatError:
-            continue
-        if parsed.kind == metadata.KIND_STATS and parsed.name == name:
-            found[value.tag] = parsed.layout
 
 
 def _loss_value(loss) -> Optional[float]:

@@ -1,0 +1,51 @@
+"""The stats tags that earlier writers left in a run directory, for `GradientWriter` joining a run
+(a restarted job, a second process): it must not write another variable set under a tag that
+already has one, or the loaders would show its rows under the first writer's names."""
+
+import os
+
+from tensorboard_gradients.format import event_files, metadata
+
+
+def tags_in_run(logdir, name):
+    """``[(tag, layout)]`` of the stats tags of summary ``name`` that earlier writers left in
+    the run directory ``logdir``: what TensorBoard shows for each, i.e. the first metadata of
+    the tag in the files read in name order, as its loaders do. A writer that joins a run (a
+    restarted job, a second process) must not write another variable set under a tag that
+    already has one: the loaders would show its rows under the first writer's names.
+
+    Only records carrying our metadata are parsed; unreadable files are passed over (reading
+    them is the reader's business, and they cannot hold a tag the loaders show either).
+    """
+    try:
+        names = sorted(f for f in os.listdir(logdir) if event_files.is_event_file(f))
+    except OSError:
+        return []  # no directory yet: nothing written before
+    found = {}
+    for file_name in names:
+        try:
+            with event_files.open_regular_file(os.path.join(logdir, file_name)) as file:
+                size = os.fstat(file.fileno()).st_size
+                records = event_files.iter_records(file, 0, size, event_files.ReadDamage())
+                for record in records:
+                    if record.intact and b"format_version" in record.data:
+                        _note_stats_tags(record.data, name, found)
+        except OSError:
+            continue
+    return list(found.items())
+
+
+def _note_stats_tags(record, name, found):
+    """Adds the stats tags of summary ``name`` in one event record to ``found`` (first wins)."""
+    event = event_files.parse_event(record)
+    if event is None:  # a record that does not parse describes no tag
+        return
+    for value in event.summary.value:
+        if value.tag in found or value.metadata.plugin_data.plugin_name != metadata.PLUGIN_NAME:
+            continue
+        try:
+            parsed = metadata.parse_plugin_data(value.metadata.plugin_data.content)
+        except metadata.UnsupportedFormatError:
+            continue
+        if parsed.kind == metadata.KIND_STATS and parsed.name == name:
+            found[value.tag] = parsed.layout

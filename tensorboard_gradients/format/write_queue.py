@@ -1,0 +1,116 @@
+"""`WriteQueue`: a writer's event writes run in order on a background thread, off the thread that
+trains.
+
+Building a step's protocol buffers, writing them to the event file and feeding the digest and the
+alert judgement take a fraction of a millisecond to several (a slow or networked disk): none of it
+needs to hold up the training step that logged the matrices. The queue is bounded: when its thread
+is full, `submit` waits for a slot at most `PATIENCE_SECONDS` (a loop that logs faster than its
+writes run is slowed to their pace: each takes a millisecond or less); a slot that takes longer
+means the thread is stuck (a disk that stalls), and from then on `submit` refuses jobs at once,
+until the queue is half empty again, and the writer drops and counts those steps as it does steps
+a full disk refused. The thread starts with the
+first job and ends after a second without one, so idle writers hold no thread; at interpreter
+exit every queue still holding jobs is drained first.
+"""
+
+import atexit
+import collections
+import logging
+import threading
+import weakref
+from typing import Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+# How long the thread waits for another job before it ends (seconds): a training loop logs far
+# more often, so the thread lives as long as the run logs, and a writer left idle holds none.
+IDLE_SECONDS = 1.0
+
+# The longest `submit` waits for a slot in a full queue before it takes the thread for stuck: a
+# write takes a millisecond or less, and a busy machine may not run the thread for tens of ms;
+# a stalled disk costs the loop this wait once, then drops are immediate.
+PATIENCE_SECONDS = 0.2
+
+_LIVE = weakref.WeakSet()  # queues that may hold jobs, drained at exit
+
+
+class WriteQueue:
+    """Runs jobs (callables without arguments) one at a time, in the order submitted, on one
+    thread of its own.
+
+    Args:
+      limit: the most jobs waiting at once; `submit` refuses more.
+      name: the thread's name (shown by debuggers and ``threading.enumerate()``).
+    """
+
+    def __init__(self, limit: int, name: str = "tensorboard-gradients writer"):
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._limit = limit
+        self._name = name
+        self._jobs = collections.deque()
+        self._condition = threading.Condition()
+        self._thread = None
+        self._submitted = 0  # jobs submitted so far; a job's number is its ticket
+        self._done = 0  # jobs run so far (in order: every ticket up to it has run)
+        self._stuck = False  # a full queue did not move for PATIENCE_SECONDS
+
+    def submit(self, job: Callable[[], None]) -> Optional[int]:
+        """Queues ``job``; returns its ticket, or None (not queued) when the queue is stuck full
+        (see the module)."""
+        with self._condition:
+            if self._stuck and len(self._jobs) <= self._limit // 2:
+                self._stuck = False
+            if len(self._jobs) >= self._limit and not self._stuck:
+                self._condition.wait_for(lambda: len(self._jobs) < self._limit,
+                                         PATIENCE_SECONDS)
+                self._stuck = len(self._jobs) >= self._limit
+            if self._stuck:
+                return None
+            self._jobs.append(job)
+            self._submitted += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+                _LIVE.add(self)
+            self._condition.notify_all()
+            return self._submitted
+
+    def wait(self, ticket: Optional[int] = None) -> None:
+        """Returns once job ``ticket`` (default: every job submitted so far) has run."""
+        with self._condition:
+            target = self._submitted if ticket is None else ticket
+            while self._done < target:
+                self._condition.wait()
+
+    @property
+    def waiting(self) -> int:
+        """Jobs submitted and not yet run."""
+        with self._condition:
+            return self._submitted - self._done
+
+    def _run(self):
+        while True:
+            with self._condition:
+                if not self._jobs:
+                    self._condition.wait(IDLE_SECONDS)
+                if not self._jobs:
+                    self._thread = None  # the next submit starts another
+                    return
+                job = self._jobs[0]
+            try:
+                job()
+            except Exception:  # a bug in a job must not end the thread and strand the others
+                logger.exception("tensorboard-gradients: a write failed")
+            with self._condition:
+                self._jobs.popleft()
+                self._done += 1
+                self._condition.notify_all()
+
+
+@atexit.register
+def _drain_at_exit():
+    """Runs the jobs still queued when Python exits (a run that never closed its writer keeps
+    every step it logged, as when the writes were made at once)."""
+    for queue in list(_LIVE):
+        queue.wait()

@@ -1,0 +1,136 @@
+"""Writing off the training thread: a `GradientWriter`'s events are built and written in order on
+its background thread (`format.write_queue`); a disk that stalls makes it drop and count steps
+instead of holding up the loop, and a fast loop is slowed to the writes' pace, never dropped."""
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+import tensorboard_gradients as tg
+from tensorboard_gradients.format import event_files, write_queue, writer as writer_module
+
+GRADIENTS = {"dense/kernel": np.ones((4, 4), np.float32), "dense/bias": np.ones(4, np.float32)}
+
+
+def _logged_steps(logdir):
+    return tg.read_logdir(str(logdir))["."]["gradients"].steps.tolist()
+
+
+def test_events_are_written_on_the_writers_thread_in_order(tmp_path, monkeypatch):
+    threads = []
+    original = event_files.EventFileWriter.write
+
+    def recording(self, *events):
+        threads.append(threading.current_thread())
+        return original(self, *events)
+
+    monkeypatch.setattr(event_files.EventFileWriter, "write", recording)
+    with tg.GradientWriter(str(tmp_path)) as writer:
+        for step in range(50):
+            writer.write(step, GRADIENTS, loss=1.0 / (step + 1))
+            writer.write_scalars(step, {"lr": 0.1})
+    assert threads and threading.main_thread() not in threads
+    assert _logged_steps(tmp_path) == list(range(50))
+
+
+def test_a_loop_faster_than_its_writes_is_slowed_to_their_pace_and_loses_nothing(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(writer_module, "QUEUE_LENGTH", 3)
+    original = event_files.EventFileWriter.write
+
+    def slow(self, *events):  # each write 5 ms: the loop below outruns a queue of 3 at once
+        threading.Event().wait(0.005)
+        return original(self, *events)
+
+    monkeypatch.setattr(event_files.EventFileWriter, "write", slow)
+    with tg.GradientWriter(str(tmp_path)) as writer:
+        for step in range(40):
+            writer.write(step, GRADIENTS)
+    assert writer.dropped_steps == 0
+    assert _logged_steps(tmp_path) == list(range(40))
+
+
+def test_a_stalled_disk_drops_and_counts_steps_instead_of_stopping_the_loop(tmp_path, monkeypatch,
+                                                                           caplog):
+    monkeypatch.setattr(writer_module, "QUEUE_LENGTH", 4)
+    stalled, released = threading.Event(), threading.Event()
+    original = event_files.EventFileWriter.write
+
+    def stalling(self, *events):  # the first write hangs until released: a stalled mount
+        if not stalled.is_set():
+            stalled.set()
+            released.wait()
+        return original(self, *events)
+
+    monkeypatch.setattr(event_files.EventFileWriter, "write", stalling)
+    writer = tg.GradientWriter(str(tmp_path))
+
+    def loop():
+        for step in range(20):
+            writer.write(step, GRADIENTS)
+
+    with caplog.at_level(logging.ERROR, logger="tensorboard_gradients"):
+        training = threading.Thread(target=loop)
+        training.start()
+        training.join(timeout=60)  # a hang guard: the loop must end while the disk is stalled
+        assert not training.is_alive(), "the training loop waited for a stalled disk"
+    # Step 0 is being written and steps 1-3 wait (the queue's 4 slots), steps 4-19 were dropped.
+    assert writer.dropped_steps == 16
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "stuck waiting for the disk" in errors[0]
+    assert "from step 4 on" in errors[0]
+    released.set()
+    writer.flush()  # the stall is over: the queue drains
+    writer.write(20, GRADIENTS)  # the first write after the stall says how much was lost
+    writer.close()
+    assert _logged_steps(tmp_path) == [0, 1, 2, 3, 20]
+    events = [e for name in sorted(tmp_path.iterdir())
+              for e in event_files.read_events(str(name))]
+    reported = [(e.step, v.tensor.float_val[0]) for e in events for v in e.summary.value
+                if v.tag == "gradients/dropped_steps"]
+    assert reported == [(20, 16)]
+
+
+def test_strict_writes_on_the_calling_thread(tmp_path, monkeypatch):
+    threads = []
+    original = event_files.EventFileWriter.write
+
+    def recording(self, *events):
+        threads.append(threading.current_thread())
+        return original(self, *events)
+
+    monkeypatch.setattr(event_files.EventFileWriter, "write", recording)
+    with tg.GradientWriter(str(tmp_path), strict=True) as writer:
+        writer.write(0, GRADIENTS)
+    assert threads and set(threads) == {threading.main_thread()}
+
+
+def test_the_queue_runs_jobs_in_order_survives_a_failing_one_and_frees_its_thread(monkeypatch,
+                                                                                 caplog):
+    monkeypatch.setattr(write_queue, "IDLE_SECONDS", 0.01)
+    queue = write_queue.WriteQueue(limit=10)
+    done = []
+
+    def failing():
+        raise RuntimeError("a bug in a job")
+
+    with caplog.at_level(logging.ERROR, logger="tensorboard_gradients"):
+        tickets = [queue.submit(lambda: done.append(1)), queue.submit(failing),
+                   queue.submit(lambda: done.append(2))]
+        queue.wait()
+    assert tickets == [1, 2, 3] and done == [1, 2] and queue.waiting == 0
+    assert "a write failed" in caplog.text and "a bug in a job" in caplog.text
+    # Idle, the thread ends; the next job starts another.
+    for _ in range(500):
+        if not any(t.name == "tensorboard-gradients writer" and t.is_alive()
+                   for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.01)
+    else:
+        pytest.fail("an idle queue kept its thread")
+    queue.wait(queue.submit(lambda: done.append(3)))
+    assert done == [1, 2, 3]
+    with pytest.raises(ValueError):
+        write_queue.WriteQueue(limit=0)
