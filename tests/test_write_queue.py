@@ -18,7 +18,8 @@ def _logged_steps(logdir):
     return tg.read_logdir(str(logdir))["."]["gradients"].steps.tolist()
 
 
-def test_events_are_written_on_the_writers_thread_in_order(tmp_path, monkeypatch):
+def _record_writing_threads(monkeypatch):
+    """The threads that write events, in order, from now on."""
     threads = []
     original = event_files.EventFileWriter.write
 
@@ -27,6 +28,11 @@ def test_events_are_written_on_the_writers_thread_in_order(tmp_path, monkeypatch
         return original(self, *events)
 
     monkeypatch.setattr(event_files.EventFileWriter, "write", recording)
+    return threads
+
+
+def test_events_are_written_on_the_writers_thread_in_order(tmp_path, monkeypatch):
+    threads = _record_writing_threads(monkeypatch)
     with tg.GradientWriter(str(tmp_path)) as writer:
         for step in range(50):
             writer.write(step, GRADIENTS, loss=1.0 / (step + 1))
@@ -94,14 +100,7 @@ def test_a_stalled_disk_drops_and_counts_steps_instead_of_stopping_the_loop(tmp_
 
 
 def test_strict_writes_on_the_calling_thread(tmp_path, monkeypatch):
-    threads = []
-    original = event_files.EventFileWriter.write
-
-    def recording(self, *events):
-        threads.append(threading.current_thread())
-        return original(self, *events)
-
-    monkeypatch.setattr(event_files.EventFileWriter, "write", recording)
+    threads = _record_writing_threads(monkeypatch)
     with tg.GradientWriter(str(tmp_path), strict=True) as writer:
         writer.write(0, GRADIENTS)
     assert threads and set(threads) == {threading.main_thread()}
