@@ -277,6 +277,9 @@ def _write_from_callback(writer, layout, step, stats, counts, loss, with_histogr
     else:
         writer.write_statistics(int(step), layout, np.asarray(stats), counts,
                                 loss=None if loss is None else np.asarray(loss))
+    # This runs on JAX's callback thread, not the training loop's: waiting here for the writer's
+    # thread keeps "after jax.effects_barrier() the step is on disk" true.
+    writer.flush()
 
 
 def log_gradients(writer, grads, step, params=None, histograms=False, stats=None, loss=None):

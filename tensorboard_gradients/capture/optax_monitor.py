@@ -286,11 +286,11 @@ def _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, incl
 def _write_step(writer, layout, step, stats, counts, loss, clipped):
     """The host side of a logged step (`_write_from_callback`), with the clip's global norm and
     coefficient (``clipped``; None: no clip) beside the statistics."""
-    _write_from_callback(writer, layout, step, stats, counts, loss)
     if clipped is not None and jax.process_index() == 0:
         total, coefficient = clipped
         writer.write_scalars(int(step), {"global_norm_before_clipping": float(total),
                                          "clip_coefficient": float(coefficient)})
+    _write_from_callback(writer, layout, step, stats, counts, loss)
 
 
 def _writer(log_dir, name, strict):
