@@ -460,8 +460,10 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
     # again: `run` does, and answers before the verifier can take anything back.)
     assert checker.run("run") == event_scan.NO_DAMAGE
     assert checker.wait_until_verified(30) is False  # nothing verified, nothing counted
-    assert checker.run("run") == event_scan.NO_DAMAGE
-    assert checker.wait_until_verified(30)  # that look started verifying again
+    # This look starts verifying again; under load the background verifier may finish before
+    # it answers, so what it answers is not asserted (a race, seen in CI): what it verified is.
+    checker.run("run")
+    assert checker.wait_until_verified(30)
     _same_located(checker, whole)
     assert whole.wait_until_verified(30)  # its first look (above) verifies in the background
     assert checker.run("run") == whole.run("run")
