@@ -121,6 +121,11 @@ def _detached(loss):
     return loss.detach() if isinstance(loss, torch.Tensor) else loss
 
 
+def _host_norm(total_norm) -> float:
+    """A norm ``clip_grad_norm_`` returned, as a number (a DTensor's value: the whole norm)."""
+    return float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
+
+
 def _unwrapped(model):
     """The module whose parameter names users know, inside `DistributedDataParallel` (``.module``)
     and `torch.compile` (``._orig_mod``) wrappers, so rows are not all prefixed ``module.``."""
@@ -217,9 +222,7 @@ class GradientMonitor:
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
         deepspeed = _deepspeed_engine(model)
         model = _unwrapped(deepspeed.module if deepspeed else model)
-        # What `clip_grad_norm_` clips: the whole model, as ``clip_grad_norm_(model.parameters())``
-        # does, watched or not.
-        self._model = model
+        self._model = model  # what `clip_grad_norm_` clips: all of it, watched or not
         self._parameters = [
             (user_parameter_name(parameter_name), parameter)
             for parameter_name, parameter in model.named_parameters()
@@ -350,7 +353,7 @@ class GradientMonitor:
             total = torch_clip.clip_grad_norm_(self._model, float(max_norm), float(norm_type),
                                                error_if_nonfinite, foreach)
         if logged and writes_here():
-            before = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+            before = _host_norm(total)
             self.write_scalars(number, {
                 "global_norm_before_clipping": before,
                 "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
@@ -557,9 +560,8 @@ class GradientMonitor:
     def _scalars(layout, stats, total_norm, scaler):
         norms = stats[:, columns.position(layout.stats, "l2_norm")]
         scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
-        if total_norm is not None:  # a DTensor under sharding: its value is the whole norm
-            scalars["global_norm_before_clipping"] = float(
-                total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
+        if total_norm is not None:
+            scalars["global_norm_before_clipping"] = _host_norm(total_norm)
         if scaler is not None and scaler.is_enabled():
             scalars["loss_scale"] = float(scaler.get_scale())
         return scalars

@@ -16,9 +16,10 @@ Off the training thread: a write checks its arguments and returns; building the 
 writing them and feeding the digest and the alert judgement happen in order on the writer's
 background thread (`write_queue.WriteQueue`). Its queue holds `QUEUE_LENGTH` writes: a loop that
 logs faster than they run waits for them, a little each time; when the disk stalls, a write is not
-waited for but dropped, counted and reported like a step a full disk refused. `flush`, `close` and `alerts(wait=True)` first wait for the queued writes;
-with ``strict=True`` (an error must reach the write that failed) or ``on_alert`` (a step's
-judgement must be in before the next step) the caller waits for each write.
+waited for but dropped, counted and reported like a step a full disk refused. `flush`, `close` and
+`alerts(wait=True)` first wait for the queued writes; with ``strict=True`` (an error must reach the
+write that failed) or ``on_alert`` (a step's judgement must be in before the next step) the caller
+waits for each write.
 
 Each stats tag's digest (`digest_feed.DigestFeed`: the classes, alerts and block summaries the
 plugin shows) is kept in a background thread and written every 1,000 steps and at close, so
