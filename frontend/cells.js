@@ -3,6 +3,8 @@
 // pixels), so that the tooltip and the details describe the cell as it is drawn, and the stats
 // they list there. A writer may log only some stats (the `runs` answer's `not_logged`): the
 // tooltip leaves those out, the details say "not logged"; neither ever shows a value it lacks.
+// Between two steps with every stat a monitor may log only the norms (format 1.6, the `series`
+// answer's `full` and `stats_every`): the other stats there read "not logged at this step".
 
 import { toNumber } from "./decode.js";
 import { formatStep, formatValue } from "./format.js";
@@ -32,6 +34,18 @@ const KEY_STATS = [
 
 // What the details say of a stat the tag's writer did not log.
 export const NOT_LOGGED = "not logged";
+// What they say of a stat logged at other steps than this norms-only one.
+export const NOT_LOGGED_HERE = "not logged at this step";
+
+/** Whether `series` (a `series` answer) holds only the norms at `index`. */
+export function normsOnly(series, index) {
+  return Array.isArray(series.full) && series.full[index] === false;
+}
+
+/** The tooltip's line for a norms-only step: which stats it holds and when the rest are. */
+export function normsOnlyLine(series) {
+  return `only the norms and NaN/Inf counts logged at this step (every statistic once every ${series.stats_every} logged steps)`;
+}
 
 /**
  * The tooltip's lines of key stats at `index` of `series` (a `series` answer), `cls` the step's
@@ -40,9 +54,12 @@ export const NOT_LOGGED = "not logged";
  * the cell merges several (" (its worst)"), else "".
  */
 export function keyStatsLines(series, index, cls, vocabulary, merged = "") {
-  const [first, ...rest] = KEY_STATS.map((line) => line.filter(([, name]) => name in series.stats)
+  const sparse = normsOnly(series, index);
+  const [first, ...rest] = KEY_STATS.map((line) => line
+    .filter(([, name]) => name in series.stats && !(sparse && !vocabulary.everyStep(name)))
     .map(([word, name]) => `${word} ${statText(series, name, index, cls, vocabulary)}`).join(", "));
-  return [`at step ${formatStep(series.steps[index])}${merged}: ${first}`, ...rest.filter(Boolean)];
+  return [`at step ${formatStep(series.steps[index])}${merged}: ${first}`, ...rest.filter(Boolean),
+    ...(sparse ? [normsOnlyLine(series)] : [])];
 }
 
 /**
@@ -57,6 +74,7 @@ export function statRows(series, index, cls, vocabulary, notLogged = []) {
 }
 
 function statText(series, name, index, cls, vocabulary) {
+  if (normsOnly(series, index) && !vocabulary.everyStep(name)) return NOT_LOGGED_HERE;
   return cellValueText(toNumber(series.stats[name][index]), cls, vocabulary.statScale(name));
 }
 

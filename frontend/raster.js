@@ -45,7 +45,10 @@ export function makeFolder(paints) {
       state.value = value;
       state.at = at;
     } else if (cls === state.cls) {
-      if (extreme[cls] > 0 ? value > state.value : extreme[cls] < 0 && value < state.value) {
+      // A value beats none (a stat not logged at a norms-only step): NaN never compares.
+      const better = Number.isNaN(state.value) ? !Number.isNaN(value)
+        : extreme[cls] > 0 ? value > state.value : extreme[cls] < 0 && value < state.value;
+      if (better) {
         state.value = value;
         state.at = at;
       }
@@ -103,7 +106,9 @@ export function rasterize(matrix, scale, width, height, paints) {
         for (let c = firstColumn; c < endColumn; c++) fold(state, bandClass[c], bandValue[c]);
         const paint = paints[state.cls];
         pixelClass[x] = state.cls;
-        if (paint.empty) continue; // transparent: the empty background shows
+        // Transparent: the empty background shows; so does a cell coloured by a value it lacks
+        // (a stat not logged at that norms-only step).
+        if (paint.empty || (!paint.fill && Number.isNaN(state.value))) continue;
         if (paint.fill) {
           rowColors.set(paint.fill, x * 4);
         } else {

@@ -7,6 +7,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 
+from tensorboard_gradients.format import columns
+
 
 def reference_stats(gradient, weight=None):
     """The stats of one dense gradient, computed the obvious way in float64 (not our code)."""
@@ -124,12 +126,17 @@ def std_bound(mean_error, std, gamma):
 
 def assert_row_matches(series, step_index, variable, expected, input_rtol=0.0):
     """Compares one logged row with `reference_stats` output, NaN where NaN is expected, within
-    the rounding bounds of `stat_tolerances` (plus the smallest float32 step, for values of 0)."""
+    the rounding bounds of `stat_tolerances` (plus the smallest float32 step, for values of 0).
+    A norms-only row (`GradientSeries.full_rows`, format 1.6) holds the every-step stats, the
+    others NaN."""
     index = series.variables.index(variable)
     tolerances = stat_tolerances(expected, series.values.dtype, input_rtol)
+    full = series.full_rows[step_index]
     for stat, want in expected.items():
         got = series.stat(stat)[step_index, index]
-        if np.isnan(want):
+        if not full and stat not in columns.EVERY_STEP_STATS:
+            assert np.isnan(got), f"{variable} {stat} at a norms-only step: got {got}"
+        elif np.isnan(want):
             assert np.isnan(got), f"{variable} {stat}: expected NaN, got {got}"
         else:
             tolerance = tolerances[stat] + np.finfo(series.values.dtype).tiny

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  NOT_LOGGED, cellValueText, keyStatsLines, representativeIndex, rowContext, statRows,
+  NOT_LOGGED, NOT_LOGGED_HERE, cellValueText, keyStatsLines, representativeIndex, rowContext, statRows,
 } from "../cells.js";
 import { VOCABULARY } from "./vocabulary_fixture.mjs";
 
@@ -88,4 +88,21 @@ test("the details list every logged stat's value, then the stats not logged as s
   // A NaN/Inf step still says so for the stats logged, and "not logged" for the others.
   const nan = statRows(atOneStep(REQUIRED, ["nonfinite"]), 0, nonfinite, VOCABULARY, ["zero_fraction"]);
   assert.deepEqual(nan.map(([, text]) => text), [nonfinite.label, nonfinite.label, "0", "0", "9", NOT_LOGGED]);
+});
+
+test("at a norms-only step the tooltip and details say the other stats were not logged there", () => {
+  const run = {
+    steps: [0, 1], classes: ["ok", "ok"], full: [true, false], stats_every: 10,
+    stats: { l2_norm: [2, 3], abs_max: [0.5, NaN], zero_fraction: [0.25, NaN], nan_count: [0, 0] },
+  };
+  const [norms, counts, why] = keyStatsLines(run, 1, ok, VOCABULARY);
+  assert.equal(norms, "at step 1: norm 3");
+  assert.equal(counts, "NaN 0");
+  assert.match(why, /only the norms .*every statistic once every 10 logged steps/);
+  const rows = Object.fromEntries(statRows(run, 1, ok, VOCABULARY).map(([name, text]) => [name, text]));
+  assert.equal(rows.abs_max, NOT_LOGGED_HERE);
+  assert.equal(rows.l2_norm, "3");
+  // A step with every stat reads as before.
+  assert.equal(keyStatsLines(run, 0, ok, VOCABULARY).length, 2);
+  assert.equal(Object.fromEntries(statRows(run, 0, ok, VOCABULARY))["abs_max"], "0.5");
 });

@@ -102,3 +102,19 @@ test("an empty matrix draws nothing", () => {
   const pixels = rasterize({ rows: 0, columns: 0, classNames: CLASS_NAMES }, makeScale([], "log"), 3, 3, PAINTS);
   assert.ok(pixels.every((v) => v === 0));
 });
+
+test("a cell without a value (a stat not logged at a norms-only step) stays empty", () => {
+  const matrix = matrixOf([[NaN, 1]], [["ok", "ok"]]);
+  const pixels = rasterize(matrix, makeScale([1e-3, 1], "log"), 2, 1, PAINTS);
+  assert.deepEqual(pixel(pixels, 2, 0, 0), [0, 0, 0, 0]);
+  assert.equal(pixel(pixels, 2, 1, 0)[3], 255);
+});
+
+test("a pixel merging steps with and without a value shows the value", () => {
+  // Zoomed out: the norms-only steps between full ones must not blank the column.
+  const matrix = matrixOf([[NaN, NaN, 0.5, NaN]], [["ok", "ok", "ok", "ok"]]);
+  const scale = makeScale([1e-3, 1], "log");
+  const merged = rasterize(matrix, scale, 1, 1, PAINTS);
+  const alone = rasterize(matrixOf([[0.5]], [["ok"]]), scale, 1, 1, PAINTS);
+  assert.deepEqual(pixel(merged, 1, 0, 0), pixel(alone, 1, 0, 0));
+});

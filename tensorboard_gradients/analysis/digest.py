@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.analysis.stream import first_kept_row
+from tensorboard_gradients.analysis.stream import context_rows, first_kept_row
 from tensorboard_gradients.analysis.heatmap import (
     NO_EPOCHS, Groups, Heatmap, NoEpochsError, step_groups,
 )
@@ -337,8 +337,9 @@ class Digest:
         # rules' windows, out of its blocks (a crafted record must not make it read the run).
         if (int(last["stream_rows"]) != rows or int(last["stream_final_rows"]) != final_rows
                 or not 0 <= final_rows - pending_from < read.block_steps
-                or rows - final_rows > thresholds.sustain_steps - 1
-                or int(last["stream_kept_from"]) != first_kept_row(final_rows, thresholds)):
+                or rows - final_rows > context_rows(thresholds, like.stats_every)
+                or int(last["stream_kept_from"]) != first_kept_row(final_rows, thresholds,
+                                                                   like.stats_every)):
             raise ValueError("the digest records' state does not fit their rows")
         again = rows_of(start, rows)
         if not np.array_equal(again.steps, read.steps[start:]):

@@ -9,7 +9,10 @@ each round re-judges only the rows from the start of the spike block holding the
 undecided row, with ``sustain_steps - 1`` rows of context before it; the rows that no later step
 can change become final, and only what the next round needs is kept. The last
 ``sustain_steps - 1`` rows stay provisional (they are what `analyze` of the series so far says)
-until later steps decide them, or until `close` says no step follows.
+until later steps decide them, or until `close` says no step follows. A series with norms-only
+steps (format 1.6: every statistic every ``stats_every`` rows) has its dead rule judge the rows
+with every statistic, ``sustain_steps`` of them in a row: the context and the provisional rows
+are then ``stats_every`` times as many (`context_rows`).
 
 Exactness: the classes and alerts equal `analyze` of the whole series, for any way of cutting
 it into feeds (a test checks it on random and crafted series). `analyze` itself is one feed and
@@ -55,7 +58,7 @@ class AnalysisStream:
     def __init__(self, like, thresholds: Optional[Thresholds] = None):
         self._like = like
         self.thresholds = thresholds or Thresholds()
-        self._context = self.thresholds.sustain_steps - 1
+        self._context = context_rows(self.thresholds, like.stats_every)
         self._block = self.thresholds.spike_window
         width = (len(like.variables), len(like.stat_names))
         # Kept rows: the run's rows [self._kept_from, self.rows).
@@ -187,7 +190,7 @@ class AnalysisStream:
         self._provisional_classes = classes[split:high]
         self.final_rows = decided
         if resume_row is not None:
-            self._keep_from(first_kept_row(decided, self.thresholds))
+            self._keep_from(first_kept_row(decided, self.thresholds, self._like.stats_every))
         else:
             self._keep_from(end)
         return classes[low:split]
@@ -246,7 +249,8 @@ class AnalysisStream:
                 or not np.array_equal(kept.steps, all_steps[stream._kept_from:])
                 or not 0 <= stream.final_rows <= stream.rows
                 or not 0 <= stream.gradient_rows <= stream.rows
-                or stream._kept_from != first_kept_row(stream.final_rows, thresholds)
+                or stream._kept_from != first_kept_row(stream.final_rows, thresholds,
+                                                       like.stats_every)
                 or stream._last_step != (int(all_steps[-1]) if stream.rows else None)):
             raise ValueError("the stream's rows do not match its state")
         stream._steps, stream._wall_times = [kept.steps], [kept.wall_times]
@@ -335,11 +339,20 @@ class AnalysisStream:
         self._all_steps = _joined(self._all_steps)
 
 
-def first_kept_row(final_rows: int, thresholds: Thresholds) -> int:
+def context_rows(thresholds: Thresholds, stats_every: int = 1) -> int:
+    """The rows a round looks back on before its first fresh row, and leaves provisional at the
+    end: ``sustain_steps - 1`` rows with every statistic, which are at most ``stats_every``
+    rows apart (`GradientSeries.stats_every`). Exact when they are; a series whose rows with
+    every statistic are further apart (a crafted file, a dropped write) may have its dead
+    findings differ from `analyze`'s, and nothing else."""
+    return (thresholds.sustain_steps - 1) * stats_every
+
+
+def first_kept_row(final_rows: int, thresholds: Thresholds, stats_every: int = 1) -> int:
     """The first row a stream keeps once ``final_rows`` are final: the context before the
     spike block holding the first undecided row, where its next round starts."""
     block_start = final_rows // thresholds.spike_window * thresholds.spike_window
-    return max(0, block_start - (thresholds.sustain_steps - 1))
+    return max(0, block_start - context_rows(thresholds, stats_every))
 
 
 def _json_array(value) -> np.ndarray:

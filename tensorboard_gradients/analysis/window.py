@@ -50,6 +50,16 @@ def sustained(flags: np.ndarray, length: int) -> np.ndarray:
     return ~all_in_window(~np.concatenate([padding, run_starts, padding]), length)
 
 
+def sustained_on(flags: np.ndarray, rows: np.ndarray, length: int) -> np.ndarray:
+    """`sustained` judged on the steps ``rows`` (``bool[steps]``) only, as if the others were not
+    there: a run of ``length`` of those steps in a row; False at the other steps."""
+    if rows.all():
+        return sustained(flags, length)
+    covered = np.zeros_like(flags)
+    covered[rows] = sustained(flags[rows], length)
+    return covered
+
+
 def nanmedian(values: np.ndarray) -> np.ndarray:
     """Median over the last axis ignoring NaN (NaN where all are NaN).
 

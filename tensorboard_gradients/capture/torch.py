@@ -95,9 +95,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensorboard_gradients.capture import options, torch_clip
+from tensorboard_gradients.capture import options, torch_clip, torch_statistics
 from tensorboard_gradients.capture.torch_distributed import Distribution, squared_norm, writes_here
 from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
+from tensorboard_gradients.capture.torch_statistics import on_device
 from tensorboard_gradients.capture.torch_optimizer import OptimizerReader, optimizer_note
 from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
@@ -107,13 +108,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GradientMonitor"]
 
-
-def _on(tensor, device, dtype):
-    """``tensor.to(device, dtype)`` without the call when it is there already: a per-parameter
-    no-op that still costs a dispatch."""
-    if tensor.device == device and tensor.dtype == dtype:
-        return tensor
-    return tensor.to(device=device, dtype=dtype)
+# What a logged step's statistics are (`GradientMonitor.log`): every one, or only the norms
+# (`columns.EVERY_STEP_STATS`, the steps between two full ones).
+_FULL, _NORMS = "all", "norms"
 
 
 def _detached(loss):
@@ -177,8 +174,13 @@ class GradientMonitor:
         gradients should join (next to your scalars). Files are created on the first logged step.
       every_n_steps: log the steps whose number is a multiple of N (1 = every step): by default
         the calls of `step` numbered 0, N, 2N, ... (see `step`).
-      histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
-        never; they cost a pass per parameter).
+      stats_every_n_steps: log every statistic at every N-th logged step (the first one, then
+        every N-th), and at the logged steps between only the norms and non-finite counts
+        (`columns.EVERY_STEP_STATS`: what the spike, exploding, vanishing, NaN and early-warning
+        rules judge every step; one multi-tensor norm instead of six passes per parameter).
+        1: every statistic at every logged step.
+      histograms_every_n_steps: also log the log10|g| histograms at the steps whose number is
+        a multiple of N (None: never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
       include: regular expressions (or a list of them) searched in parameter names: only the
         parameters they match are watched (None: all).
@@ -207,9 +209,9 @@ class GradientMonitor:
       ValueError: a bad argument, or no parameter left to watch.
     """
 
-    def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=None,
+    def __init__(self, model, log_dir, every_n_steps=1, histograms_every_n_steps=100,
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                 stats=None, optimizer=None, on_alert=None):
+                 stats=None, optimizer=None, on_alert=None, stats_every_n_steps=10):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         selected = columns.selected_stats(stats)
@@ -219,6 +221,9 @@ class GradientMonitor:
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
+        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
+                                                        stats_every_n_steps)
+        self._logged_rows = 0  # statistics rows of the schedule so far: every N-th is full
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
         deepspeed = _deepspeed_engine(model)
         model = _unwrapped(deepspeed.module if deepspeed else model)
@@ -240,7 +245,8 @@ class GradientMonitor:
                                      with_weights=self._logs_weights,
                                      with_updates=self._optimizer is not None,
                                      gradient_stats=self._gradient_stats,
-                                     with_optimizer=bool(self._optimizer and self._optimizer.adam))
+                                     with_optimizer=bool(self._optimizer and self._optimizer.adam),
+                                     stats_every=self.stats_every_n_steps)
         self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
@@ -309,8 +315,13 @@ class GradientMonitor:
         step = self._calls if step is None else int(step)
         self._calls += 1
         every_histograms = self.histograms_every_n_steps
+        statistics_due = False
+        if step % self.every_n_steps == 0:
+            statistics_due = (True if self._logged_rows % self.stats_every_n_steps == 0
+                              else _NORMS)
+            self._logged_rows += 1
         return step, self.log(
-            step, statistics=step % self.every_n_steps == 0,
+            step, statistics=statistics_due,
             histograms=every_histograms is not None and step % every_histograms == 0, **extras)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
@@ -364,7 +375,13 @@ class GradientMonitor:
         """Logs the gradients now at ``step``, whatever the schedule: the statistics and/or the
         histograms. For integrations with a schedule of their own (and for a step you want
         whatever happens, e.g. the one where the loss jumped); under DDP and sharding every rank
-        calls it alike, as `step`. Arguments and result as `step`'s."""
+        calls it alike, as `step`. ``statistics``: True for every statistic, ``"norms"`` for
+        the norms only (`columns.EVERY_STEP_STATS`), False for none. Other arguments and the
+        result as `step`'s."""
+        if statistics not in (True, False, _NORMS):
+            raise ValueError(f"statistics must be True, False or {_NORMS!r}, got "
+                             f"{statistics!r}")
+        statistics = _FULL if statistics is True else statistics
         if not (statistics or histograms):
             return False
         in_pieces = self._distribution.in_pieces()
@@ -381,7 +398,7 @@ class GradientMonitor:
         dropped = self.dropped_steps
         log = self._log_pieces if in_pieces else self._log
         with torch.no_grad():
-            logged = log(int(step), bool(statistics), bool(histograms),
+            logged = log(int(step), statistics, bool(histograms),
                          _Extras(_detached(loss) if statistics else None, total_norm, scaler))
         return logged and self.dropped_steps == dropped
 
@@ -450,8 +467,11 @@ class GradientMonitor:
     def _log_pieces(self, step, stats_due, histograms_due, extras):
         """`_log` for parameters in pieces: every rank reduces its own, rank 0 combines them
         (`Distribution.gather_step`) and writes."""
-        gathered = self._distribution.gather_step(step, self._gradient_stats, self._logs_weights,
-                                                  histograms_due)
+        # A norms-only step gathers the required stats (three passes; the norms' one is what
+        # it keeps): the shards' rules combine the same reductions either way.
+        gathered = self._distribution.gather_step(
+            step, self._gradient_stats if stats_due == _FULL else columns.REQUIRED_STATS,
+            self._logs_weights, histograms_due)
         if gathered is None:
             return False
         absent = np.isnan(gathered.reductions[:, statistics.REDUCTIONS.index("present")])
@@ -461,6 +481,9 @@ class GradientMonitor:
             stats = statistics.statistics_from_reductions(
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
+            if stats_due != _FULL:
+                stats = statistics.only_every_step_columns(
+                    stats, columns.stats_for(self._logs_weights, False, self._gradient_stats))
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
@@ -470,42 +493,19 @@ class GradientMonitor:
             return False
         device = next(e[0].device for e in entries if e is not None)
         # A model split over devices is reduced on the first one.
-        entries = [None if e is None else (_on(e[0], device, dtype), e[1]) for e in entries]
+        entries = [None if e is None else (on_device(e[0], device, dtype), e[1])
+                   for e in entries]
         ops = ops_for(device)
         counts = None
         if histograms_due:
             counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
         stats = None
         if stats_due:
-            stats = self._statistics(ops, entries, dtype)
+            matrix = (torch_statistics.full_matrix if stats_due == _FULL
+                      else torch_statistics.norms_only_matrix)
+            stats = matrix(ops, entries, dtype, self._gradient_stats,
+                           [p for _, p in self._parameters] if self._logs_weights else None)
         return self._write(step, stats, counts, extras)
-
-    def _statistics(self, ops, entries, dtype):
-        """The stats matrix (numpy) with ONE device-to-host copy: the reductions and weight norms
-        go to the host, which decides whether they can be trusted (a masked pass on the device
-        and a second copy only on the rare step that needs it) and finishes the small matrix."""
-        device = ops.device
-        passes, _ = statistics.pass_matrix(ops, entries, dtype, self._gradient_stats)
-        if self._logs_weights:
-            weights = [_on(p, device, dtype) for _, p in self._parameters]  # under no_grad
-            passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)
-        host = passes.cpu().numpy()
-        passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if self._logs_weights
-                                else (host, None))
-        sizes = np.array([np.nan if e is None else e[1] for e in entries], dtype=host.dtype)
-        # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            # On the host: a few dozen operations on [variables] vectors, each a dispatch (and
-            # on an accelerator a launch) on the device.
-            rows = statistics.fast_reductions(statistics.NumpyOps, passes, self._gradient_stats)
-            scaled, trusted = statistics.checked_fast_rows(
-                statistics.NumpyOps, rows, sizes, host.dtype, self._gradient_stats)
-            if trusted:
-                rows = scaled
-            else:
-                rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
-            return statistics.statistics_from_reductions(
-                statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
 
     def _write(self, step, stats, counts, extras):
         """Writes one logged step: statistics (with their loss and scalars) and/or histograms;

@@ -55,7 +55,8 @@ class AlertFeed:
             run=".", tag=tag, name=name, variables=layout.variables, layers=layout.layers,
             shapes=layout.shapes, stat_names=layout.stats, steps=np.zeros(0, np.int64),
             wall_times=np.zeros(0), values=np.zeros((0, len(layout.variables),
-                                                      len(layout.stats)), np.float32))
+                                                      len(layout.stats)), np.float32),
+            stats_every=layout.stats_every)
         self._stream = AnalysisStream(like)
         self._last = None  # (step, stats, loss) written last, not handed over yet
         self._queue: List[tuple] = []  # rows handed over, not judged yet

@@ -59,6 +59,9 @@ class Stat:
     # Logged by every writer whatever it was asked for (`REQUIRED_STATS`): what the diagnosis of
     # vanishing, exploding and non-finite gradients needs, and the cheapest set to compute.
     required: bool = False
+    # Logged at every logged step, also the norms-only steps between two steps with every
+    # statistic (a monitor's ``stats_every_n_steps``, format 1.6: `EVERY_STEP_STATS`).
+    every_step: bool = False
 
     def __post_init__(self):
         if self.layer_combination not in layers.KINDS:
@@ -70,7 +73,7 @@ class Stat:
 # +-Inf; `size` counts every entry of the dense gradient.
 STATS = (
     Stat("l2_norm", "L2 norm", LOG, GRADIENT, "L2 norm of the gradient's finite entries",
-         layers.ROOT_SUM_SQUARES, passes=("sum_squares",), required=True),
+         layers.ROOT_SUM_SQUARES, passes=("sum_squares",), required=True, every_step=True),
     Stat("mean", "mean", LINEAR, GRADIENT, "mean of the finite entries", layers.FINITE_WEIGHTED,
          passes=("sum",)),
     # Pooled by layer with the means: a std logged without the mean has no value by layer.
@@ -88,18 +91,19 @@ STATS = (
          "fraction of the entries that are exactly zero", layers.SIZE_WEIGHTED,
          passes=("zeros",)),
     Stat("nan_count", "NaN count", COUNT, GRADIENT, "entries that are NaN", layers.SUM,
-         required=True),
+         required=True, every_step=True),
     Stat("inf_count", "Inf count", COUNT, GRADIENT, "entries that are +Inf or -Inf", layers.SUM,
-         required=True),
+         required=True, every_step=True),
     Stat("size", "entries", COUNT, GRADIENT,
          "entries of the dense gradient (NaN: no gradient at this step)", layers.SUM,
-         heatmap=False, required=True),
+         heatmap=False, required=True, every_step=True),
     Stat("weight_l2_norm", "weight L2 norm", LOG, WEIGHT,
          "L2 norm of the variable's values (before the update), over all entries",
-         layers.ROOT_SUM_SQUARES),
+         layers.ROOT_SUM_SQUARES, every_step=True),
     # ||w_after - w_before|| of the step: the update/weight ratio is its real relative size.
     Stat("update_l2_norm", "update L2 norm", LOG, UPDATE,
-         "L2 norm of the optimizer's update of the step", layers.ROOT_SUM_SQUARES, since=(1, 1)),
+         "L2 norm of the optimizer's update of the step", layers.ROOT_SUM_SQUARES, since=(1, 1),
+         every_step=True),
     # Wortsman et al. 2023 (arXiv 2304.13013, "Stable and low-precision training", section 3.4):
     # g^2 / v is about 1 while Adam's second moment v tracks the gradient; an RMS far above 1
     # means v is out of date (it decays by beta2 each step while the gradient was small) and the
@@ -132,6 +136,18 @@ DERIVED_STATS = {s.name: s.inputs for s in STATS if s.group == DERIVED}
 # extremes (min and max: one kernel in PyTorch) compute them all: a finite sum of squares proves
 # every entry finite (no NaN, no Inf), and abs_max is the larger of -min and max.
 REQUIRED_STATS = tuple(s.name for s in STATS if s.required)
+# What a norms-only step holds (format 1.6; the other columns are NaN there): the norms and the
+# non-finite counts that the spike, exploding, vanishing, non-finite, update-ratio and loss-spike
+# rules judge at every step. The gradient norm's pass proves the counts 0 when it is finite, so
+# they cost nothing on the common step; the weight and update norms are a pass over the
+# weights. The dead rule judges the steps with ``zero_fraction`` (`is_logged`).
+EVERY_STEP_STATS = tuple(s.name for s in STATS if s.every_step)
+
+
+def logged_every_step(name: str) -> bool:
+    """Whether stat ``name`` has a value at the norms-only steps too: one of `EVERY_STEP_STATS`,
+    or a ratio of two of them (update/weight)."""
+    return all(n in EVERY_STEP_STATS for n in DERIVED_STATS.get(name, (name,)))
 
 
 # What a writer's ``stats=`` may name (`selected_stats`).

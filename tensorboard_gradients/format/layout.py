@@ -49,6 +49,11 @@ class Layout:
     layers: Tuple[str, ...]
     shapes: Tuple[Optional[Tuple[int, ...]], ...]  # None: unknown (a missing gradient)
     stats: Tuple[str, ...]
+    # Every statistic is logged at least every this many logged steps; the steps between hold
+    # only `columns.EVERY_STEP_STATS` (format 1.6; a monitor's ``stats_every_n_steps``). Not
+    # part of what tells tags apart (`rows_and_columns`): a run resumed with another cadence
+    # goes on in its tag.
+    stats_every: int = 1
 
     @property
     def rows_and_columns(self):
@@ -61,6 +66,7 @@ class Layout:
     def create(
         cls, variables: Sequence[str], shapes, with_weights: bool, with_updates: bool = False,
         gradient_stats: Sequence[str] = columns.GRADIENT_STATS, with_optimizer: bool = False,
+        stats_every: int = 1,
     ) -> "Layout":
         """The layout of ``variables`` (names cleaned, capped and made unique) whose matrices hold
         the ``gradient_stats`` (`columns.gradient_stats`), then the weight, update and optimizer
@@ -71,6 +77,7 @@ class Layout:
             layers=tuple(layer_of(v) for v in names),
             shapes=tuple(None if s is None else tuple(int(d) for d in s) for s in shapes),
             stats=columns.stats_for(with_weights, with_updates, gradient_stats, with_optimizer),
+            stats_every=int(stats_every),
         )
 
 

@@ -58,7 +58,11 @@ History: 1.0 stats + histograms; 1.1 adds the ``epochs`` kind and the ``update_l
 a writer was asked for, always including `columns.REQUIRED_STATS`; 1.0-1.2 writers wrote them
 all). A 1.2 reader refuses a 1.3 tag that lacks a stat it requires, naming the stat. 1.4 adds
 the ``loss`` kind (an older reader names such a tag unreadable and reads the rest); 1.5 adds the
-``adam_rms`` stat (`columns.OPTIMIZER_STATS`), which an older reader shows by variable only.
+``adam_rms`` stat (`columns.OPTIMIZER_STATS`), which an older reader shows by variable only; 1.6
+adds norms-only steps: a stats tag whose content has ``"stats_every_n_steps": N`` (N > 1) holds
+every statistic at least every N logged steps, and at the steps between only
+`columns.EVERY_STEP_STATS` (the norms and non-finite counts), its other columns NaN (an older
+reader shows those cells as without value).
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -88,7 +92,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 DIGEST_PLUGIN_NAME = "gradients_digest"
-FORMAT_VERSION = (1, 5)
+FORMAT_VERSION = (1, 6)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"
@@ -166,7 +170,9 @@ def _content(kind: str, name: str, layout: Optional[Layout], **extra) -> bytes:
 
 
 def stats_metadata_content(name: str, layout: Layout) -> bytes:
-    return _content(KIND_STATS, name, layout, stats=list(layout.stats))
+    # Written only when there are norms-only steps: a 1.6 tag without them is a 1.5 tag.
+    cadence = {"stats_every_n_steps": layout.stats_every} if layout.stats_every > 1 else {}
+    return _content(KIND_STATS, name, layout, stats=list(layout.stats), **cadence)
 
 
 def histogram_metadata_content(name: str, layout: Layout) -> bytes:
@@ -268,6 +274,10 @@ _MAX_VERSION_NUMBER = 1000
 _MAX_DIMENSION = 2**63 - 1
 # Parsed contents kept: the plugin parses every tag's content on every request.
 _PARSE_CACHE_SIZE = 512
+# The largest ``stats_every_n_steps`` read: a stream keeps (sustain_steps - 1) times as many rows
+# to judge the dead rule over steps with every statistic (`analysis.stream`); a crafted cadence
+# must not make a reader keep a run's worth.
+MAX_STATS_EVERY = 1000
 
 
 def parse_plugin_data(content: bytes) -> PluginData:
@@ -341,10 +351,15 @@ def _validated_plugin_data(content: bytes) -> PluginData:
         stats = _unique(_strings(data, "stats"), "stats")
         absent = [s for s in columns.REQUIRED_STATS if s not in stats]
         _require(not absent, f"'stats' lacks {', '.join(absent)}")
+        stats_every = data.get("stats_every_n_steps", 1)
+        _require(_is_int(stats_every) and 1 <= stats_every <= MAX_STATS_EVERY,
+                 f"'stats_every_n_steps' is {_shown(stats_every)}, not an integer from 1 to "
+                 f"{MAX_STATS_EVERY}")
         return PluginData(
             kind=kind,
             name=name,
-            layout=Layout(variables=variables, layers=layers, shapes=shapes, stats=stats),
+            layout=Layout(variables=variables, layers=layers, shapes=shapes, stats=stats,
+                          stats_every=stats_every),
             format_version=version,
         )
     bins = _strings(data, "bins")

@@ -58,6 +58,9 @@ class GradientSeries:
     loss: Optional[np.ndarray] = None
     loss_logged: Optional[np.ndarray] = None
     loss_source: Optional[str] = None
+    # Every statistic is logged at least every this many rows, the rows between are norms-only
+    # (`Layout.stats_every`, format 1.6; see `full_rows`).
+    stats_every: int = 1
 
     def __post_init__(self):
         if self.loss is not None and not (self.loss.shape == self.loss_logged.shape
@@ -119,6 +122,33 @@ class GradientSeries:
     def missing(self) -> np.ndarray:
         """``[steps, variables]``: True where the variable had no gradient at that step."""
         return np.isnan(self.stat("size"))
+
+    @property
+    def full_rows(self) -> np.ndarray:
+        """``bool[steps]``: the steps that hold every logged statistic, False at the norms-only
+        steps (format 1.6), which hold only `columns.EVERY_STEP_STATS`, the rest NaN.
+
+        A norms-only step is one where some variable has a gradient and none has a value in the
+        marker column: ``zero_fraction`` when logged (a number for every gradient with entries),
+        else the first logged stat outside the every-step ones. Read, not assumed from the
+        cadence: a step logged by hand (`GradientMonitor.log`) holds every statistic. (Without
+        ``zero_fraction``, a step at which every gradient was entirely NaN/Inf has no min or max
+        either and reads as norms-only: the same NaN cells, named "not logged".)"""
+        sparse = [n for n in self.stat_names if n not in columns.EVERY_STEP_STATS]
+        if not sparse:
+            return np.ones(len(self.steps), dtype=bool)
+        marker = "zero_fraction" if "zero_fraction" in sparse else sparse[0]
+        present = ~self.missing
+        with_value = ~np.isnan(self.stat(marker)) & present
+        return ~present.any(axis=1) | with_value.any(axis=1)
+
+    def logged_rows(self, name: str) -> np.ndarray:
+        """``bool[steps]``: the steps that logged stat ``name`` (one of `available_stats`):
+        every step for `columns.EVERY_STEP_STATS` and the ratios of two of them, `full_rows`
+        for the others. Rules that need another stat judge these steps only."""
+        if columns.logged_every_step(name):
+            return np.ones(len(self.steps), dtype=bool)
+        return self.full_rows
 
 
 def expected_shape(parsed: metadata.PluginData) -> Tuple[int, ...]:
@@ -308,4 +338,5 @@ def series_from_points(
         epoch_starts=epoch_starts,
         epoch_indices=epoch_indices,
         damaged_points=damaged,
+        stats_every=layout.stats_every,
     )

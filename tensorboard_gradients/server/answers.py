@@ -291,7 +291,9 @@ def series_answer(source: RunSource, row: int, thresholds: analysis.Thresholds,
                   by_layer: bool = False) -> dict:
     """Every stat of the variable of ``row`` (``by_layer``: of the layer of that row in
     model order, combined as in the heatmap's layer rows) over the logged steps, with its
-    cell classes.
+    cell classes. ``full``: per step, whether it holds every stat (False at the norms-only
+    steps of format 1.6, `GradientSeries.full_rows`; a block always does); ``stats_every``:
+    every stat is logged at least every this many logged steps.
 
     A run of at most `FULL_RESOLUTION_STEPS` logged steps answers every step; a longer one
     per block of its digest (``downsampled``: each point is a block's merged value and worst
@@ -304,19 +306,21 @@ def series_answer(source: RunSource, row: int, thresholds: analysis.Thresholds,
             shown, classes = _held_rows(source, digest, 0, digest.rows)
             if by_layer:
                 shown, classes = _by_layer(shown, classes)
-            steps, wall_times = shown.steps, shown.wall_times
+            steps, wall_times, full = shown.steps, shown.wall_times, shown.full_rows
             stats = {name: shown.stat(name)[:, row] for name in shown.available_stats}
             classes = classes[:, row]
         elif by_layer:
             shown, first, all_classes = _layer_columns(like, digest, like.stat_names, 2**62)
             steps, wall_times, classes = first.steps, first.wall_times, all_classes.T[row]
             stats = {name: shown.stat(name).T[row] for name in shown.available_stats}
+            full = np.ones(len(steps), dtype=bool)
         else:
             overviews = {stat: digest.overview(stat, 2**62)[0] for stat in like.available_stats}
             first = next(iter(overviews.values()))
             shown, steps, wall_times, classes = like, first.steps, first.wall_times, \
                 first.classes[row]
             stats = {stat: overview.values[row] for stat, overview in overviews.items()}
+            full = np.ones(len(steps), dtype=bool)
         progress = _progress(source, digest, unread)
     shape = shown.shapes[row]
     return {
@@ -330,6 +334,8 @@ def series_answer(source: RunSource, row: int, thresholds: analysis.Thresholds,
         "wall_times": encoding.floats(wall_times),
         "stats": {name: encoding.floats(values) for name, values in stats.items()},
         "classes": encoding.class_names(classes),
+        "full": full.tolist(),
+        "stats_every": like.stats_every,
         "epochs": _epochs(like),
         "downsampled": downsampled,
         **progress,

@@ -4,7 +4,9 @@
 It judges only a logged ``zero_fraction``, as the update-ratio rule judges only a logged update:
 a writer asked for fewer stats (format 1.3's ``stats=``) may leave it out, and no other stat
 gives the share of zero entries that ``dead_fraction`` bounds (a 99%-dead ReLU layer's norm and
-largest entry can be anything).
+largest entry can be anything). Between the steps with every statistic a monitor logs only the
+norms (format 1.6, ``stats_every_n_steps``): the rule judges the steps that logged the zero
+fraction (`GradientSeries.logged_rows`), and "sustained" counts those.
 """
 
 import numpy as np
@@ -16,7 +18,7 @@ from tensorboard_gradients.analysis.rule import Parameter, Rule
 DEAD_FRACTION = Parameter(
     "dead_fraction", 0.99, float, "dead at zero fraction", maximum=1, doc="""
 A variable whose gradient is exactly zero in at least this fraction of its entries for
-``sustain_steps`` logged steps is dead: dead ReLUs (CS231n notes: as much as 40% of a
+``sustain_steps`` logged steps (of those that logged the zero fraction) is dead: dead ReLUs (CS231n notes: as much as 40% of a
 network can die at too high a learning rate; here 99% of the gradient is gone) or a
 disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
 rows get a gradient); raise this threshold or ignore those alerts for them.
@@ -43,8 +45,9 @@ class Dead(Rule):
         zero_fraction = evidence.series.stat("zero_fraction")
         # A gradient with NaN/Inf entries is the nonfinite rule's finding, not also a dead one.
         with np.errstate(invalid="ignore"):
-            dead = window.sustained((zero_fraction >= limits.dead_fraction) & ~evidence.nonfinite,
-                                    limits.sustain_steps)
+            dead = window.sustained_on(
+                (zero_fraction >= limits.dead_fraction) & ~evidence.nonfinite,
+                evidence.series.logged_rows("zero_fraction"), limits.sustain_steps)
         for row in flagged_columns(dead):
             builder.add(
                 self.kind, "zero_fraction", "warning", dead[:, row], zero_fraction[:, row], np.max,

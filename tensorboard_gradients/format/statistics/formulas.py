@@ -336,6 +336,45 @@ def _no_square_underflows(ops, rows, dtype, deviations=True):
     return kept
 
 
+def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GRADIENT_STATS):
+    """``(matrix, trusted)`` of a norms-only step (format 1.6), on the host: the
+    `statistics_from_reductions` columns with `columns.EVERY_STEP_STATS` filled from each
+    variable's plain L2 norm (``norms``, NaN for a missing gradient, computed in the gradients'
+    dtype), 0 NaN and Inf entries, the dense ``sizes`` and the ``weight_norms``; every other
+    column NaN.
+
+    ``trusted[variable]`` says whether its row is exact to rounding, as `checked_fast_rows` for
+    the fast pass: a finite norm proves no entry NaN or Inf, and a norm whose square is at least
+    ``n * tiny / u`` lost no underflowing squares (`_no_square_underflows`). Rows not trusted (a
+    non-finite norm, a tiny or zero one) are for the caller to take from the masked pass, as
+    the fast path does: rare, and one variable each."""
+    norms = np.asarray(norms)
+    dtype = norms.dtype
+    info = np.finfo(dtype)
+    present = ~np.isnan(sizes)
+    with np.errstate(over="ignore", invalid="ignore"):
+        least = np.sqrt(np.asarray(sizes, np.float64) * (info.tiny / (info.eps / 2)))
+        trusted = ~present | (np.isfinite(norms) & (norms >= least))
+    names = columns.stats_for(weight_norms is not None, False, gradient_stats)
+    matrix = np.full((len(norms), len(names)), np.nan, dtype=dtype)
+    zeros = np.where(present, 0, np.nan)
+    known = {"l2_norm": norms, "nan_count": zeros, "inf_count": zeros, "size": sizes,
+             "weight_l2_norm": np.where(present, weight_norms, np.nan)
+             if weight_norms is not None else None}
+    for position, name in enumerate(names):
+        if known.get(name) is not None:
+            matrix[:, position] = known[name]
+    return matrix, trusted
+
+
+def only_every_step_columns(matrix, names):
+    """``matrix`` (numpy, columns ``names``) with every column outside
+    `columns.EVERY_STEP_STATS` NaN: a full step's matrix made a norms-only one."""
+    sparse = [i for i, name in enumerate(names) if name not in columns.EVERY_STEP_STATS]
+    matrix[:, sparse] = np.nan
+    return matrix
+
+
 def statistics_from_reductions(ops, reductions, sizes, weight_norms=None,
                                gradient_stats=columns.GRADIENT_STATS):
     """The ``[variables, stats]`` matrix from `reduction_matrix` rows (or `combine_shards`'),

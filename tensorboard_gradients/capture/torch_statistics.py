@@ -1,0 +1,89 @@
+"""The stats matrix of one logged step of the PyTorch monitor (`capture.torch`), on the host.
+
+Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
+
+* `full_matrix`: every statistic the monitor logs: the passes the stats need on the device, ONE
+  copy of the small ``[parameters, passes]`` matrix to the host, which checks whether the fast
+  pass can be trusted (the rare step with NaN/Inf, overflow or underflowing squares takes the
+  masked pass on the device and a second copy) and finishes the matrix in numpy.
+* `norms_only_matrix`: the norms only, the steps between: one multi-tensor
+  ``torch._foreach_norm`` of the gradients (and one of the weights), one copy; the non-finite
+  counts are 0 where a norm is finite, and the rare parameter whose norm is not (or is so
+  small that its squares may have underflowed) takes the masked pass alone.
+
+No per-parameter ``.item()`` or ``.cpu()``, no other host sync.
+"""
+
+import numpy as np
+import torch
+
+from tensorboard_gradients.format import columns, statistics
+
+
+def on_device(tensor, device, dtype):
+    """``tensor.to(device, dtype)`` without the call when it is there already: a per-parameter
+    no-op that still costs a dispatch."""
+    if tensor.device == device and tensor.dtype == dtype:
+        return tensor
+    return tensor.to(device=device, dtype=dtype)
+
+
+def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
+    """The stats matrix (numpy) of ``entries`` (per parameter None or (values, dense size), on
+    ``ops.device`` in ``dtype``) with the ``gradient_stats``, and ``weight_l2_norm`` when
+    ``weights`` (the parameters) are given."""
+    device = ops.device
+    passes, _ = statistics.pass_matrix(ops, entries, dtype, gradient_stats)
+    if weights is not None:
+        weights = [on_device(w, device, dtype) for w in weights]  # under no_grad
+        passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)
+    host = passes.cpu().numpy()
+    passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if weights is not None
+                            else (host, None))
+    sizes = _sizes(entries, host.dtype)
+    # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        # On the host: a few dozen operations on [parameters] vectors, each a dispatch (and on
+        # an accelerator a launch) on the device.
+        rows = statistics.fast_reductions(statistics.NumpyOps, passes, gradient_stats)
+        scaled, trusted = statistics.checked_fast_rows(
+            statistics.NumpyOps, rows, sizes, host.dtype, gradient_stats)
+        if trusted:
+            rows = scaled
+        else:
+            rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
+        return statistics.statistics_from_reductions(
+            statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
+
+
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None):
+    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`."""
+    device = ops.device
+    present = [entry[0] for entry in entries if entry is not None]
+    norms = torch.stack(torch._foreach_norm(present, 2))
+    if weights is not None:
+        weights = [on_device(w, device, dtype) for w in weights]
+        norms = torch.cat([norms, torch.stack(torch._foreach_norm(weights, 2))])
+    host = norms.cpu().numpy()
+    gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
+    gradient_norms[[i for i, entry in enumerate(entries) if entry is not None]] = \
+        host[:len(present)]
+    weight_norms = host[len(present):] if weights is not None else None
+    sizes = _sizes(entries, host.dtype)
+    matrix, trusted = statistics.norms_only_matrix(gradient_norms, sizes, weight_norms,
+                                                   gradient_stats)
+    doubtful = np.flatnonzero(~trusted)
+    if doubtful.size:
+        rows = statistics.masked_reduction_matrix(
+            ops, [entries[i] for i in doubtful], dtype).cpu().numpy()
+        exact = statistics.statistics_from_reductions(
+            statistics.NumpyOps, rows, sizes[doubtful],
+            None if weight_norms is None else weight_norms[doubtful], gradient_stats)
+        names = columns.stats_for(weights is not None, False, gradient_stats)
+        every_step = [i for i, name in enumerate(names) if name in columns.EVERY_STEP_STATS]
+        matrix[doubtful[:, None], every_step] = exact[:, every_step]
+    return matrix
+
+
+def _sizes(entries, dtype):
+    return np.array([np.nan if e is None else e[1] for e in entries], dtype=dtype)
