@@ -262,8 +262,9 @@ def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3):
     return times
 
 
-def rows_per_batch(settings, measure):
-    """Per batch size: the median seconds per step of each variant and ours/none per round.
+def rows_per_batch(settings, measure, pairs=()):
+    """Per batch size: the median seconds per step of each variant, ours/none per round and,
+    for each ``(variant, baseline)`` of ``pairs``, variant/baseline per round (``"pairs"``).
 
     `measure(width, batch, features, rounds, steps_per_round)` -> {variant: [seconds per round]},
     with at least the variants "none" and "ours".
@@ -276,10 +277,24 @@ def rows_per_batch(settings, measure):
             "batch": batch,
             "seconds": {name: statistics.median(t) for name, t in times.items()},
             "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
+            "pairs": {f"{a}/{b}": [x / y for x, y in zip(times[a], times[b])] for a, b in pairs},
         })
         print(f"batch {batch}: " + ", ".join(
             f"{name} {ms(s)} ms" for name, s in rows[-1]["seconds"].items()), flush=True)
     return rows
+
+
+def target_table(rows, targets):
+    """Per batch size and each ``(variant, baseline, target, label)`` of ``targets``: the median
+    of variant/baseline over the rounds, their spread, and whether the median meets the target."""
+    cells = []
+    for r in rows:
+        for variant, baseline, target, label in targets:
+            per_round = r["pairs"][f"{variant}/{baseline}"]
+            median = statistics.median(per_round)
+            cells.append([f"{r['batch']:,}", label, f"{median:.2f}x", ratio_range(per_round),
+                          f"<= {target:.2f}x", "yes" if median <= target else "no"])
+    return table(["batch", "what", "median", "per round", "target", "met"], cells)
 
 
 def step_time_table(rows, variants, peers, ours=None):

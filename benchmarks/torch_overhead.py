@@ -4,22 +4,23 @@ A 14-layer ReLU MLP (28 parameters) trains with Adam; the variants of the same e
 interleaved round by round in one process, so machine noise hits them alike:
 
   none            no gradient logging
-  ours            tensorboard_gradients.torch.GradientMonitor, every statistic, every step
-  ours_norms      the same with stats=("l2_norm",): the required stats only (norm, min, max,
-                  max |g|, NaN/Inf counts), three passes per gradient instead of six (two
-                  kernels in PyTorch: a multi-tensor norm and aminmax), no weight norms
-  ours_every_10   the same with every_n_steps=10
-  ours_histograms every statistic and the log10|g| histograms, every step
-  ours_optimizer  every statistic and the optimizer's update and Adam RMS (optimizer=), every
-                  step
-  ours_on_alert   the same with on_alert=: each step also waits for the judgement of the one
-                  before (the live alerts)
+  ours            tensorboard_gradients.torch.GradientMonitor with its defaults: the norms and
+                  NaN/Inf counts every step, every statistic every 10th logged step, the
+                  log10|g| histograms every 100th step
+  ours_all        every statistic every step (stats_every_n_steps=1), no histograms
+  ours_norms      stats=("l2_norm",) every step: the required stats only (norm, min, max, max
+                  |g|, NaN/Inf counts), three passes per gradient instead of six (two kernels
+                  in PyTorch: a multi-tensor norm and aminmax), no weight norms
+  floor           one multi-tensor norm of the gradients and one host copy of the norms: the
+                  least any per-tensor statistic costs
   ours_sync       every statistic, every step, with strict=True: the events written on the
                   training thread, as before the writer's background thread (issue 36)
+  ours_optimizer  the defaults with the optimizer's update (optimizer=)
   clip_recipe     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item(): what most
                   recipes already run every step
-  ours_clip       GradientMonitor.clip_grad_norm_(1.0): every statistic logged, then the same
-                  clip
+  ours_clip       GradientMonitor.clip_grad_norm_(1.0) with the defaults: one pass for the clip
+                  and the logged norms (the weight norms are a second)
+  ours_clip_norms the same with stats=("l2_norm",): the clip's pass is all the norms need
   hook_histograms a hook per parameter computing a 64-bin `torch.histc` of its gradient between
                   its min and max (read with .item()) and copying it to the host: what hosted
                   trackers' "watch the gradients" does
@@ -51,12 +52,11 @@ does), and a loop of `p.grad.norm().item()` per parameter written with `SummaryW
 
 HOW_TO_READ = """\
 How to read this: each cell is the median time of one training step and, in brackets, its ratio
-to `none`. "ours vs ..." divides our step time by the peer's (below 1: cheaper). Target (issue 19):
-at most 5% over `none` with statistics every step, 15% with histograms too. On a CPU the
-statistics are six passes over every gradient (a kernel each; small tensors of one size reduced
-together) and the histograms five elementwise operations (two of them table lookups) and a count
-per tensor, a fixed cost per step that a short step shows most. "per round" is the spread of ours/none over the rounds: differences
-inside it are noise."""
+to `none`. "ours vs ..." divides our step time by the peer's (below 1: cheaper). On a CPU every
+statistic is six passes over every gradient (a kernel each; small tensors of one size reduced
+together), the norms one multi-tensor norm (shared with the clip by `monitor.clip_grad_norm_`),
+a fixed cost per step that a short step shows most. "per round" is the spread of a ratio over
+the rounds: differences inside it are noise."""
 
 
 def build(width, features):
@@ -93,13 +93,11 @@ def item_norms(model, log_dir, _):
     return log
 
 
-def monitor(every_n_steps, histograms_every_n_steps=None, stats=None, optimizer=False,
-            on_alert=None, strict=False, clip=None):
+def monitor(clip=None, **settings):
     def attach(model, log_dir, model_optimizer):
-        watching = GradientMonitor(model, log_dir, every_n_steps=every_n_steps,
-                                   histograms_every_n_steps=histograms_every_n_steps, stats=stats,
-                                   optimizer=model_optimizer if optimizer else None,
-                                   on_alert=on_alert, strict=strict)
+        if settings.pop("optimizer", False):
+            settings["optimizer"] = model_optimizer
+        watching = GradientMonitor(model, log_dir, **settings)
         if clip is not None:
             return lambda: watching.clip_grad_norm_(clip)
         return watching.step
@@ -110,20 +108,37 @@ def clip_recipe(model, _, __):
     return lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
 
 
+def floor(model, _, __):
+    def log():
+        torch.stack(torch._foreach_norm([p.grad for p in model.parameters()])).cpu()
+    return log
+
+
+EVERY_STEP = dict(stats_every_n_steps=1, histograms_every_n_steps=None)
 VARIANTS = {
     "none": lambda model, log_dir, optimizer: (lambda: None),
-    "ours": monitor(1),
-    "ours_norms": monitor(1, stats=("l2_norm",)),
-    "ours_every_10": monitor(10),
-    "ours_histograms": monitor(1, histograms_every_n_steps=1),
-    "ours_optimizer": monitor(1, optimizer=True),
-    "ours_on_alert": monitor(1, optimizer=True, on_alert=lambda alert: None),
-    "ours_sync": monitor(1, strict=True),
+    "ours": monitor(),
+    "ours_all": monitor(**EVERY_STEP),
+    "ours_norms": monitor(stats=("l2_norm",), **EVERY_STEP),
+    "floor": floor,
+    "ours_sync": monitor(strict=True, **EVERY_STEP),
+    "ours_optimizer": monitor(optimizer=True),
     "clip_recipe": clip_recipe,
-    "ours_clip": monitor(1, clip=1.0),
+    "ours_clip": monitor(clip=1.0),
+    "ours_clip_norms": monitor(clip=1.0, stats=("l2_norm",)),
     "hook_histograms": hook_histograms,
     "item_norms": item_norms,
 }
+
+
+# Issue 36's targets, each a ratio of two variants timed in the same rounds.
+TARGETS = (
+    ("ours", "none", 1.10, "defaults vs plain"),
+    ("ours_all", "none", 1.20, "every statistic every step vs plain"),
+    ("ours_norms", "none", 1.08, "`stats=(\"l2_norm\",)` every step vs plain"),
+    ("ours_clip_norms", "clip_recipe", 1.02, "clip + per-tensor norms vs the clip recipe"),
+    ("ours_clip", "clip_recipe", 1.02, "clip + defaults vs the clip recipe"),
+)
 
 
 def measure(width, batch, features, rounds, steps_per_round):
@@ -157,7 +172,7 @@ def collect(settings):
         torch=torch.__version__,
         threads=torch.get_num_threads(),
     )
-    rows = _common.rows_per_batch(settings, measure)
+    rows = _common.rows_per_batch(settings, measure, [(v, b) for v, b, _, _ in TARGETS])
     return {"config": config, "rows": rows}
 
 
@@ -171,19 +186,21 @@ def render(result):
         "",
     ]
     lines.append(_common.step_time_table(result["rows"], {
-        "ours": "ours (all stats, every step)",
+        "ours": "ours, defaults (norms every step, all stats every 10th, histograms every 100th)",
+        "ours_all": "ours, every statistic every step",
         "ours_norms": "ours, `stats=(\"l2_norm\",)` every step",
-        "ours_every_10": "ours, every 10th step",
-        "ours_histograms": "ours, stats + histograms every step",
-        "ours_optimizer": "ours + `optimizer=` every step",
-        "ours_on_alert": "ours + `optimizer=` + `on_alert=` every step",
-        "ours_sync": "ours, events written on the training thread (`strict=True`)",
+        "floor": "one multi-tensor norm + one host copy (the floor)",
+        "ours_sync": "ours, every statistic every step, written on the training thread",
+        "ours_optimizer": "ours, defaults + `optimizer=`",
         "clip_recipe": "`clip_grad_norm_` + `.item()` (the clip recipe)",
-        "ours_clip": "ours, `monitor.clip_grad_norm_` (all stats, then the clip)",
+        "ours_clip": "ours, defaults, `monitor.clip_grad_norm_`",
+        "ours_clip_norms": "ours, `stats=(\"l2_norm\",)`, `monitor.clip_grad_norm_`",
         "hook_histograms": "hook + 64-bin `histc` per parameter",
         "item_norms": "`.item()` norm per parameter",
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"},
-        {"ours": "ours", "ours_norms": "ours norms"}))
+        {"ours": "ours", "ours_all": "ours all"}))
+    lines += ["", "Targets (issue 36), medians of the per-round ratios and their spread:", "",
+              _common.target_table(result["rows"], TARGETS)]
     return "\n".join(lines)
 
 

@@ -136,8 +136,10 @@ CASES = (
          expect=(Expect(VANISHING, r"^fc0(\.|$)"),
                  Expect(VANISHING, r"^fc1(\.|$)"),
                  Expect(VANISHING, r"^fc([0-9]|10)(\.|$)", required=False))),
+    # 50 quick steps: the monitor logs the zero fraction at every 10th logged step (its default
+    # cadence), and the dead rule needs 5 of them (steps 0-40).
     Case("torch_dead_relu", "torch", "dead_relu", "torch.nn.Linear + nn.ReLU",
-         "4-layer ReLU MLP, fc1's bias starts at -10: all its units dead; Adam(1e-3)", 60, 30,
+         "4-layer ReLU MLP, fc1's bias starts at -10: all its units dead; Adam(1e-3)", 60, 50,
          expect=(Expect(DEAD, r"^fc1\.weight$"),
                  Expect(DEAD, r"^fc1\.bias$"),
                  # Behind a dead layer the gradient is zero too (fc0), and fc2 sees only zeros.

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tensorboard_gradients import analysis
+from tensorboard_gradients.format import columns
 from tensorboard_gradients.format.layout import Layout
 from tensorboard_gradients.format.series import GradientSeries
 
@@ -90,10 +91,22 @@ def random_series(seed):
                                          loss_episode_steps=int(rng.integers(1, 30)),
                                          precursor_sustained_steps=int(rng.integers(1, 7)),
                                          precursor_jump_ratio=float(rng.uniform(2, 30)))
+    stats_every = 1
+    if rng.random() < 0.35:
+        # Norms-only rows (format 1.6): every stat at most every `stats_every` rows, from a
+        # random first one, and at a few rows between (steps logged by hand).
+        stats_every = int(rng.integers(2, 13))
+        full = np.zeros(steps, dtype=bool)
+        full[int(rng.integers(stats_every)) if steps else 0::stats_every] = True
+        full |= rng.random(steps) < 0.05
+        sparse = [i for i, name in enumerate(layout.stats)
+                  if name not in columns.EVERY_STEP_STATS]
+        values[np.ix_(~full, np.arange(variables), sparse)] = np.nan
     series = GradientSeries(
         run="run", tag="gradients", name="gradients", variables=layout.variables,
         layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
         steps=step_numbers, wall_times=np.arange(steps, dtype=float), values=values, **loss,
+        stats_every=stats_every,
     )
     return series, thresholds
 
@@ -289,3 +302,35 @@ def test_a_finding_longer_than_a_round_keeps_its_recovery_level_from_round_to_ro
         np.concatenate([np.concatenate(decided)[:int(states[0]["stream_final_rows"])]] + rest),
         whole.classes)
     assert _same_alerts(resumed.alerts(), whole.alerts)
+
+
+def test_the_dead_rule_counts_the_steps_that_logged_the_zero_fraction():
+    """Between full steps only the norms are logged (format 1.6): a variable dead at 5 full
+    steps in a row is dead, however many norms-only steps lie between; one dead at a single
+    full step is not, though the norms-only steps after it hold no sign of recovery."""
+    layout = Layout.create(["a/kernel", "b/kernel"], [(4, 4), (4, 4)], with_weights=False)
+    column = {name: i for i, name in enumerate(layout.stats)}
+    steps, every = 100, 10
+    values = np.zeros((steps, 2, len(layout.stats)), np.float32)
+    values[..., column["l2_norm"]] = 1.0
+    values[..., column["size"]] = 16
+    values[..., column["zero_fraction"]] = 0.1
+    values[::every, 0, column["zero_fraction"]] = 1.0  # dead at every full step
+    values[50, 1, column["zero_fraction"]] = 1.0  # dead at one full step only
+    sparse = [i for i, name in enumerate(layout.stats) if name not in columns.EVERY_STEP_STATS]
+    full = np.arange(steps) % every == 0
+    values[np.ix_(~full, [0, 1], sparse)] = np.nan
+    series = GradientSeries(
+        run="run", tag="gradients", name="gradients", variables=layout.variables,
+        layers=layout.layers, shapes=layout.shapes, stat_names=layout.stats,
+        steps=np.arange(steps), wall_times=np.zeros(steps), values=values, stats_every=every)
+    np.testing.assert_array_equal(series.full_rows, full)
+    assert series.logged_rows("l2_norm").all()
+    dead = [a for a in analysis.analyze(series).alerts if a.kind == "dead"]
+    assert [(a.variable, a.first_step, a.steps) for a in dead] == [("a/kernel", 0, 10)]
+    assert dead[0].raised_step == 40  # the 5th full step (sustain_steps)
+    stream = analysis.AnalysisStream(series)
+    for row in range(steps):
+        _feed(stream, series, row, row + 1)
+    stream.close()
+    assert _same_alerts(stream.alerts(), analysis.analyze(series).alerts)

@@ -199,13 +199,20 @@ def test_vanishing_layers_are_flagged_and_hover_and_click_explain_them(browser, 
     assert groups.count() > 0
     assert "dense_00" in groups.first.inner_text() and "vanishing" in groups.first.inner_text().lower()
     box = tab.canvas_box()
-    tab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 2)
+    tab.page.mouse.move(*_cell_point(tab, 0, 0))  # step 1: every statistic (the default cadence)
     tooltip = tab.page.locator(".tooltip")
     tooltip.wait_for(state="visible")
     assert "dense_00/kernel" in tooltip.inner_text()
     assert "vanishing" in tooltip.inner_text()
     tab.page.wait_for_function("document.querySelector('.tip-extra').textContent.includes('zero fraction')")
     assert "norm " in tooltip.inner_text() and "NaN 0" in tooltip.inner_text()
+    # Step 2: the norms only; the tooltip says so and when the rest are logged.
+    tab.page.mouse.move(*_cell_point(tab, 0, 1))
+    tab.page.wait_for_function(
+        "document.querySelector('.tip-extra').textContent.includes('only the norms')")
+    extra = tab.page.locator(".tip-extra").inner_text()
+    assert "every statistic once every 10 logged steps" in extra and "zero fraction" not in extra
+    assert "norm " in extra and "NaN 0" in extra
     tab.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 2)
     details = tab.page.locator(".details")
     details.wait_for(state="visible")
@@ -1075,7 +1082,7 @@ def test_rows_by_layer_combine_each_layers_variables_and_alerts_follow(browser, 
     members = [answer["alerts"][i] for i in group["alerts"]]
     assert _outlined_rows(tab) == sorted({layers.index(a["layer"]) for a in members})
     # The tooltip and the details: the layer's, from its combined series and histogram.
-    tab.page.mouse.move(*_cell_point(tab, 0, 3))
+    tab.page.mouse.move(*_cell_point(tab, 0, 0))  # step 1: every statistic
     tooltip = tab.page.locator(".tooltip")
     tooltip.wait_for(state="visible")
     tab.page.wait_for_function("document.querySelector('.tip-extra').textContent.includes('zero fraction')")

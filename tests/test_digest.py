@@ -11,6 +11,7 @@ import pytest
 from test_analysis_stream import random_series
 from tensorboard_gradients.format import metadata
 from tensorboard_gradients.analysis import digest, heatmap
+from tensorboard_gradients.analysis.stream import context_rows
 
 
 def _piece(series, start, stop):
@@ -194,8 +195,11 @@ def test_a_digest_continued_from_its_records_goes_on_as_the_digest_fed_whole(see
     continued = digest.Digest.continued(_piece(series, 0, 0), thresholds, records,
                                         series.wall_times, rows_of, epoch_starts, epoch_indices)
     (first, last), = read_back
+    # A few rows: the rules' windows (the dead rule's counts steps with every stat, at most
+    # `stats_every` rows apart) and the blocks not yet summarised.
     assert last == stop_at and stop_at - first <= 2 * thresholds.spike_window + max(
-        thresholds.sustain_steps, writer.block_steps) + 2 * digest.MAX_BLOCKS  # a few rows
+        context_rows(thresholds, series.stats_every) + 1, writer.block_steps
+    ) + 2 * digest.MAX_BLOCKS
     for start, stop in zip(cuts[:-1], cuts[1:]):
         whole.feed(_piece(series, start, stop))
         if start >= stop_at:

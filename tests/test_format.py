@@ -71,6 +71,20 @@ def test_newer_minor_version_is_read():
     assert parsed.layout == layout
 
 
+def test_the_cadence_of_norms_only_steps_is_in_the_metadata_only_when_there_are_some():
+    every_step = Layout.create(["a/kernel"], [(2,)], with_weights=False)
+    assert b"stats_every_n_steps" not in metadata.stats_metadata_content("g", every_step)
+    sparse = Layout.create(["a/kernel"], [(2,)], with_weights=False, stats_every=10)
+    parsed = metadata.parse_plugin_data(metadata.stats_metadata_content("g", sparse))
+    assert parsed.layout == sparse and parsed.layout.stats_every == 10
+    assert sparse.rows_and_columns == every_step.rows_and_columns  # a resumed run keeps its tag
+    content = json.loads(metadata.stats_metadata_content("g", sparse))
+    for bad in (0, -3, 2.5, "10", True, metadata.MAX_STATS_EVERY + 1):
+        content["stats_every_n_steps"] = bad
+        with pytest.raises(tg.UnsupportedFormatError, match="stats_every_n_steps"):
+            metadata.parse_plugin_data(json.dumps(content).encode())
+
+
 def test_malformed_metadata_is_a_clear_error():
     with pytest.raises(tg.UnsupportedFormatError, match="not valid"):
         metadata.parse_plugin_data(b"\xff not json")

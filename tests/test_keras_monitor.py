@@ -361,9 +361,15 @@ def test_adam_rms_of_sparse_and_missing_gradients(logdir):
     x = np.concatenate([rng.permutation(64)[:40].reshape(8, 5) for _ in range(2)]).astype("int32")
     y = rng.normal(size=(16, 1)).astype("float32")
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
-              callbacks=[GradientMonitor(logdir)])
+              callbacks=[GradientMonitor(logdir, stats_every_n_steps=2)])
     series = train_series(logdir)
     assert isinstance(tape_gradients(model, x[:8], y[:8])[0], tf.IndexedSlices)
+    # Every statistic at steps 1 and 3; at 2 and 4 the norms only (not Adam's RMS), and the
+    # update, which is a norm.
+    assert series.full_rows.tolist() == [True, False, True, False]
+    assert np.isnan(series.stat("adam_rms")[1::2]).all()
+    assert not np.isnan(series.stat("update_l2_norm")[:, 0]).any()
+    series = series.at_rows(series.full_rows)
     rms = series.stat("adam_rms")
     present = [series.variables.index(n) for n in ("embed/embeddings", "out/kernel", "out/bias")]
     assert np.isnan(rms[:, series.variables.index("spare_owner/spare")]).all()

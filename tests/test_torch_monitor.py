@@ -61,6 +61,86 @@ def test_statistics_match_an_independent_reference_at_every_logged_step(tmp_path
     np.testing.assert_array_equal(counts, reference_histogram(seen[2]["2.weight"][0]))
 
 
+def test_by_default_every_statistic_every_10th_logged_step_and_the_norms_between(tmp_path):
+    """The cheap default (format 1.6): norms and NaN/Inf counts at every logged step, every
+    statistic at the first and every 10th logged one, histograms every 100th step. A
+    norms-only step is as exact as a full one where it has values, also for the gradients the
+    norm alone cannot vouch for (NaN and Inf entries, squares that overflow or underflow, all
+    zeros), which take the masked pass."""
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    crafted = {
+        3: {"0.weight": float("nan")}, 4: {"0.bias": float("inf")}, 5: {"0.bias": 3e38},
+        6: {"2.bias": 1e-30}, 7: {"2.bias": 0.0},
+    }
+    seen = []
+    with GradientMonitor(model, tmp_path, every_n_steps=2) as monitor:
+        for step, (x, y) in enumerate(batches(26)):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            for name, value in crafted.get(step // 2 if step % 2 == 0 else -1, {}).items():
+                dict(model.named_parameters())[name].grad[0] = value
+                if value in (0.0, 1e-30):
+                    dict(model.named_parameters())[name].grad.fill_(value)
+            if monitor.step():
+                seen.append({n: (p.grad.numpy().copy(), p.detach().numpy().copy())
+                             for n, p in model.named_parameters()})
+            optimizer.step()
+    series = series_of(tmp_path)
+    assert series.steps.tolist() == list(range(0, 26, 2))
+    assert series.stats_every == 10
+    assert series.full_rows.tolist() == [i % 10 == 0 for i in range(13)]
+    for index, step in enumerate(seen):
+        for name, (gradient, weight) in step.items():
+            assert_row_matches(series, index, name, reference_stats(gradient, weight))
+    assert series.stat("nan_count")[3, 0] == 16 and series.stat("inf_count")[4, 1] == 1
+    assert np.isfinite(series.stat("l2_norm")[5, 1])
+    assert series.stat("l2_norm")[6, 3] > 0, "squares that underflow are not a zero norm"
+    assert series.histograms.steps.tolist() == [0]
+    with pytest.raises(ValueError, match="statistics must be"):
+        monitor.log(30, statistics="some")
+
+
+def test_the_cadences_can_be_set_and_a_step_logged_by_hand_holds_what_it_asks(tmp_path):
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=1)
+    with GradientMonitor(model, tmp_path, stats_every_n_steps=1,
+                         histograms_every_n_steps=None) as monitor:
+        for step, (x, y) in enumerate(batches(3)):
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            monitor.step()
+        monitor.log(5, statistics="norms")
+    series = series_of(tmp_path)
+    assert series.stats_every == 1 and series.histograms is None
+    assert series.full_rows.tolist() == [True, True, True, False]
+    with pytest.raises(ValueError, match="stats_every_n_steps"):
+        GradientMonitor(model, tmp_path, stats_every_n_steps=0)
+
+
+def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkeypatch):
+    """`clip_grad_norm_` at a norms-only step takes one pass over the gradients: PyTorch's
+    multi-tensor norm, whose per-tensor results are the logged norms (no second one)."""
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    calls = []
+    foreach_norm = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm",
+                        lambda tensors, *args: calls.append(len(tensors)) or foreach_norm(tensors, *args))
+    with GradientMonitor(model, tmp_path, stats=("l2_norm",)) as monitor:
+        for step, (x, y) in enumerate(batches(3)):
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            reference = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            calls.clear()
+            assert torch.equal(monitor.clip_grad_norm_(1.0), reference)
+            if step:  # norms-only: the clip's pass alone
+                assert calls == [len(list(model.parameters()))]
+    series = series_of(tmp_path)
+    assert series.full_rows.tolist() == [True, False, False]
+
+
 def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):
     model = torch.nn.Linear(4, 3)
     with GradientMonitor(model, tmp_path) as monitor:
@@ -393,7 +473,7 @@ def test_the_torch_monitor_never_imports_tensorflow(tmp_path):
 
 
 def test_wrapper_prefixes_are_dropped_and_a_monitor_made_before_sharding_says_so(tmp_path):
-    from tensorboard_gradients.capture.torch import user_parameter_name
+    from tensorboard_gradients.capture.torch_models import user_parameter_name
 
     assert user_parameter_name(
         "_fsdp_wrapped_module.layers.0._checkpoint_wrapped_module._orig_mod.weight"

@@ -168,6 +168,10 @@ class GradientMonitor(keras.callbacks.Callback):
         not computed at all.
       histograms_every_n_steps: also log the log10|g| histograms every N-th step (None: never).
         Histograms cost more than the statistics; see ``benchmarks/RESULTS.md``.
+      stats_every_n_steps: log every statistic at every N-th logged step (the first, then every
+        N-th), and at the logged steps between only the norms and NaN/Inf counts
+        (`columns.EVERY_STEP_STATS`: what the spike, exploding, vanishing, NaN and
+        early-warning rules judge every step). 1: every statistic at every logged step.
       name: summary name = tag (``gradients``); use different names for several monitors.
       include: regex or list of regexes; only trainable variables whose path (as shown in
         TensorBoard, e.g. ``dense_3/kernel``, or Keras ``var.path``) matches one are logged.
@@ -198,7 +202,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self,
         log_dir,
         every_n_steps=1,
-        histograms_every_n_steps=None,
+        histograms_every_n_steps=100,
         name=metadata.DEFAULT_NAME,
         include=None,
         exclude=None,
@@ -206,6 +210,7 @@ class GradientMonitor(keras.callbacks.Callback):
         strict=False,
         stats=None,
         on_alert=None,
+        stats_every_n_steps=10,
     ):
         super().__init__()
         self._stats = columns.selected_stats(stats)
@@ -214,6 +219,8 @@ class GradientMonitor(keras.callbacks.Callback):
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
+        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
+                                                        stats_every_n_steps)
         self._include = options.patterns("include", include)
         self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)
@@ -289,6 +296,7 @@ class GradientMonitor(keras.callbacks.Callback):
                 steps_between_reads=int(model.steps_per_execution),
                 first_step_index=first_index,
                 stats=self._stats,
+                stats_every_n_steps=self.stats_every_n_steps,
             )
             self._recorder_key = key
             self._layout = Layout.create(
@@ -298,6 +306,7 @@ class GradientMonitor(keras.callbacks.Callback):
                 with_updates=self._recorder.records_updates,
                 gradient_stats=self._recorder.gradient_stats,
                 with_optimizer=self._recorder.records_adam,
+                stats_every=self.stats_every_n_steps,
             )
             if self._recorder.distributed and {"update_l2_norm", "adam_rms"} & set(self._stats):
                 logger.info(

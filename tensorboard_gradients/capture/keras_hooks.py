@@ -4,7 +4,8 @@ A recorder (`keras_recorder` for TensorFlow, `keras_jax`, `keras_torch`) is what
 (`keras`) talks to, with one interface:
 
 * ``StepRecorder(model, watched, every_n_steps, histograms_every_n_steps, steps_between_reads,
-  first_step_index)``;
+  first_step_index, stats, stats_every_n_steps)`` (every statistic at every
+  ``stats_every_n_steps``-th logged step, `Recorder.full_step`; the norms only between);
 * ``install(trainable_variables)`` / ``uninstall()``: hook the optimizer instance for one ``fit``
   and put it back exactly (`Patches`);
 * ``read()`` -> ``(completed steps, [(step, stats, {scalar: value})], [(step, counts)])``;
@@ -131,11 +132,13 @@ class Recorder:
 
     updates_recordable = True
 
-    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, stats):
+    def __init__(self, model, watched, every_n_steps, histograms_every_n_steps, stats,
+                 stats_every_n_steps=1):
         self._optimizer, self._inner, self._loss_scaled = optimizers(model)
         self.watched = list(watched)
         self._every = every_n_steps
         self._histogram_every = histograms_every_n_steps
+        self._stats_every = stats_every_n_steps
         self.scalar_names = scalar_names(clips(self._inner), self._loss_scaled)
         self.stats = columns.selected_stats(stats)
         self.records_updates = self.updates_recordable and "update_l2_norm" in self.stats
@@ -146,6 +149,24 @@ class Recorder:
         self.stat_names = columns.stats_for(self.logs_weights, self.records_updates,
                                             self.gradient_stats, self.records_adam)
         self._patches = Patches()
+
+    def full_step(self, index):
+        """Whether the logged step of 0-based optimizer step ``index`` (an int, or a traced
+        integer) holds every statistic: every ``stats_every_n_steps``-th logged step, from the
+        first; the others hold the norms only (format 1.6, `columns.EVERY_STEP_STATS`)."""
+        return (index // self._every) % self._stats_every == 0
+
+    def step_statistics(self, ops, statistics_of, full):
+        """The stats matrix of a logged step: ``statistics_of(gradient_stats)`` (the backend's
+        matrix of those gradient stats, with the weight norms when logged) of every gradient
+        stat asked for when ``full``, else the norms only, from the required stats' three
+        passes (`statistics.norms_only_columns`)."""
+        if full:
+            return statistics_of(self.gradient_stats)
+        return statistics.norms_only_columns(
+            ops, statistics_of(columns.REQUIRED_STATS),
+            columns.stats_for(self.logs_weights, False, columns.REQUIRED_STATS),
+            columns.stats_for(self.logs_weights, False, self.gradient_stats))
 
 
 def global_norm(ops, stats, stat_names, other_squares):

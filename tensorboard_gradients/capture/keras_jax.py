@@ -32,6 +32,7 @@ step are global arrays: XLA reduces them where they lie and the callback receive
 results. Multi-process runs (``jax.distributed``) are not supported: every process would write.
 """
 
+import functools
 import threading
 
 import jax
@@ -74,9 +75,10 @@ class StepRecorder(Recorder):
     distributed = False  # XLA reduces global arrays: one gradient, whatever the distribution
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, stats=None):
+                 steps_between_reads, first_step_index, stats=None, stats_every_n_steps=1):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats,
+                         stats_every_n_steps)
         self._model = model
         self._lock = threading.Lock()
         self._rows = []
@@ -115,7 +117,9 @@ class StepRecorder(Recorder):
         self._patches.apply(optimizer, "stateless_apply", stateless_apply)
         # Compiled once per recorder (and shapes): inlined into a traced step, and what keeps an
         # eager (``jit_compile=False``) step from running the statistics op by op.
-        self._stats_function = jax.jit(self._stats_and_scalars)
+        self._stats_functions = {full: jax.jit(functools.partial(self._stats_and_scalars,
+                                                                  full=full))
+                                 for full in (True, False)}
         self._histogram_function = jax.jit(self._histogram_matrix)
 
     def uninstall(self):
@@ -151,12 +155,15 @@ class StepRecorder(Recorder):
         """Inside a traced step: the statistics at logged steps only (``lax.cond``), handed to
         the host by `io_callback`."""
 
-        def record_stats():
-            stats, scalars = self._stats_function(optimizer_variables, grads, before, after,
-                                                  optimizer_after)
+        def record_stats(full):
+            stats, scalars = self._stats_functions[full](optimizer_variables, grads, before,
+                                                         after, optimizer_after)
             io_callback(self._receive_stats, None, index + 1, stats, scalars)
 
-        jax.lax.cond(index % self._every == 0, record_stats, lambda: None)
+        jax.lax.cond(index % self._every == 0,
+                     lambda: jax.lax.cond(self.full_step(index), lambda: record_stats(True),
+                                          lambda: record_stats(False)),
+                     lambda: None)
         if self._histogram_every:
 
             def record_histograms():
@@ -168,8 +175,8 @@ class StepRecorder(Recorder):
     def _record_eagerly(self, index, optimizer_variables, grads, before, after, optimizer_after):
         """The same without ``jit``: the matrices stay on the device until `read`."""
         if index % self._every == 0:
-            stats, scalars = self._stats_function(optimizer_variables, grads, before, after,
-                                                  optimizer_after)
+            stats, scalars = self._stats_functions[bool(self.full_step(index))](
+                optimizer_variables, grads, before, after, optimizer_after)
             self._receive_stats(index + 1, stats, scalars)
         if self._histogram_every and index % self._histogram_every == 0:
             counts = self._histogram_function(optimizer_variables, grads)
@@ -183,17 +190,20 @@ class StepRecorder(Recorder):
             [g.dtype for g in watched if g is not None] or [v.dtype for v in self.watched])
         return unscaled, [None if g is None else (g.astype(dtype), g.size) for g in watched], dtype
 
-    def _stats_and_scalars(self, optimizer_variables, grads, before, after, optimizer_after):
+    def _stats_and_scalars(self, optimizer_variables, grads, before, after, optimizer_after,
+                           full=True):
         unscaled, entries, dtype = self._entries(optimizer_variables, grads)
         weights = ([before[i].astype(dtype) for i in self._positions] if self.logs_weights
                    else None)
-        stats = statistics.statistics_matrix(JaxOps, entries, weights, dtype, self.gradient_stats)
+        stats = self.step_statistics(JaxOps, lambda gradient_stats: statistics.statistics_matrix(
+            JaxOps, entries, weights, dtype, gradient_stats), full)
         extra = []
         if self.records_updates:
             extra.append(JaxOps.sqrt(JaxOps.square_sums(
                 [after[i].astype(dtype) - before[i].astype(dtype) for i in self._positions])))
-        if self.records_adam:
-            extra.append(self._adam_rms(unscaled, optimizer_after, dtype))
+        if self.records_adam:  # Adam's RMS is not a norm: NaN at norms-only steps
+            extra.append(self._adam_rms(unscaled, optimizer_after, dtype) if full
+                         else jnp.full((len(self.watched),), jnp.nan, dtype))
         if extra:
             stats = jnp.concatenate([stats, jnp.stack(extra, axis=1)], axis=1)
         return stats, self._scalars(grads, unscaled, stats, optimizer_variables, dtype)

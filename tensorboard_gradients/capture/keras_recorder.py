@@ -73,14 +73,17 @@ class StepRecorder(Recorder):
         the ring buffer holds RECORDED_STEPS_PER_READ recorded steps plus one execution's.
       first_step_index: the 0-based index of the next optimizer step.
       stats: the stats to record (`columns.selected_stats`; None: all).
+      stats_every_n_steps: every stat at every N-th recorded step, the norms only between
+        (`Recorder.full_step`).
     """
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, stats=None):
+                 steps_between_reads, first_step_index, stats=None, stats_every_n_steps=1):
         self._strategy = model.distribute_strategy
         self.distributed = self._strategy.num_replicas_in_sync > 1
         self.updates_recordable = not self.distributed
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats,
+                         stats_every_n_steps)
         self._watched_ids = {id(v): i for i, v in enumerate(self.watched)}
         self._watched_by_tf_variable = {id(_tf_variable(v)): i for i, v in enumerate(self.watched)}
         self.stat_count = len(self.stat_names)
@@ -170,7 +173,7 @@ class StepRecorder(Recorder):
             return None
         return self._record(grads, variables)
 
-    def _store_after_update(self, logged, slot, grads, variables):
+    def _store_after_update(self, logged, full, slot, grads, variables):
         """At a logged step, after ``apply``: the update norms and Adam's RMS (`grads`: the
         unscaled gradients of ``variables``)."""
         deltas = self._step_deltas
@@ -186,9 +189,11 @@ class StepRecorder(Recorder):
                          tensorflow_ops.dense_values(deltas[i], self.dtype, _rows(v))
                          for i, v in enumerate(self.watched)])
                 self._stats[slot, :, column].assign(tf.sqrt(squares))
-            if self.records_adam:
+            if self.records_adam:  # Adam's RMS is not a norm: NaN at norms-only steps
                 self._stats[slot, :, columns.position(self.stat_names, "adam_rms")].assign(
-                    self._adam_rms(grads, variables))
+                    tf.cond(full, lambda: self._adam_rms(grads, variables),
+                            lambda: tf.fill([len(self.watched)], tf.constant(math.nan,
+                                                                             self.dtype))))
             return tf.constant(True)
 
         tf.cond(logged, store, lambda: tf.constant(False))
@@ -237,11 +242,19 @@ class StepRecorder(Recorder):
             self._update_squares.assign(tf.zeros_like(self._update_squares))
 
         logged = tf.equal(completed % self._every, 0)
+        full = self.full_step(completed)
         slot = (completed // self._every) % self._stats.shape[0]
 
+        def statistics_of(gradient_stats):
+            return tensorflow_ops.gradient_statistics(
+                watched_grads, self.watched,
+                stats=gradient_stats + (("weight_l2_norm",) if self.logs_weights else ()))
+
         def record_stats():
-            stats = tf.cast(tensorflow_ops.gradient_statistics(
-                watched_grads, self.watched, stats=self.stats), self.dtype)
+            ops = tensorflow_ops.TensorFlowOps
+            stats = tf.cast(tf.cond(full, lambda: self.step_statistics(ops, statistics_of, True),
+                                    lambda: self.step_statistics(ops, statistics_of, False)),
+                            self.dtype)
             after = int(self.records_updates) + int(self.records_adam)
             if after:  # filled in by `_store_after_update` once the optimizer applied this step
                 stats = tf.concat([stats, tf.zeros([len(self.watched), after], stats.dtype)], 1)
@@ -270,7 +283,7 @@ class StepRecorder(Recorder):
             )
         self._completed.assign_add(1)
         if self.records_updates or self.records_adam:
-            return logged, slot, grads, variables
+            return logged, full, slot, grads, variables
         return None
 
     def _step_scalars(self, grads, variables, stats):

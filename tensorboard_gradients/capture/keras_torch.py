@@ -51,9 +51,10 @@ class StepRecorder(Recorder):
     distributed = False
 
     def __init__(self, model, watched, every_n_steps, histograms_every_n_steps,
-                 steps_between_reads, first_step_index, stats=None):
+                 steps_between_reads, first_step_index, stats=None, stats_every_n_steps=1):
         del steps_between_reads
-        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats)
+        super().__init__(model, watched, every_n_steps, histograms_every_n_steps, stats,
+                         stats_every_n_steps)
         self._watched_ids = {id(v) for v in self.watched}
         self._completed = int(first_step_index)
         self._rows = []  # (step, stats, scalars) still on the device
@@ -124,8 +125,9 @@ class StepRecorder(Recorder):
         if not stats_due:
             return None
         weights = [w.to(device=device, dtype=dtype) for w in weights]
-        stats = statistics.statistics_matrix(
-            ops, entries, weights if self.logs_weights else None, dtype, self.gradient_stats)
+        full = self.full_step(index)
+        stats = self.step_statistics(ops, lambda gradient_stats: statistics.statistics_matrix(
+            ops, entries, weights if self.logs_weights else None, dtype, gradient_stats), full)
         others = [g.to(device=device, dtype=dtype) for v, g in zip(variables, unscaled)
                   if g is not None and id(v) not in self._watched_ids]
         other_squares = ops.sum(ops.square_sums(others)) if others else torch.zeros(
@@ -148,7 +150,7 @@ class StepRecorder(Recorder):
         # The weights as they are before `apply` changes them in place.
         before = [w.clone() for w in weights] if self.records_updates else None
         adam = None  # (the gradients Adam received, whether the step was taken)
-        if self.records_adam:
+        if self.records_adam and full:  # Adam's RMS is not a norm: NaN at norms-only steps
             adam = ([None if g is None else g.to(device=device, dtype=dtype)
                      for g in adam_gradients(self._inner, unscaled, variables, self.watched)],
                     finite)
@@ -162,7 +164,10 @@ class StepRecorder(Recorder):
             deltas = [_tensor(v).to(device=device, dtype=dtype) - b
                       for v, b in zip(self.watched, before)]
             extra.append(ops.sqrt(ops.square_sums(deltas)))
-        if adam is not None:
+        if self.records_adam and adam is None:
+            extra.append(torch.full((len(self.watched),), float("nan"), dtype=dtype,
+                                    device=device))
+        elif adam is not None:
             gradients, finite = adam
             inner = self._inner
             seconds = [_tensor(v).to(device=device, dtype=dtype)

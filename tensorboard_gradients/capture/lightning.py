@@ -78,6 +78,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.capture import torch as torch_capture
+from tensorboard_gradients.capture.torch_models import deepspeed_engine
 from tensorboard_gradients.format import columns, metadata
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class GradientMonitor(pl.Callback):
         Lightning logs your scalars with ``log_every_n_steps=N`` (1 = every step).
       histograms_every_n_steps: also log the log10|g| histograms on their own schedule (None:
         never; they cost a pass per parameter).
+      stats_every_n_steps: every statistic at every N-th logged step (the first, then every
+        N-th), the norms and NaN/Inf counts only at the logged steps between (the PyTorch
+        monitor's; 1: every statistic at every logged step).
       name: the summary name = the tag in the Gradients tab.
       include: regular expressions (or a list of them) searched in parameter names (the
         LightningModule's, ``net.0.weight``): only the parameters they match are watched
@@ -151,10 +155,12 @@ class GradientMonitor(pl.Callback):
         at the first optimizer step, no parameter left to watch.
     """
 
-    def __init__(self, every_n_steps=1, histograms_every_n_steps=None,
+    def __init__(self, every_n_steps=1, histograms_every_n_steps=100,
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                 stats=None, on_alert=None):
+                 stats=None, on_alert=None, stats_every_n_steps=10):
         super().__init__()
+        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
+                                                        stats_every_n_steps)
         self.on_alert = on_alert
         self.stats = columns.selected_stats(stats)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
@@ -181,6 +187,7 @@ class GradientMonitor(pl.Callback):
         self._epoch_mark = None  # (step, epoch) to write
         self._warned_fused = False
         self._loss_step = None  # the step whose statistics this batch logged: its loss is due
+        self._logged_rows = 0  # statistics rows of this fit: every stats_every_n_steps-th is full
 
     # Lightning hooks ----------------------------------------------------------------------
 
@@ -194,7 +201,7 @@ class GradientMonitor(pl.Callback):
         self._epoch_mark = (logger_step(trainer), trainer.current_epoch)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        engine = torch_capture._deepspeed_engine(trainer.model)
+        engine = deepspeed_engine(trainer.model)
         if engine is not None and not engine.is_gradient_accumulation_boundary():
             return  # a DeepSpeed micro-batch: the engine steps at the boundary
         step = logger_step(trainer)
@@ -212,7 +219,9 @@ class GradientMonitor(pl.Callback):
         stats_due = (step + 1) % self.every_n_steps == 0
         histograms_due = bool(self.histograms_every_n_steps
                               and (step + 1) % self.histograms_every_n_steps == 0)
-        logged = self.monitor.log(step, statistics=stats_due, histograms=histograms_due,
+        statistics = stats_due and (self._logged_rows % self.stats_every_n_steps == 0 or "norms")
+        self._logged_rows += stats_due
+        logged = self.monitor.log(step, statistics=statistics, histograms=histograms_due,
                                   scaler=scaler)
         self._clipped_step = step if (stats_due and self._clipping) else None
         self._loss_step = step if stats_due else None
@@ -243,7 +252,8 @@ class GradientMonitor(pl.Callback):
             self.log_dir = tensorboard_log_dir(trainer)
         self.monitor = torch_capture.GradientMonitor(
             trainer.model, self.log_dir, every_n_steps=self.every_n_steps,
-            histograms_every_n_steps=self.histograms_every_n_steps, name=self.name,
+            histograms_every_n_steps=self.histograms_every_n_steps,
+            stats_every_n_steps=self.stats_every_n_steps, name=self.name,
             include=self.include, exclude=self.exclude, strict=self.strict, stats=self.stats,
             optimizer=_only_optimizer(trainer),
             on_alert=self.on_alert)

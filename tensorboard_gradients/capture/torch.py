@@ -89,7 +89,6 @@ Order of calls in the usual recipes:
 
 import dataclasses
 import logging
-import re
 from typing import Optional
 
 import numpy as np
@@ -97,6 +96,8 @@ import torch
 
 from tensorboard_gradients.capture import options, torch_clip, torch_statistics
 from tensorboard_gradients.capture.torch_distributed import Distribution, squared_norm, writes_here
+from tensorboard_gradients.capture.torch_models import (
+    deepspeed_engine, unwrapped, user_parameter_name)
 from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
 from tensorboard_gradients.capture.torch_statistics import on_device
 from tensorboard_gradients.capture.torch_optimizer import OptimizerReader, optimizer_note
@@ -121,38 +122,6 @@ def _detached(loss):
 def _host_norm(total_norm) -> float:
     """A norm ``clip_grad_norm_`` returned, as a number (a DTensor's value: the whole norm)."""
     return float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
-
-
-def _unwrapped(model):
-    """The module whose parameter names users know, inside `DistributedDataParallel` (``.module``)
-    and `torch.compile` (``._orig_mod``) wrappers, so rows are not all prefixed ``module.``."""
-    while True:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
-        else:
-            return model
-
-
-# Wrappers that insert themselves into parameter names: FSDP1, activation checkpointing and
-# `torch.compile` on a submodule.
-_WRAPPER_PREFIXES = re.compile(
-    r"(?:^|(?<=\.))(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
-
-
-def user_parameter_name(name):
-    """``_fsdp_wrapped_module.0._checkpoint_wrapped_module.weight`` -> ``0.weight``."""
-    return _WRAPPER_PREFIXES.sub("", name)
-
-
-def _deepspeed_engine(model):
-    """The DeepSpeed engine `model` is (``deepspeed.initialize``'s first result), or None. Found
-    by its interface, so DeepSpeed is never imported here."""
-    if callable(getattr(model, "zero_optimization_stage", None)) and callable(
-            getattr(model, "is_gradient_accumulation_boundary", None)):
-        return model
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +194,8 @@ class GradientMonitor:
                                                         stats_every_n_steps)
         self._logged_rows = 0  # statistics rows of the schedule so far: every N-th is full
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
-        deepspeed = _deepspeed_engine(model)
-        model = _unwrapped(deepspeed.module if deepspeed else model)
+        deepspeed = deepspeed_engine(model)
+        model = unwrapped(deepspeed.module if deepspeed else model)
         self._model = model  # what `clip_grad_norm_` clips: all of it, watched or not
         self._parameters = [
             (user_parameter_name(parameter_name), parameter)
@@ -258,6 +227,7 @@ class GradientMonitor:
         self._missing = MissingGradientWarnings(logger)
         # A logged step's statistics and extras, until the optimizer's step completes the row.
         self._pending = None
+        self._shared_norms = None  # the clip's norms of the watched gradients, while it logs
 
     def _optimizer_reader(self, optimizer, selected):
         """The reader of ``optimizer``'s updates, hooked after its steps (None: none logged)."""
@@ -359,16 +329,43 @@ class GradientMonitor:
             raise ValueError("a DeepSpeed engine clips its gradients itself, inside "
                              "engine.step(): set \"gradient_clipping\" in its configuration and "
                              "call monitor.step()")
-        number, logged = self._step(step, loss=loss, scaler=scaler)
-        with torch.no_grad():
-            total = torch_clip.clip_grad_norm_(self._model, float(max_norm), float(norm_type),
-                                               error_if_nonfinite, foreach)
+        shared = self._clip_norms(float(norm_type), foreach)
+        if shared is None:  # sharded, FSDP1, sparse, or not L2: PyTorch's own call after logging
+            number, logged = self._step(step, loss=loss, scaler=scaler)
+            with torch.no_grad():
+                total = torch_clip.clip_grad_norm_(self._model, float(max_norm), float(norm_type),
+                                                   error_if_nonfinite, foreach)
+        else:  # one pass: the clip's per-tensor norms are what a norms-only step logs
+            total, clipped, self._shared_norms = shared
+            try:
+                number, logged = self._step(step, loss=loss, scaler=scaler)
+            finally:
+                self._shared_norms = None
+            if error_if_nonfinite:
+                torch_clip.check_finite(total, float(norm_type))
+            with torch.no_grad():
+                torch_clip.clip_with_norm_(clipped, float(max_norm), total, foreach)
         if logged and writes_here():
             before = _host_norm(total)
             self.write_scalars(number, {
                 "global_norm_before_clipping": before,
                 "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
         return total
+
+    @torch.no_grad()
+    def _clip_norms(self, norm_type, foreach):
+        """``(total norm, the parameters clipped, the watched gradients' norms)`` of PyTorch's
+        clip pass over the model's dense, unsharded gradients (`torch_clip.tensor_norms`); None
+        where the clip is PyTorch's (or FSDP1's) own call: sharded parameters, a sparse
+        gradient, a norm other than L2."""
+        if norm_type != 2.0 or self._distribution.in_pieces() or torch_clip.is_fsdp1(self._model):
+            return None
+        clipped = [p for p in self._model.parameters() if p.grad is not None]
+        if any(p.grad.is_sparse for p in clipped):
+            return None
+        total, norms = torch_clip.tensor_norms([p.grad for p in clipped], norm_type, foreach)
+        by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
+        return total, clipped, [by_parameter.get(id(p)) for _, p in self._parameters]
 
     def log(self, step: int, *, statistics=True, histograms=False, loss=None, total_norm=None,
             scaler=None) -> bool:
@@ -482,8 +479,8 @@ class GradientMonitor:
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
             if stats_due != _FULL:
-                stats = statistics.only_every_step_columns(
-                    stats, columns.stats_for(self._logs_weights, False, self._gradient_stats))
+                names = columns.stats_for(self._logs_weights, False, self._gradient_stats)
+                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, names, names)
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
@@ -504,7 +501,8 @@ class GradientMonitor:
             matrix = (torch_statistics.full_matrix if stats_due == _FULL
                       else torch_statistics.norms_only_matrix)
             stats = matrix(ops, entries, dtype, self._gradient_stats,
-                           [p for _, p in self._parameters] if self._logs_weights else None)
+                           [p for _, p in self._parameters] if self._logs_weights else None,
+                           self._shared_norms)
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):

@@ -2,9 +2,17 @@
 `GradientMonitor.clip_grad_norm_`: PyTorch's ``clip_grad_norm_`` over the model's parameters
 (plain tensors, DDP replicas, and DTensors of FSDP2, HSDP and tensor parallel, whose norms it
 reduces over the ranks), or an FSDP1 model's own method (PyTorch's function would see only this
-rank's flat shards)."""
+rank's flat shards).
+
+For plain tensors the clip is done in two halves (`tensor_norms`, then `clip_with_norm_`), the
+very operations of ``torch.nn.utils.clip_grad_norm_`` in its order (its ``_get_total_norm`` and
+``_clip_grads_with_norm_``): the same bits, and the per-tensor L2 norms of its pass are what the
+monitor logs at a norms-only step, so clipping and logging take one pass over the gradients.
+"""
 
 import torch
+from torch.utils._foreach_utils import (
+    _device_has_foreach_support, _group_tensors_by_device_and_dtype, _has_foreach_support)
 
 
 def _fsdp1_type():
@@ -16,11 +24,16 @@ def _fsdp1_type():
     return FullyShardedDataParallel
 
 
+def is_fsdp1(model) -> bool:
+    """Whether ``model`` is an FSDP1 module, which clips by its own method."""
+    return isinstance(model, _fsdp1_type())
+
+
 def clip_grad_norm_(model, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                     foreach) -> torch.Tensor:
     """Clips all of ``model``'s gradients in place, as ``torch.nn.utils.clip_grad_norm_(
     model.parameters(), ...)``; returns the total norm before clipping."""
-    if isinstance(model, _fsdp1_type()):
+    if is_fsdp1(model):
         total = model.clip_grad_norm_(max_norm, norm_type)
         if error_if_nonfinite and not torch.isfinite(total):  # FSDP1's method has no such check
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
@@ -28,3 +41,45 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float, error_if_nonfinite
         return total
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type,
                                           error_if_nonfinite, foreach)
+
+
+def tensor_norms(gradients, norm_type: float, foreach):
+    """``(total norm, per-gradient norms)`` of ``gradients`` (plain tensors), computed exactly as
+    ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device and dtype,
+    the same multi-tensor (or per-tensor) norms, stacked in the same order. Raises
+    RuntimeError as it does for ``foreach=True`` where the device has no multi-tensor kernels."""
+    if not gradients:
+        return torch.tensor(0.0), []
+    first_device = gradients[0].device
+    norms, order = [], []
+    for (device, _), ([tensors], indices) in _group_tensors_by_device_and_dtype(
+            [gradients], with_indices=True).items():
+        if (foreach is None and _has_foreach_support(tensors, device)) or (
+                foreach and _device_has_foreach_support(device)):
+            norms.extend(torch._foreach_norm(tensors, norm_type))
+        elif foreach:
+            raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on "
+                               f"{device.type} tensors")
+        else:
+            norms.extend([torch.linalg.vector_norm(g, norm_type) for g in tensors])
+        order.extend(indices)
+    total = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), norm_type)
+    by_position = [None] * len(gradients)
+    for position, norm in zip(order, norms):
+        by_position[position] = norm
+    return total, by_position
+
+
+def check_finite(total, norm_type: float) -> None:
+    """PyTorch's ``error_if_nonfinite`` check of a total norm, with its message."""
+    if torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is "
+            "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+            "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+
+
+def clip_with_norm_(parameters, max_norm: float, total, foreach) -> None:
+    """Scales the gradients of ``parameters`` by ``min(1, max_norm / (total + 1e-6))``:
+    PyTorch's ``clip_grads_with_norm_``."""
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach)

@@ -28,10 +28,12 @@ def on_device(tensor, device, dtype):
     return tensor.to(device=device, dtype=dtype)
 
 
-def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
+def full_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None):
     """The stats matrix (numpy) of ``entries`` (per parameter None or (values, dense size), on
     ``ops.device`` in ``dtype``) with the ``gradient_stats``, and ``weight_l2_norm`` when
-    ``weights`` (the parameters) are given."""
+    ``weights`` (the parameters) are given. (``gradient_norms``: unused; every pass is
+    needed.)"""
+    del gradient_norms
     device = ops.device
     passes, _ = statistics.pass_matrix(ops, entries, dtype, gradient_stats)
     if weights is not None:
@@ -56,11 +58,18 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
             statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
 
 
-def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None):
-    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`."""
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None):
+    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`.
+    ``gradient_norms``: per entry its L2 norm when already computed (the clip's pass,
+    `torch_clip.tensor_norms`), used when every present one is there in ``dtype``."""
     device = ops.device
     present = [entry[0] for entry in entries if entry is not None]
-    norms = torch.stack(torch._foreach_norm(present, 2))
+    given = ([n for n, entry in zip(gradient_norms, entries) if entry is not None]
+             if gradient_norms is not None else [None])
+    if all(n is not None and n.dtype == dtype and n.device == device for n in given):
+        norms = torch.stack(given)
+    else:
+        norms = torch.stack(torch._foreach_norm(present, 2))
     if weights is not None:
         weights = [on_device(w, device, dtype) for w in weights]
         norms = torch.cat([norms, torch.stack(torch._foreach_norm(weights, 2))])

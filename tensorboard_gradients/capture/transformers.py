@@ -88,6 +88,9 @@ class GradientMonitorCallback(transformers.TrainerCallback):
       every_n_steps: log the statistics at the optimizer steps N, 2N, 3N, ... (1: every step).
       histograms_every_n_steps: also log the log10|g| histograms at the steps H, 2H, ... (None:
         never; they cost a pass per parameter).
+      stats_every_n_steps: every statistic at every N-th logged step (the first, then every
+        N-th), the norms and NaN/Inf counts only at the logged steps between (the PyTorch
+        monitor's; 1: every statistic at every logged step).
       name: the summary name = the tag in the Gradients tab and the prefix of the scalars.
       include: regular expressions (or a list of them) searched in parameter names
         (``transformer.h.0.attn.c_attn.weight``): only the parameters they match are watched
@@ -107,8 +110,9 @@ class GradientMonitorCallback(transformers.TrainerCallback):
       ValueError: a bad argument; at ``on_train_begin``, a DeepSpeed run.
     """
 
-    def __init__(self, every_n_steps=1, histograms_every_n_steps=None, name=metadata.DEFAULT_NAME,
-                 include=None, exclude=None, strict=False, stats=None, on_alert=None):
+    def __init__(self, every_n_steps=1, histograms_every_n_steps=100,
+                 name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False, stats=None,
+                 on_alert=None, stats_every_n_steps=10):
         if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
             raise RuntimeError(
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step callback "
@@ -117,6 +121,7 @@ class GradientMonitorCallback(transformers.TrainerCallback):
             every_n_steps=options.positive_int("every_n_steps", every_n_steps),
             histograms_every_n_steps=options.optional_positive_int(
                 "histograms_every_n_steps", histograms_every_n_steps),
+            stats_every_n_steps=options.positive_int("stats_every_n_steps", stats_every_n_steps),
             name=options.non_empty_name(name),
             include=include, exclude=exclude, strict=bool(strict),
             stats=columns.selected_stats(stats), on_alert=on_alert)

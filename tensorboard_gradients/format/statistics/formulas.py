@@ -367,12 +367,16 @@ def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GR
     return matrix, trusted
 
 
-def only_every_step_columns(matrix, names):
-    """``matrix`` (numpy, columns ``names``) with every column outside
-    `columns.EVERY_STEP_STATS` NaN: a full step's matrix made a norms-only one."""
-    sparse = [i for i, name in enumerate(names) if name not in columns.EVERY_STEP_STATS]
-    matrix[:, sparse] = np.nan
-    return matrix
+def norms_only_columns(ops, matrix, computed, wanted):
+    """A norms-only step's ``[variables, wanted]`` matrix (format 1.6) from a ``matrix`` of the
+    stats ``computed`` (names; the cheapest set a writer computes that step, e.g. the
+    `columns.REQUIRED_STATS`): each of `columns.EVERY_STEP_STATS` in ``wanted`` from its
+    column, every other one NaN. Over ``ops``: inside a traced step too."""
+    first = matrix[:, 0]
+    nan = first * ops.constant(np.nan, first)  # a NaN column in any array library
+    return ops.stack([
+        matrix[:, list(computed).index(name)] if name in columns.EVERY_STEP_STATS else nan
+        for name in wanted], axis=1)
 
 
 def statistics_from_reductions(ops, reductions, sizes, weight_norms=None,
