@@ -117,6 +117,9 @@ def test_the_cadences_can_be_set_and_a_step_logged_by_hand_holds_what_it_asks(tm
     assert series.full_rows.tolist() == [True, True, True, False]
     with pytest.raises(ValueError, match="stats_every_n_steps"):
         GradientMonitor(model, tmp_path, stats_every_n_steps=0)
+    # What readers accept (a reader keeps that many times the rules' windows).
+    with pytest.raises(ValueError, match="stats_every_n_steps must be at most 1000"):
+        GradientMonitor(model, tmp_path, stats_every_n_steps=1001)
 
 
 def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkeypatch):
@@ -129,16 +132,20 @@ def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkey
     monkeypatch.setattr(torch, "_foreach_norm",
                         lambda tensors, *args: calls.append(len(tensors)) or foreach_norm(tensors, *args))
     with GradientMonitor(model, tmp_path, stats=("l2_norm",)) as monitor:
-        for step, (x, y) in enumerate(batches(3)):
+        for step, (x, y) in enumerate(batches(4)):
             model.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
+            if step == 3:  # a NaN entry: counted before the clip spreads it (NaN x every entry)
+                model[0].weight.grad[0, 0] = float("nan")
             reference = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
             calls.clear()
-            assert torch.equal(monitor.clip_grad_norm_(1.0), reference)
-            if step:  # norms-only: the clip's pass alone
+            total = monitor.clip_grad_norm_(1.0)
+            assert torch.equal(total, reference) or (step == 3 and total.isnan() and reference.isnan())
+            if step in (1, 2):  # norms-only: the clip's pass alone
                 assert calls == [len(list(model.parameters()))]
     series = series_of(tmp_path)
-    assert series.full_rows.tolist() == [True, False, False]
+    assert series.full_rows.tolist() == [True, False, False, False]
+    assert series.stat("nan_count")[3].tolist() == [1, 0, 0, 0, 0, 0]
 
 
 def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):

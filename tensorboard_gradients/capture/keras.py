@@ -219,8 +219,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
-        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
-                                                        stats_every_n_steps)
+        self.stats_every_n_steps = options.stats_every(stats_every_n_steps)
         self._include = options.patterns("include", include)
         self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)

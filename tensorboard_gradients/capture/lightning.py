@@ -159,8 +159,7 @@ class GradientMonitor(pl.Callback):
                  name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
                  stats=None, on_alert=None, stats_every_n_steps=10):
         super().__init__()
-        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
-                                                        stats_every_n_steps)
+        self.stats_every_n_steps = options.stats_every(stats_every_n_steps)
         self.on_alert = on_alert
         self.stats = columns.selected_stats(stats)
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)

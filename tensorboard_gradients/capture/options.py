@@ -4,11 +4,23 @@ import re
 
 import numpy as np
 
+from tensorboard_gradients.format import metadata
+
 
 def positive_int(argument, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{argument} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def stats_every(value):
+    """``stats_every_n_steps``: a positive integer up to `metadata.MAX_STATS_EVERY` (what
+    readers accept: a stream keeps that many times the rules' windows)."""
+    value = positive_int("stats_every_n_steps", value)
+    if value > metadata.MAX_STATS_EVERY:
+        raise ValueError(f"stats_every_n_steps must be at most {metadata.MAX_STATS_EVERY} (every "
+                         f"statistic at least that often), got {value}")
+    return value
 
 
 def positive_number(argument, value):

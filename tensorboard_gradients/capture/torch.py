@@ -190,13 +190,14 @@ class GradientMonitor:
         self.every_n_steps = options.positive_int("every_n_steps", every_n_steps)
         self.histograms_every_n_steps = options.optional_positive_int(
             "histograms_every_n_steps", histograms_every_n_steps)
-        self.stats_every_n_steps = options.positive_int("stats_every_n_steps",
-                                                        stats_every_n_steps)
+        self.stats_every_n_steps = options.stats_every(stats_every_n_steps)
         self._logged_rows = 0  # statistics rows of the schedule so far: every N-th is full
         include, exclude = options.patterns("include", include), options.patterns("exclude", exclude)
         deepspeed = deepspeed_engine(model)
         model = unwrapped(deepspeed.module if deepspeed else model)
         self._model = model  # what `clip_grad_norm_` clips: all of it, watched or not
+        # Listed once: walking the modules costs a quarter of a millisecond per step.
+        self._model_parameters = list(model.parameters())
         self._parameters = [
             (user_parameter_name(parameter_name), parameter)
             for parameter_name, parameter in model.named_parameters()
@@ -277,10 +278,14 @@ class GradientMonitor:
         """
         return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
 
-    def _step(self, step, **extras):
-        """`step`: (the step number it logged at or would have, whether it logged)."""
+    def _step(self, step, clip=lambda: None, **extras):
+        """`step`: (the step number it logged at or would have, whether it logged). ``clip``
+        (`clip_grad_norm_`'s) is called once: before logging when the step reads no gradient,
+        only the clip's norms (a norms-only step whose norms the fast path trusts), so the clip
+        runs as PyTorch's does, its two passes back to back; else after."""
         self._write_pending()  # the last logged step's optimizer step never came (skipped)
         if self._distribution.accumulating():
+            clip()
             return None, False  # a micro-batch of an accumulation: its gradients are incomplete
         step = self._calls if step is None else int(step)
         self._calls += 1
@@ -290,9 +295,14 @@ class GradientMonitor:
             statistics_due = (True if self._logged_rows % self.stats_every_n_steps == 0
                               else _NORMS)
             self._logged_rows += 1
-        return step, self.log(
-            step, statistics=statistics_due,
-            histograms=every_histograms is not None and step % every_histograms == 0, **extras)
+        histograms_due = every_histograms is not None and step % every_histograms == 0
+        if (statistics_due == _NORMS and not histograms_due
+                and torch_statistics.norms_suffice(self._shared_norms, self._sizes)):
+            clip()
+            clip = lambda: None  # noqa: E731
+        logged = self.log(step, statistics=statistics_due, histograms=histograms_due, **extras)
+        clip()
+        return step, logged
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
                         step: Optional[int] = None, loss=None, scaler=None):
@@ -307,8 +317,8 @@ class GradientMonitor:
         and ``<name>/clip_coefficient`` (what the gradients were multiplied by:
         ``min(1, max_norm / (total + 1e-6))``, 1 when not clipped).
 
-        Clipped are all of the model's parameters with a gradient, also those ``include`` and
-        ``exclude`` leave unwatched. Under DDP every rank clips its (identical) gradients; under
+        Clipped are all of the model's parameters with a gradient (those it had when the monitor
+        was made), also those ``include`` and ``exclude`` leave unwatched. Under DDP every rank clips its (identical) gradients; under
         FSDP2, HSDP and tensor parallel PyTorch's own function computes the norm of the whole
         model over the ranks; an FSDP1 model clips by its ``clip_grad_norm_`` (its arguments:
         ``max_norm`` and ``norm_type``; ``error_if_nonfinite`` checked on the norm it returns).
@@ -329,7 +339,10 @@ class GradientMonitor:
             raise ValueError("a DeepSpeed engine clips its gradients itself, inside "
                              "engine.step(): set \"gradient_clipping\" in its configuration and "
                              "call monitor.step()")
-        shared = self._clip_norms(float(norm_type), foreach)
+        shared = None
+        if not (self._distribution.in_pieces() or torch_clip.is_fsdp1(self._model)):
+            shared = torch_clip.shared_norms(self._model_parameters, self._parameters,
+                                             float(norm_type), foreach)
         if shared is None:  # sharded, FSDP1, sparse, or not L2: PyTorch's own call after logging
             number, logged = self._step(step, loss=loss, scaler=scaler)
             with torch.no_grad():
@@ -337,35 +350,22 @@ class GradientMonitor:
                                                    error_if_nonfinite, foreach)
         else:  # one pass: the clip's per-tensor norms are what a norms-only step logs
             total, clipped, self._shared_norms = shared
+
+            def clip():
+                if error_if_nonfinite:  # as PyTorch: raised before clipping
+                    torch_clip.check_finite(total, float(norm_type))
+                with torch.no_grad():
+                    torch_clip.clip_with_norm_(clipped, float(max_norm), total, foreach)
             try:
-                number, logged = self._step(step, loss=loss, scaler=scaler)
+                number, logged = self._step(step, clip=clip, loss=loss, scaler=scaler)
             finally:
                 self._shared_norms = None
-            if error_if_nonfinite:
-                torch_clip.check_finite(total, float(norm_type))
-            with torch.no_grad():
-                torch_clip.clip_with_norm_(clipped, float(max_norm), total, foreach)
         if logged and writes_here():
             before = _host_norm(total)
             self.write_scalars(number, {
                 "global_norm_before_clipping": before,
                 "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
         return total
-
-    @torch.no_grad()
-    def _clip_norms(self, norm_type, foreach):
-        """``(total norm, the parameters clipped, the watched gradients' norms)`` of PyTorch's
-        clip pass over the model's dense, unsharded gradients (`torch_clip.tensor_norms`); None
-        where the clip is PyTorch's (or FSDP1's) own call: sharded parameters, a sparse
-        gradient, a norm other than L2."""
-        if norm_type != 2.0 or self._distribution.in_pieces() or torch_clip.is_fsdp1(self._model):
-            return None
-        clipped = [p for p in self._model.parameters() if p.grad is not None]
-        if any(p.grad.is_sparse for p in clipped):
-            return None
-        total, norms = torch_clip.tensor_norms([p.grad for p in clipped], norm_type, foreach)
-        by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
-        return total, clipped, [by_parameter.get(id(p)) for _, p in self._parameters]
 
     def log(self, step: int, *, statistics=True, histograms=False, loss=None, total_norm=None,
             scaler=None) -> bool:

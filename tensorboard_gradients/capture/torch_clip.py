@@ -43,6 +43,20 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float, error_if_nonfinite
                                           error_if_nonfinite, foreach)
 
 
+@torch.no_grad()
+def shared_norms(parameters, watched, norm_type: float, foreach):
+    """``(total norm, the parameters clipped, the ``watched`` (name, parameter) pairs'
+    gradient norms)`` of PyTorch's clip pass over the dense gradients of ``parameters``
+    (`tensor_norms`); None where the monitor leaves the clip to PyTorch's own call: a sparse
+    gradient, a norm other than L2 (the monitor logs L2 norms)."""
+    clipped = [p for p in parameters if p.grad is not None]
+    if norm_type != 2.0 or any(p.grad.is_sparse for p in clipped):
+        return None
+    total, norms = tensor_norms([p.grad for p in clipped], norm_type, foreach)
+    by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
+    return total, clipped, [by_parameter.get(id(p)) for _, p in watched]
+
+
 def tensor_norms(gradients, norm_type: float, foreach):
     """``(total norm, per-gradient norms)`` of ``gradients`` (plain tensors), computed exactly as
     ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device and dtype,

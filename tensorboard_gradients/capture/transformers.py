@@ -121,7 +121,7 @@ class GradientMonitorCallback(transformers.TrainerCallback):
             every_n_steps=options.positive_int("every_n_steps", every_n_steps),
             histograms_every_n_steps=options.optional_positive_int(
                 "histograms_every_n_steps", histograms_every_n_steps),
-            stats_every_n_steps=options.positive_int("stats_every_n_steps", stats_every_n_steps),
+            stats_every_n_steps=options.stats_every(stats_every_n_steps),
             name=options.non_empty_name(name),
             include=include, exclude=exclude, strict=bool(strict),
             stats=columns.selected_stats(stats), on_alert=on_alert)
