@@ -25,9 +25,9 @@ Rows are ``model.named_parameters()`` in registration order (input side first fo
 the monitor is created (frozen) are not logged; a watched parameter without a gradient at a step
 is logged as missing and warned about once.
 
-The statistics of all parameters are computed on their device (six passes per tensor; small
-tensors of one size, such as biases and norm scales, stacked and reduced together; the weight
-norms in one multi-tensor ``torch._foreach_norm``), and ONE small matrix per logged step is
+The statistics of all parameters are computed on their device (every statistic at every 10th
+logged step by default: six passes per tensor, small tensors of one size reduced together; the
+norms between: one multi-tensor ``torch._foreach_norm``, `torch_statistics`); ONE matrix a step is
 copied to the host, which checks whether the fast pass can be trusted (the rare step with
 NaN/Inf, overflow or underflowing squares takes a masked pass on the device and a second copy)
 and finishes the ``[parameters, stats]`` matrix in numpy: no per-parameter ``.item()`` or
@@ -109,8 +109,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GradientMonitor"]
 
-# What a logged step's statistics are (`GradientMonitor.log`): every one, or only the norms
-# (`columns.EVERY_STEP_STATS`, the steps between two full ones).
+# A logged step's statistics (`GradientMonitor.log`): all, or the norms (`EVERY_STEP_STATS`).
 _FULL, _NORMS = "all", "norms"
 
 
@@ -131,6 +130,7 @@ class _Extras:
     loss: object = None
     total_norm: object = None
     scaler: object = None
+    every_stat: bool = True  # False at a norms-only step: Adam's RMS, not a norm, is NaN there
 
 
 class GradientMonitor:
@@ -196,8 +196,7 @@ class GradientMonitor:
         deepspeed = deepspeed_engine(model)
         model = unwrapped(deepspeed.module if deepspeed else model)
         self._model = model  # what `clip_grad_norm_` clips: all of it, watched or not
-        # Listed once: walking the modules costs a quarter of a millisecond per step.
-        self._model_parameters = list(model.parameters())
+        self._model_parameters = list(model.parameters())  # walking the modules: 0.25 ms/step
         self._parameters = [
             (user_parameter_name(parameter_name), parameter)
             for parameter_name, parameter in model.named_parameters()
@@ -396,7 +395,8 @@ class GradientMonitor:
         log = self._log_pieces if in_pieces else self._log
         with torch.no_grad():
             logged = log(int(step), statistics, bool(histograms),
-                         _Extras(_detached(loss) if statistics else None, total_norm, scaler))
+                         _Extras(_detached(loss) if statistics else None, total_norm, scaler,
+                                 statistics == _FULL))
         return logged and self.dropped_steps == dropped
 
     def write_scalars(self, step: int, scalars) -> None:
@@ -512,7 +512,7 @@ class GradientMonitor:
         if stats is not None:  # now: the scaler's scale is this step's until its update()
             scalars = self._scalars(self._layout, stats, extras.total_norm, extras.scaler)
         if stats is not None and self._optimizer is not None:
-            self._pending = (step, stats, counts, extras.loss, scalars)
+            self._pending = (step, stats, counts, extras.loss, scalars, extras.every_stat)
             return True
         return self._write_now(step, stats, counts, extras.loss, scalars)
 
@@ -537,11 +537,13 @@ class GradientMonitor:
         seen: a step the optimizer skipped, or the monitor closed before it)."""
         if self._pending is None:
             return
-        step, stats, counts, loss, scalars = self._pending
+        step, stats, counts, loss, scalars, every_stat = self._pending
         self._pending = None
         width = 1 + self._optimizer.adam
         if optimizer_columns is None:
             optimizer_columns = np.full((len(stats), 2), np.nan, dtype=stats.dtype)
+        if not every_stat:
+            optimizer_columns[:, 1] = np.nan
         self._write_now(step, np.concatenate([stats, optimizer_columns[:, :width]], axis=1),
                         counts, loss, scalars)
 
