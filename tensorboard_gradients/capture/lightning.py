@@ -186,7 +186,6 @@ class GradientMonitor(pl.Callback):
         self._epoch_mark = None  # (step, epoch) to write
         self._warned_fused = False
         self._loss_step = None  # the step whose statistics this batch logged: its loss is due
-        self._logged_rows = 0  # statistics rows of this fit: every stats_every_n_steps-th is full
 
     # Lightning hooks ----------------------------------------------------------------------
 
@@ -218,9 +217,8 @@ class GradientMonitor(pl.Callback):
         stats_due = (step + 1) % self.every_n_steps == 0
         histograms_due = bool(self.histograms_every_n_steps
                               and (step + 1) % self.histograms_every_n_steps == 0)
-        statistics = stats_due and (self._logged_rows % self.stats_every_n_steps == 0 or "norms")
-        self._logged_rows += stats_due
-        logged = self.monitor.log(step, statistics=statistics, histograms=histograms_due,
+        logged = self.monitor.log(step, statistics=stats_due and self.monitor.next_statistics(),
+                                  histograms=histograms_due,
                                   scaler=scaler)
         self._clipped_step = step if (stats_due and self._clipping) else None
         self._loss_step = step if stats_due else None

@@ -118,11 +118,6 @@ def _detached(loss):
     return loss.detach() if isinstance(loss, torch.Tensor) else loss
 
 
-def _host_norm(total_norm) -> float:
-    """A norm ``clip_grad_norm_`` returned, as a number (a DTensor's value: the whole norm)."""
-    return float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Extras:
     """What a logged step writes besides the gradients: the loss and the scalars' inputs."""
@@ -289,11 +284,7 @@ class GradientMonitor:
         step = self._calls if step is None else int(step)
         self._calls += 1
         every_histograms = self.histograms_every_n_steps
-        statistics_due = False
-        if step % self.every_n_steps == 0:
-            statistics_due = (True if self._logged_rows % self.stats_every_n_steps == 0
-                              else _NORMS)
-            self._logged_rows += 1
+        statistics_due = self.next_statistics() if step % self.every_n_steps == 0 else False
         histograms_due = every_histograms is not None and step % every_histograms == 0
         if (statistics_due == _NORMS and not histograms_due
                 and torch_statistics.norms_suffice(self._shared_norms, self._sizes)):
@@ -360,11 +351,19 @@ class GradientMonitor:
             finally:
                 self._shared_norms = None
         if logged and writes_here():
-            before = _host_norm(total)
+            before = torch_clip.host_norm(total)
             self.write_scalars(number, {
                 "global_norm_before_clipping": before,
                 "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
         return total
+
+    def next_statistics(self):
+        """`log`'s ``statistics`` for the next logged step of a schedule (which it counts):
+        True at every ``stats_every_n_steps``-th, the first included, ``"norms"`` between.
+        For integrations that keep a schedule of their own (Lightning's)."""
+        due = True if self._logged_rows % self.stats_every_n_steps == 0 else _NORMS
+        self._logged_rows += 1
+        return due
 
     def log(self, step: int, *, statistics=True, histograms=False, loss=None, total_norm=None,
             scaler=None) -> bool:
@@ -498,11 +497,11 @@ class GradientMonitor:
             counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
         stats = None
         if stats_due:
-            matrix = (torch_statistics.full_matrix if stats_due == _FULL
-                      else torch_statistics.norms_only_matrix)
-            stats = matrix(ops, entries, dtype, self._gradient_stats,
-                           [p for _, p in self._parameters] if self._logs_weights else None,
-                           self._shared_norms)
+            weights = [p for _, p in self._parameters] if self._logs_weights else None
+            stats = (torch_statistics.full_matrix(ops, entries, dtype, self._gradient_stats,
+                                                  weights) if stats_due == _FULL
+                     else torch_statistics.norms_only_matrix(
+                         ops, entries, dtype, self._gradient_stats, weights, self._shared_norms))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):
@@ -561,7 +560,7 @@ class GradientMonitor:
         norms = stats[:, columns.position(layout.stats, "l2_norm")]
         scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
         if total_norm is not None:
-            scalars["global_norm_before_clipping"] = _host_norm(total_norm)
+            scalars["global_norm_before_clipping"] = torch_clip.host_norm(total_norm)
         if scaler is not None and scaler.is_enabled():
             scalars["loss_scale"] = float(scaler.get_scale())
         return scalars

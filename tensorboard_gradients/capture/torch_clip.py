@@ -84,6 +84,11 @@ def tensor_norms(gradients, norm_type: float, foreach):
     return total, by_position
 
 
+def host_norm(total_norm) -> float:
+    """A norm ``clip_grad_norm_`` returned, as a number (a DTensor's value: the whole norm)."""
+    return float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
+
+
 def check_finite(total, norm_type: float) -> None:
     """PyTorch's ``error_if_nonfinite`` check of a total norm, with its message."""
     if torch.logical_or(total.isnan(), total.isinf()):

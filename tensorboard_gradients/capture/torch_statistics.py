@@ -29,12 +29,10 @@ def on_device(tensor, device, dtype):
     return tensor.to(device=device, dtype=dtype)
 
 
-def full_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None):
+def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
     """The stats matrix (numpy) of ``entries`` (per parameter None or (values, dense size), on
     ``ops.device`` in ``dtype``) with the ``gradient_stats``, and ``weight_l2_norm`` when
-    ``weights`` (the parameters) are given. (``gradient_norms``: unused; every pass is
-    needed.)"""
-    del gradient_norms
+    ``weights`` (the parameters) are given."""
     device = ops.device
     passes, _ = statistics.pass_matrix(ops, entries, dtype, gradient_stats)
     if weights is not None:

@@ -18,9 +18,9 @@ from tensorboard_gradients.analysis.rule import Parameter, Rule
 DEAD_FRACTION = Parameter(
     "dead_fraction", 0.99, float, "dead at zero fraction", maximum=1, doc="""
 A variable whose gradient is exactly zero in at least this fraction of its entries for
-``sustain_steps`` logged steps (of those that logged the zero fraction) is dead: dead ReLUs (CS231n notes: as much as 40% of a
-network can die at too high a learning rate; here 99% of the gradient is gone) or a
-disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
+``sustain_steps`` logged steps (of those that logged the zero fraction) is dead: dead ReLUs
+(CS231n notes: as much as 40% of a network can die at too high a learning rate; here 99% of
+the gradient is gone) or a disconnected path. Embedding tables are expected to be mostly zero (only the looked-up
 rows get a gradient); raise this threshold or ignore those alerts for them.
 
 Needs ``zero_fraction`` (logged unless a writer's ``stats=`` left it out).

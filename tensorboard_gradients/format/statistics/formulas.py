@@ -314,6 +314,13 @@ def _missing_row(ops, like):
     return ops.stack([ops.constant(np.nan, like)] * len(REDUCTIONS))
 
 
+def _least_square(dtype) -> float:
+    """``tiny / u`` of a numpy float ``dtype``: a sum of ``n`` squares at least ``n`` times this
+    lost less than its own rounding to squares that underflowed (`_no_square_underflows`)."""
+    info = np.finfo(dtype)
+    return float(info.tiny / (info.eps / 2))
+
+
 def _no_square_underflows(ops, rows, dtype, deviations=True):
     """``[variables]``: whether the unscaled squares of `_fast_reductions` lost nothing.
 
@@ -326,10 +333,9 @@ def _no_square_underflows(ops, rows, dtype, deviations=True):
     equal: min == max, M2 truly 0). The other rows take the masked pass, which scales by abs_max
     first.
     """
-    info = np.finfo(numpy_float(dtype))
     column = lambda name: _column(rows, name)  # noqa: E731
     zero = ops.constant(0, column("m2"))
-    least_sum = column("present") * ops.constant(info.tiny / (info.eps / 2), zero)
+    least_sum = column("present") * ops.constant(_least_square(numpy_float(dtype)), zero)
     kept = (column("sum_squares") >= least_sum) | (column("abs_max") == zero)
     if deviations:
         kept = kept & ((column("m2") >= least_sum) | (column("min") == column("max")))
@@ -350,10 +356,9 @@ def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GR
     the fast path does: rare, and one variable each."""
     norms = np.asarray(norms)
     dtype = norms.dtype
-    info = np.finfo(dtype)
     present = ~np.isnan(sizes)
     with np.errstate(over="ignore", invalid="ignore"):
-        least = np.sqrt(np.asarray(sizes, np.float64) * (info.tiny / (info.eps / 2)))
+        least = np.sqrt(np.asarray(sizes, np.float64) * _least_square(dtype))
         trusted = ~present | (np.isfinite(norms) & (norms >= least))
     names = columns.stats_for(weight_norms is not None, False, gradient_stats)
     matrix = np.full((len(norms), len(names)), np.nan, dtype=dtype)
