@@ -2,7 +2,8 @@
 statistics are the gradients the LightningModule sees at each optimizer step (measured in the
 module, tests/lightning_training.py), at the step where Lightning logs that step's loss, in the
 TensorBoardLogger's run; gradient accumulation, bf16 and float16 mixed precision (the loss
-scale, a step the GradScaler skips), clipping by norm and by value (the clipped norm measured),
+scale, a step the GradScaler skips), clipping by norm (in the monitor's pass) and by value (the
+clipped norm measured),
 the schedules, manual optimization with two optimizers; DDP and FSDP on 2 CPU ranks over gloo
 (each under a hard timeout) log what one process logs on the same global batches."""
 
@@ -66,8 +67,14 @@ def _check_logged_as_measured(rows, series, scalars, clipped):
     assert list(series.epoch_starts) == list(first_steps.values())
     assert list(series.epoch_indices) == list(first_steps)
     if clipped:
-        assert scalars["gradients/global_norm_clipped"] == pytest.approx(
-            {row["step"]: row["clipped"] for row in rows if row["clipped"] is not None}, rel=RTOL)
+        logged = scalars["gradients/global_norm_clipped"]
+        measured = {row["step"]: row["clipped"] for row in rows if row["clipped"] is not None}
+        # Lightning's clip by norm is the monitor's: its clipped norm is global_norm x the clip
+        # coefficient, the measured one a float32 norm of the clipped gradients (each entry
+        # multiplied by the coefficient, one rounding): equal to within RTOL. A step the
+        # GradScaler skips has none measured, and logs NaN (its Inf gradients times 0).
+        assert {step: logged[step] for step in measured} == pytest.approx(measured, rel=RTOL)
+        assert all(np.isnan(logged[step]) for step in set(logged) - set(measured))
     else:
         assert "gradients/global_norm_clipped" not in scalars
 
@@ -99,7 +106,7 @@ def test_the_gradients_of_each_optimizer_step_are_logged_at_its_loss_step(tmp_pa
     assert "gradients/loss_scale" not in scalars
 
 
-def test_float16_mixed_precision_logs_the_loss_scale_and_no_clipped_norm_at_a_skipped_step(
+def test_float16_mixed_precision_logs_the_loss_scale_and_a_nan_clipped_norm_at_a_skipped_step(
         tmp_path):
     # On CPU Lightning turns precision="16-mixed" into bf16; its MixedPrecision("16-mixed", "cpu")
     # plugin keeps float16 with a GradScaler. The loss is made to overflow at step 2.
@@ -109,6 +116,7 @@ def test_float16_mixed_precision_logs_the_loss_scale_and_no_clipped_norm_at_a_sk
     skipped = [row["step"] for row in rows if row["clipped"] is None]
     assert skipped == [2]
     _check_logged_as_measured(rows, series, scalars, clipped=True)
+    assert np.isnan(scalars["gradients/global_norm_clipped"][2])
     assert scalars["gradients/loss_scale"] == {row["step"]: row["scale"] for row in rows}
     assert scalars["gradients/loss_scale"][3] == scalars["gradients/loss_scale"][2] / 2
     # The overflowing step is logged (unscaled: Inf where float16 overflowed), not hidden.
@@ -129,6 +137,51 @@ def test_schedules_and_the_tensorboard_logger_among_others(tmp_path):
         scalars["gradients/global_norm_clipped"]) == [1, 3, 5]
     np.testing.assert_allclose(series.stat("l2_norm"), [rows[s]["norms"] for s in (1, 3, 5)],
                                rtol=RTOL)
+
+
+def test_lightnings_clip_by_norm_is_done_in_the_monitors_pass_with_the_same_bits(
+        tmp_path, monkeypatch):
+    """With ``gradient_clip_val`` (by norm) the callback clips in its logging pass: a norms-only
+    step takes ONE multi-tensor norm (the clip's), and training ends with the very parameters
+    Lightning's own clip gives."""
+    import torch
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard_gradients.lightning import GradientMonitor
+
+    norms_per_step = []
+    foreach_norm = torch._foreach_norm
+
+    class Count(pl.Callback):  # after the GradientMonitor: what each optimizer step took
+        def on_train_batch_start(self, *args):
+            norms_per_step.append(0)
+
+    def counted(tensors, *args):
+        norms_per_step[-1] += 1
+        return foreach_norm(tensors, *args)
+
+    def fit(callback, version):
+        module = training.make_module(training.Records(), measure=False)
+        trainer = training.make_trainer(
+            str(tmp_path), TensorBoardLogger(str(tmp_path), name="", version=version), callback,
+            max_epochs=2, gradient_clip_val=0.05)
+        trainer.callbacks.append(Count())
+        trainer.fit(module, training.dataloader())
+        return [p.detach().clone() for p in module.parameters()]
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    shared = fit(GradientMonitor(stats=("l2_norm",), stats_every_n_steps=3), "monitored")
+    assert norms_per_step[1:3] == norms_per_step[4:6] == [1, 1], norms_per_step
+    own = fit(pl.Callback(), "plain")
+    assert all(torch.equal(p, q) for p, q in zip(shared, own))
+    series = tg.read_logdir(str(tmp_path))["monitored"]["gradients"]
+    assert series.full_rows.tolist() == [True, False, False] * 2
+    scalars = _scalars(tmp_path / "monitored")
+    assert min(scalars["gradients/clip_coefficient"].values()) < 1, "it clipped"
+    np.testing.assert_allclose(  # float64 products of float32 values: to a few float32 ulps
+        list(scalars["gradients/global_norm_clipped"].values()),
+        [scalars["gradients/global_norm"][s] * scalars["gradients/clip_coefficient"][s]
+         for s in scalars["gradients/global_norm_clipped"]], rtol=1e-6)
 
 
 def test_manual_optimization_with_two_optimizers_logs_once_per_batch(tmp_path):

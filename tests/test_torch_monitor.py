@@ -352,8 +352,10 @@ def test_clip_grad_norm_logs_a_non_finite_step_before_it_refuses_to_clip(tmp_pat
         x, y = batches(1)[0]
         torch.nn.functional.cross_entropy(model(x), y).backward()
         model[0].weight.grad[0, 0] = float("nan")
+        unclipped = model[2].weight.grad.clone()
         with pytest.raises(RuntimeError, match="non-finite"):
             monitor.clip_grad_norm_(1.0, error_if_nonfinite=True, step=7)
+        assert torch.equal(model[2].weight.grad, unclipped), "refused before clipping, as PyTorch"
         # Without the check it clips as PyTorch does (here: every gradient becomes NaN).
         total = monitor.clip_grad_norm_(1.0, step=8)
         assert torch.isnan(total) and torch.isnan(model[2].weight.grad).all()

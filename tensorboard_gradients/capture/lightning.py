@@ -4,6 +4,7 @@ step into the run of the trainer's `TensorBoardLogger`.
 ```python
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.precision import Precision
 from tensorboard_gradients.lightning import GradientMonitor
 
 trainer = L.Trainer(logger=TensorBoardLogger("logs"), callbacks=[GradientMonitor()])
@@ -74,6 +75,7 @@ import logging
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from tensorboard_gradients.capture import options
@@ -182,6 +184,8 @@ class GradientMonitor(pl.Callback):
         self._last_step = None
         self._clipping = False
         self._clipped_step = None  # a logged step whose clipped norm is still to be measured
+        self._shared_clip = None  # the precision plugin whose clipping by norm the monitor does
+        self._pending_log = None  # the step's logging, which that clip does
         self._hooked = {}  # id(optimizer) -> its step post-hook's handle
         self._epoch_mark = None  # (step, epoch) to write
         self._warned_fused = False
@@ -217,14 +221,34 @@ class GradientMonitor(pl.Callback):
         stats_due = (step + 1) % self.every_n_steps == 0
         histograms_due = bool(self.histograms_every_n_steps
                               and (step + 1) % self.histograms_every_n_steps == 0)
-        logged = self.monitor.log(step, statistics=stats_due and self.monitor.next_statistics(),
-                                  histograms=histograms_due,
-                                  scaler=scaler)
-        self._clipped_step = step if (stats_due and self._clipping) else None
+        statistics = stats_due and self.monitor.next_statistics()
         self._loss_step = step if stats_due else None
+        if self._shared_clip is not None:  # logged by the clip, in its pass (`_clip_by_norm`)
+            self._pending_log = lambda: self._log(step, statistics, histograms_due, scaler)
+            return
+        self._clipped_step = step if (stats_due and self._clipping) else None
+        self._log(step, statistics, histograms_due, scaler)
+
+    def _log(self, step, statistics, histograms, scaler):
+        logged = self.monitor.log(step, statistics=statistics, histograms=histograms,
+                                  scaler=scaler)
         if logged and self._epoch_mark is not None:
             self.monitor.write_epoch(*self._epoch_mark)
             self._epoch_mark = None
+        return step, logged
+
+    def _clip_by_norm(self, optimizer, clip_val):
+        """The precision plugin's ``clip_grad_by_norm`` while the callback shares the clip: the
+        pending step is logged and the gradients clipped in one pass
+        (`torch.GradientMonitor.clip_and_log`), exactly as the plugin's own method clips
+        (``torch.nn.utils.clip_grad_norm_`` of the optimizer's parameters)."""
+        log, self._pending_log = self._pending_log, None
+        plugin = self._shared_clip
+        if log is None:  # an optimizer step whose gradients this callback does not log
+            type(plugin).clip_grad_by_norm(plugin, optimizer, clip_val)
+        else:
+            self.monitor.clip_and_log(list(plugin.main_params(optimizer)), clip_val, 2.0, False,
+                                      None, log=log, clipped_norm=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         """Writes the loss ``training_step`` returned for the batch that completed the logged
@@ -254,10 +278,17 @@ class GradientMonitor(pl.Callback):
             include=self.include, exclude=self.exclude, strict=self.strict, stats=self.stats,
             optimizer=_only_optimizer(trainer),
             on_alert=self.on_alert)
-        clips = (trainer.gradient_clip_val or 0) > 0 or is_overridden(
-            "configure_gradient_clipping", pl_module)
+        custom = is_overridden("configure_gradient_clipping", pl_module)
+        clips = (trainer.gradient_clip_val or 0) > 0 or custom
         self._clipping = bool(clips and pl_module.automatic_optimization
                               and self.monitor.deepspeed is None)
+        plugin = trainer.precision_plugin
+        # Lightning's own clipping by norm (the plugin's method, which FSDP's and DeepSpeed's
+        # plugins replace): the monitor clips in its logging pass instead.
+        if (self._clipping and not custom and trainer.gradient_clip_algorithm in (None, "norm")
+                and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm):
+            self._shared_clip = plugin
+            plugin.clip_grad_by_norm = self._clip_by_norm
 
     def _hook(self, optimizer):
         """Measures the clipped norm when ``optimizer.step()`` has used the gradients."""
@@ -288,6 +319,9 @@ class GradientMonitor(pl.Callback):
                 type(optimizer).__name__)
 
     def _close(self):
+        if self._shared_clip is not None:  # the plugin's own method again
+            del self._shared_clip.clip_grad_by_norm
+            self._shared_clip = None
         for handle in self._hooked.values():
             if handle is not None:
                 handle.remove()

@@ -40,10 +40,8 @@ Order of calls in the usual recipes:
   is logged as ``<name>/loss_scale``), ``scaler.step(optimizer)``, ``scaler.update()``. A step
   the scaler skips has Inf/NaN gradients: they are logged as such.
 * Clipping: ``total_norm = monitor.clip_grad_norm_(max_norm)`` in place of both ``step()`` and
-  ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``: it logs the gradients the
-  model produced (pre-clip), then clips exactly as PyTorch does and returns the same total norm
-  (logged as ``<name>/global_norm_before_clipping``, with ``<name>/clip_coefficient``). Clipping
-  yourself, call ``monitor.step()`` before ``clip_grad_norm_``, and pass what it returns,
+  PyTorch's ``clip_grad_norm_``: it logs the pre-clip gradients and clips exactly as PyTorch
+  does, in one pass where it can (`GradientMonitor.clip_grad_norm_`). Clipping yourself, call ``monitor.step()`` before ``clip_grad_norm_``, and pass what it returns,
   ``monitor.step(total_norm=...)``.
 * The optimizer: ``GradientMonitor(model, writer, optimizer=optimizer)`` also logs, per
   parameter, the update the optimizer made (``update_l2_norm``; the tab shows update/weight) and,
@@ -126,6 +124,7 @@ class _Extras:
     total_norm: object = None
     scaler: object = None
     every_stat: bool = True  # False at a norms-only step: Adam's RMS, not a norm, is NaN there
+
 
 
 class GradientMonitor:
@@ -222,7 +221,7 @@ class GradientMonitor:
         self._missing = MissingGradientWarnings(logger)
         # A logged step's statistics and extras, until the optimizer's step completes the row.
         self._pending = None
-        self._shared_norms = None  # the clip's norms of the watched gradients, while it logs
+        self._clip = None  # a `torch_clip.PendingClip` while `clip_grad_norm_` logs
 
     def _optimizer_reader(self, optimizer, selected):
         """The reader of ``optimizer``'s updates, hooked after its steps (None: none logged)."""
@@ -272,47 +271,37 @@ class GradientMonitor:
         """
         return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
 
-    def _step(self, step, clip=lambda: None, **extras):
-        """`step`: (the step number it logged at or would have, whether it logged). ``clip``
-        (`clip_grad_norm_`'s) is called once: before logging when the step reads no gradient,
-        only the clip's norms (a norms-only step whose norms the fast path trusts), so the clip
-        runs as PyTorch's does, its two passes back to back; else after."""
+    def _step(self, step, **extras):
+        """`step`: (the step number it logged at or would have, whether it logged)."""
         self._write_pending()  # the last logged step's optimizer step never came (skipped)
         if self._distribution.accumulating():
-            clip()
             return None, False  # a micro-batch of an accumulation: its gradients are incomplete
         step = self._calls if step is None else int(step)
         self._calls += 1
         every_histograms = self.histograms_every_n_steps
         statistics_due = self.next_statistics() if step % self.every_n_steps == 0 else False
         histograms_due = every_histograms is not None and step % every_histograms == 0
-        if (statistics_due == _NORMS and not histograms_due
-                and torch_statistics.norms_suffice(self._shared_norms, self._sizes)):
-            clip()
-            clip = lambda: None  # noqa: E731
-        logged = self.log(step, statistics=statistics_due, histograms=histograms_due, **extras)
-        clip()
-        return step, logged
+        return step, self.log(step, statistics=statistics_due, histograms=histograms_due,
+                              **extras)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
                         step: Optional[int] = None, loss=None, scaler=None):
-        """Logs this step like `step`, then clips the model's gradients in place exactly as
+        """Logs this step like `step` and clips the model's gradients in place exactly as
         ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type,
-        error_if_nonfinite, foreach)``, and returns what it returns: the total norm before
-        clipping (a tensor on the gradients' device). Call it instead of both, after
-        ``backward`` (and ``scaler.unscale_(optimizer)``), before ``optimizer.step()``.
+        error_if_nonfinite, foreach)``; returns what it returns, the total norm before clipping
+        (a tensor on the gradients' device). Call it instead of both, after ``backward`` (and
+        ``scaler.unscale_(optimizer)``), before ``optimizer.step()``.
 
-        What is logged is the gradients the model produced (before clipping), and at the
-        logged steps, beside them, ``<name>/global_norm_before_clipping`` (the returned norm)
-        and ``<name>/clip_coefficient`` (what the gradients were multiplied by:
-        ``min(1, max_norm / (total + 1e-6))``, 1 when not clipped).
-
-        Clipped are all of the model's parameters with a gradient (those it had when the monitor
-        was made), also those ``include`` and ``exclude`` leave unwatched. Under DDP every rank clips its (identical) gradients; under
-        FSDP2, HSDP and tensor parallel PyTorch's own function computes the norm of the whole
-        model over the ranks; an FSDP1 model clips by its ``clip_grad_norm_`` (its arguments:
-        ``max_norm`` and ``norm_type``; ``error_if_nonfinite`` checked on the norm it returns).
-        Every rank must call it, as `step`.
+        Logged are the gradients the model produced (before clipping), and at the logged steps
+        ``<name>/global_norm_before_clipping`` (the returned norm) and ``<name>/clip_coefficient``
+        (``min(1, max_norm / (total + 1e-6))``, what the gradients were multiplied by). With
+        plain tensors (DDP included) and the L2 norm the clip and the logging take one pass:
+        the clip's per-tensor norms are what a norms-only step logs, and the gradients are
+        scaled as soon as the step has read them. Clipped are all of the model's parameters with
+        a gradient, also those ``include`` and ``exclude`` leave unwatched. Under FSDP2, HSDP and
+        tensor parallel PyTorch's own function computes the norm over the ranks; an FSDP1 model
+        clips by its ``clip_grad_norm_`` (``max_norm`` and ``norm_type``; ``error_if_nonfinite``
+        checked on the norm it returns). Every rank must call it, as `step`.
 
         Args:
           max_norm, norm_type, error_if_nonfinite, foreach: as ``torch.nn.utils
@@ -329,33 +318,42 @@ class GradientMonitor:
             raise ValueError("a DeepSpeed engine clips its gradients itself, inside "
                              "engine.step(): set \"gradient_clipping\" in its configuration and "
                              "call monitor.step()")
+        return self.clip_and_log(
+            self._model_parameters, max_norm, norm_type, error_if_nonfinite, foreach,
+            log=lambda: self._step(step, loss=loss, scaler=scaler))[0]
+
+    def clip_and_log(self, parameters, max_norm, norm_type, error_if_nonfinite, foreach, *,
+                     log, clipped_norm=False):
+        """`clip_grad_norm_` for integrations whose trainer clips (Lightning's): ``log()``
+        logs the step (by `log` or `step`; returns (step, whether it logged)), and the
+        gradients of ``parameters`` are clipped as ``torch.nn.utils.clip_grad_norm_(parameters,
+        ...)`` does. ``clipped_norm``: also write ``global_norm_clipped`` (``global_norm`` x
+        ``clip_coefficient``). Returns (the total norm, what ``log`` returned)."""
+        max_norm, norm_type = float(max_norm), float(norm_type)
         shared = None
         if not (self._distribution.in_pieces() or torch_clip.is_fsdp1(self._model)):
-            shared = torch_clip.shared_norms(self._model_parameters, self._parameters,
-                                             float(norm_type), foreach)
-        if shared is None:  # sharded, FSDP1, sparse, or not L2: PyTorch's own call after logging
-            number, logged = self._step(step, loss=loss, scaler=scaler)
+            shared = torch_clip.shared_norms(parameters, self._parameters, norm_type, foreach)
+        if shared is None:
+            logged = log()
             with torch.no_grad():
-                total = torch_clip.clip_grad_norm_(self._model, float(max_norm), float(norm_type),
+                total = torch_clip.clip_grad_norm_(self._model, parameters, max_norm, norm_type,
                                                    error_if_nonfinite, foreach)
-        else:  # one pass: the clip's per-tensor norms are what a norms-only step logs
-            total, clipped, self._shared_norms = shared
-
-            def clip():
-                if error_if_nonfinite:  # as PyTorch: raised before clipping
-                    torch_clip.check_finite(total, float(norm_type))
-                with torch.no_grad():
-                    torch_clip.clip_with_norm_(clipped, float(max_norm), total, foreach)
-            try:
-                number, logged = self._step(step, clip=clip, loss=loss, scaler=scaler)
-            finally:
-                self._shared_norms = None
-        if logged and writes_here():
-            before = torch_clip.host_norm(total)
-            self.write_scalars(number, {
-                "global_norm_before_clipping": before,
-                "clip_coefficient": min(1.0, float(max_norm) / (before + 1e-6))})
-        return total
+            if logged[1] and writes_here():
+                self.write_scalars(logged[0], torch_clip.clip_scalars(total, max_norm))
+            return total, logged
+        total, clipped, norms = shared
+        # As PyTorch: a non-finite norm raises before clipping (here after the step is logged).
+        refused = error_if_nonfinite and not bool(torch.isfinite(total))
+        self._clip = torch_clip.PendingClip(norms, clipped, max_norm, total, foreach,
+                                            refused, clipped_norm)
+        try:
+            logged = log()
+            self._clip.run()
+        finally:
+            self._clip = None
+        if refused:
+            torch_clip.check_finite(total, norm_type)
+        return total, logged
 
     def next_statistics(self):
         """`log`'s ``statistics`` for the next logged step of a schedule (which it counts):
@@ -417,11 +415,9 @@ class GradientMonitor:
             self._run_writer().write_epoch(step, epoch)
 
     def global_norm(self) -> Optional[float]:
-        """The global L2 norm of the watched parameters' gradients as they are now (after
-        clipping, say), on the writing process; None on the others and without gradients.
-
-        Under sharding every rank must call it, as `step`: each sends the squared norms of its
-        pieces with their keys in ONE gather, and rank 0 counts each distinct piece once."""
+        """The global L2 norm of the watched parameters' gradients as they are now, on the
+        writing process; None on the others and without gradients. Under sharding every rank
+        must call it, as `step` (ONE gather; rank 0 counts each distinct piece once)."""
         with torch.no_grad():
             if self._distribution.in_pieces():
                 return self._distribution.global_norm()
@@ -501,15 +497,19 @@ class GradientMonitor:
             stats = (torch_statistics.full_matrix(ops, entries, dtype, self._gradient_stats,
                                                   weights) if stats_due == _FULL
                      else torch_statistics.norms_only_matrix(
-                         ops, entries, dtype, self._gradient_stats, weights, self._shared_norms))
+                         ops, entries, dtype, self._gradient_stats, weights,
+                         self._clip and self._clip.norms))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):
         """Writes one logged step: statistics (with their loss and scalars) and/or histograms;
         with an optimizer, statistics wait for its step (`_after_optimizer_step`)."""
+        if self._clip is not None:  # every gradient this step logs is read
+            self._clip.run()
         scalars = None
         if stats is not None:  # now: the scaler's scale is this step's until its update()
-            scalars = self._scalars(self._layout, stats, extras.total_norm, extras.scaler)
+            scalars = self._scalars(self._layout, stats, extras.total_norm, extras.scaler,
+                                    self._clip)
         if stats is not None and self._optimizer is not None:
             self._pending = (step, stats, counts, extras.loss, scalars, extras.every_stat)
             return True
@@ -556,9 +556,11 @@ class GradientMonitor:
         return True
 
     @staticmethod
-    def _scalars(layout, stats, total_norm, scaler):
+    def _scalars(layout, stats, total_norm, scaler, clip):
         norms = stats[:, columns.position(layout.stats, "l2_norm")]
         scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
+        if clip is not None:
+            scalars.update(clip.scalars(scalars["global_norm"]))
         if total_norm is not None:
             scalars["global_norm_before_clipping"] = torch_clip.host_norm(total_norm)
         if scaler is not None and scaler.is_enabled():

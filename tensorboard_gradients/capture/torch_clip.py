@@ -4,12 +4,15 @@
 reduces over the ranks), or an FSDP1 model's own method (PyTorch's function would see only this
 rank's flat shards).
 
-For plain tensors the clip is done in two halves (`tensor_norms`, then `clip_with_norm_`), the
+For plain tensors the clip is done in two halves (`tensor_norms`, then `PendingClip.run`), the
 very operations of ``torch.nn.utils.clip_grad_norm_`` in its order (its ``_get_total_norm`` and
 ``_clip_grads_with_norm_``): the same bits, and the per-tensor L2 norms of its pass are what the
 monitor logs at a norms-only step, so clipping and logging take one pass over the gradients.
 """
 
+import dataclasses
+
+import numpy as np
 import torch
 from torch.utils._foreach_utils import (
     _device_has_foreach_support, _group_tensors_by_device_and_dtype, _has_foreach_support)
@@ -29,18 +32,19 @@ def is_fsdp1(model) -> bool:
     return isinstance(model, _fsdp1_type())
 
 
-def clip_grad_norm_(model, max_norm: float, norm_type: float, error_if_nonfinite: bool,
-                    foreach) -> torch.Tensor:
-    """Clips all of ``model``'s gradients in place, as ``torch.nn.utils.clip_grad_norm_(
-    model.parameters(), ...)``; returns the total norm before clipping."""
+def clip_grad_norm_(model, parameters, max_norm: float, norm_type: float,
+                    error_if_nonfinite: bool, foreach) -> torch.Tensor:
+    """Clips the gradients of ``parameters`` in place, as ``torch.nn.utils.clip_grad_norm_(
+    parameters, ...)``, or an FSDP1 ``model`` by its own method (all of its parameters);
+    returns the total norm before clipping."""
     if is_fsdp1(model):
         total = model.clip_grad_norm_(max_norm, norm_type)
         if error_if_nonfinite and not torch.isfinite(total):  # FSDP1's method has no such check
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
                                "`parameters` is non-finite, so it cannot be clipped")
         return total
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type,
-                                          error_if_nonfinite, foreach)
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite,
+                                          foreach)
 
 
 @torch.no_grad()
@@ -98,7 +102,43 @@ def check_finite(total, norm_type: float) -> None:
             "by the non-finite norm anyway, set `error_if_nonfinite=False`")
 
 
-def clip_with_norm_(parameters, max_norm: float, total, foreach) -> None:
-    """Scales the gradients of ``parameters`` by ``min(1, max_norm / (total + 1e-6))``:
-    PyTorch's ``clip_grads_with_norm_``."""
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach)
+def clip_scalars(total_norm, max_norm: float) -> dict:
+    """The scalars of a clip: the total norm it returned and what the gradients were
+    multiplied by, ``min(1, max_norm / (total + 1e-6))`` (NaN for a NaN total, as PyTorch's
+    clamp gives)."""
+    before = host_norm(total_norm)
+    return {"global_norm_before_clipping": before,
+            "clip_coefficient": float(np.minimum(1.0, max_norm / (before + 1e-6)))}
+
+
+@dataclasses.dataclass
+class PendingClip:
+    """A clip whose step `GradientMonitor` is logging (`GradientMonitor.clip_and_log`): the
+    per-tensor norms of its pass, which a norms-only step logs (per watched parameter, None
+    without a gradient), and its scaling of the ``clipped`` parameters' gradients, run once
+    (`run`) as soon as the step's gradients are read, before the write: so they are logged as
+    the model produced them, and scaled while still in the cache. ``refused``: the total is
+    not finite and ``error_if_nonfinite`` asked to raise instead of scaling."""
+
+    norms: list
+    clipped: list
+    max_norm: float
+    total: torch.Tensor
+    foreach: object
+    refused: bool
+    clipped_norm: bool  # also log the watched gradients' norm after clipping
+    done: bool = False
+
+    def run(self) -> None:
+        if not (self.done or self.refused):
+            torch.nn.utils.clip_grads_with_norm_(self.clipped, self.max_norm, self.total,
+                                                 self.foreach)
+        self.done = True
+
+    def scalars(self, global_norm: float) -> dict:
+        """The clip's scalars at a logged step whose watched gradients' norm is
+        ``global_norm``."""
+        scalars = clip_scalars(self.total, self.max_norm)
+        if self.clipped_norm:
+            scalars["global_norm_clipped"] = global_norm * scalars["clip_coefficient"]
+        return scalars

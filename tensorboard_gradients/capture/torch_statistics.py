@@ -17,7 +17,6 @@ No per-parameter ``.item()`` or ``.cpu()``, no other host sync.
 import numpy as np
 import torch
 
-from tensorboard_gradients.capture.torch_ops import TorchOps
 from tensorboard_gradients.format import columns, statistics
 
 
@@ -91,26 +90,6 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradien
         every_step = [i for i, name in enumerate(names) if name in columns.EVERY_STEP_STATS]
         matrix[doubtful[:, None], every_step] = exact[:, every_step]
     return matrix
-
-
-def norms_suffice(gradient_norms, sizes) -> bool:
-    """Whether a norms-only step can be logged from ``gradient_norms`` (per watched parameter
-    its norm, None without a gradient; None: none given) alone, the gradients unread: every
-    norm one the fast path trusts (`statistics.norms_only_matrix`; ``sizes``: the dense
-    sizes), all in the dtype and on the device the step is computed in (`norms_only_matrix`
-    takes them then; else it would compute its own from the gradients)."""
-    if gradient_norms is None:
-        return False
-    present = [i for i, norm in enumerate(gradient_norms) if norm is not None]
-    if not present:
-        return False
-    first = gradient_norms[present[0]]
-    dtype = TorchOps.computation_dtype([gradient_norms[i].dtype for i in present])
-    if any(gradient_norms[i].dtype != dtype or gradient_norms[i].device != first.device
-           for i in present):
-        return False
-    host = torch.stack([gradient_norms[i] for i in present]).cpu().numpy()
-    return bool(statistics.norms_only_matrix(host, np.asarray(sizes)[present])[1].all())
 
 
 def _sizes(entries, dtype):

@@ -206,8 +206,8 @@ class _TrainerMonitor(GradientMonitor):
         super().__init__(model, log_dir, **settings)
         self._clipping = clipping
 
-    def _scalars(self, layout, stats, total_norm, scaler):
-        scalars = GradientMonitor._scalars(layout, stats, total_norm, scaler)
+    def _scalars(self, layout, stats, total_norm, scaler, clip):
+        scalars = GradientMonitor._scalars(layout, stats, total_norm, scaler, clip)
         if self._clipping:  # the norm of clipped gradients; the one before comes from on_log
             scalars["global_norm_clipped"] = scalars.pop("global_norm")
         return scalars
