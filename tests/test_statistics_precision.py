@@ -25,9 +25,15 @@ def offset_gradient(ratio, size=64, seed=0):
     return (0.37 + (0.37 / ratio) * rng.standard_normal(size)).astype(np.float32)
 
 
-# Each computes the gradient stats ``stats`` (all by default) of ``entries`` in float32.
-def numpy_stats(entries, stats=columns.GRADIENT_STATS):
-    return statistics.statistics_matrix(statistics.NumpyOps, entries, None, np.float32, stats)
+def _matrix(norms_only):
+    """What a writer computes at a full step, or at a norms-only one (format 1.6)."""
+    return statistics.norms_only_statistics if norms_only else statistics.statistics_matrix
+
+
+# Each computes the gradient stats ``stats`` (all by default) of ``entries`` in float32, of a
+# norms-only step with ``norms_only``.
+def numpy_stats(entries, stats=columns.GRADIENT_STATS, norms_only=False):
+    return _matrix(norms_only)(statistics.NumpyOps, entries, None, np.float32, stats)
 
 
 # The compiled functions are kept per stats and group cap (read when traced), so that arrays of
@@ -35,14 +41,14 @@ def numpy_stats(entries, stats=columns.GRADIENT_STATS):
 # arrays with and without a NaN, and the three mean / std ratios. Compiling is most of these
 # tests' time (10-20 s a graph under XLA on 2 cores), not what they check.
 @functools.lru_cache(maxsize=None)
-def _tensorflow_function(jit, stats, group_max_entries):
+def _tensorflow_function(jit, stats, group_max_entries, norms_only):
     import tensorflow as tf
 
     from tensorboard_gradients.capture.tensorflow_ops import TensorFlowOps
 
     @tf.function(jit_compile=jit)
     def traced(gradients, dense_sizes):
-        return statistics.statistics_matrix(
+        return _matrix(norms_only)(
             TensorFlowOps, list(zip(gradients, dense_sizes)), None, tf.float32, stats)
 
     return traced
@@ -51,38 +57,40 @@ def _tensorflow_function(jit, stats, group_max_entries):
 def tensorflow_stats(jit):
     tf = pytest.importorskip("tensorflow")
 
-    def compute(entries, stats=columns.GRADIENT_STATS):
-        traced = _tensorflow_function(jit, tuple(stats), statistics.array_ops.GROUP_MAX_ENTRIES)
+    def compute(entries, stats=columns.GRADIENT_STATS, norms_only=False):
+        traced = _tensorflow_function(jit, tuple(stats), statistics.array_ops.GROUP_MAX_ENTRIES,
+                                      norms_only)
         return traced([tf.constant(g) for g, _ in entries],
                       [tf.constant(size, tf.int64) for _, size in entries]).numpy()
 
     return compute
 
 
-def torch_stats(entries, stats=columns.GRADIENT_STATS):
+def torch_stats(entries, stats=columns.GRADIENT_STATS, norms_only=False):
     torch = pytest.importorskip("torch")
     from tensorboard_gradients.capture.torch import ops_for
 
-    return statistics.statistics_matrix(
-        ops_for(torch.device("cpu")), [(torch.tensor(g), size) for g, size in entries], None,
-        torch.float32, stats).numpy()
+    return _matrix(norms_only)(
+        ops_for(torch.device("cpu")),
+        [None if entry is None else (torch.tensor(entry[0]), entry[1]) for entry in entries],
+        None, torch.float32, stats).numpy()
 
 
 @functools.lru_cache(maxsize=None)
-def _jax_function(sizes, stats, group_max_entries):
+def _jax_function(sizes, stats, group_max_entries, norms_only):
     import jax
 
     from tensorboard_gradients.capture.jax import JaxOps
 
-    return jax.jit(lambda gradients: statistics.statistics_matrix(
+    return jax.jit(lambda gradients: _matrix(norms_only)(
         JaxOps, list(zip(gradients, sizes)), None, jax.numpy.float32, stats))
 
 
-def jax_stats(entries, stats=columns.GRADIENT_STATS):
+def jax_stats(entries, stats=columns.GRADIENT_STATS, norms_only=False):
     jax = pytest.importorskip("jax")
 
     compute = _jax_function(tuple(size for _, size in entries), tuple(stats),
-                            statistics.array_ops.GROUP_MAX_ENTRIES)
+                            statistics.array_ops.GROUP_MAX_ENTRIES, norms_only)
     return np.asarray(compute([jax.numpy.asarray(g) for g, _ in entries]))
 
 
@@ -165,6 +173,65 @@ STAT_SETS = {
 }
 
 
+def _assert_rows_match_float64(stats, gradients, names):
+    """Each row equals float64 numpy's statistics of its gradient within the row's own rounding
+    bound (`stat_tolerances`); a stat NaN in the reference (or missing gradient) is NaN."""
+    for row, gradient in zip(stats, gradients):
+        if gradient is None:
+            assert np.isnan(row).all()
+            continue
+        expected = reference_stats(gradient)
+        tolerances = stat_tolerances(expected, np.float32)
+        for column, name in enumerate(names):
+            if np.isnan(expected[name]):
+                assert np.isnan(row[column]), (gradient.shape, name, row[column])
+                continue
+            # The smallest float32 step on top: a stored 1e-20 * 1e-20 is not a float32.
+            bound = tolerances[name] + np.finfo(np.float32).smallest_subnormal
+            assert abs(row[column] - expected[name]) <= bound, (
+                gradient.shape, name, row[column], expected[name])
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("case", ["ordinary", "underflowing", "non_finite", "overflowing"])
+def test_a_norms_only_step_logs_the_norms_exact_to_rounding_in_one_pass(adapter, case,
+                                                                          monkeypatch):
+    """`statistics.norms_only_statistics` (the Keras recorders' norms-only step): the
+    every-step stats as the full step computes them, the others NaN; one sum of squares per
+    gradient when every norm is trusted, the masked pass otherwise (counted where eager)."""
+    masked = []
+    masked_reduction_matrix = statistics.formulas.masked_reduction_matrix
+    monkeypatch.setattr(statistics.formulas, "masked_reduction_matrix",
+                        lambda *args: masked.append(1) or masked_reduction_matrix(*args))
+    gradients = mixed_gradients(np.random.default_rng(5))
+    if case == "ordinary":  # no square lost to underflow, every norm finite
+        gradients = [g for g in gradients if g.size == 0 or np.abs(g).max() > 1e-15]
+    elif case == "non_finite":
+        gradients[2] = gradients[2].copy()
+        gradients[2][[5, 9]] = [np.nan, np.inf]
+    elif case == "overflowing":  # finite entries whose squares overflow float32
+        gradients = [gradients[1], np.float32(3e19) * gradients[2]]
+    stats = np.asarray(ADAPTERS[adapter]()([(g, g.size) for g in gradients],
+                                           columns.GRADIENT_STATS, norms_only=True))
+    names = columns.stats_for(False, False, columns.GRADIENT_STATS)
+    every_step = [name in columns.EVERY_STEP_STATS for name in names]
+    assert np.isnan(stats[:, ~np.array(every_step)]).all()
+    _assert_rows_match_float64(stats[:, every_step], gradients,
+                               [n for n, kept in zip(names, every_step) if kept])
+    if adapter in ("numpy", "torch"):  # traced ones trace both branches
+        assert bool(masked) == (case != "ordinary")
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch"])
+def test_a_norms_only_step_leaves_a_missing_gradients_row_nan(adapter):
+    gradient = np.arange(6, dtype=np.float32)
+    stats = ADAPTERS[adapter]()([None, (gradient, 6)], columns.GRADIENT_STATS, norms_only=True)
+    names = columns.stats_for(False, False, columns.GRADIENT_STATS)
+    assert np.isnan(stats[0]).all()
+    assert stats[1, names.index("l2_norm")] == pytest.approx(np.linalg.norm(gradient), rel=1e-6)
+    assert stats[1, names.index("nan_count")] == 0
+
+
 @pytest.mark.parametrize("adapter", ADAPTERS)
 @pytest.mark.parametrize("group_max_entries", [statistics.GROUP_MAX_ENTRIES, 600])
 @pytest.mark.parametrize("non_finite", [False, True])
@@ -185,14 +252,4 @@ def test_grouped_arrays_each_get_their_own_statistics(
     names = STAT_SETS[stat_set]
     stats = np.asarray(ADAPTERS[adapter]()([(g, g.size) for g in gradients], names))
     assert stats.shape == (len(gradients), len(names))
-    for row, gradient in zip(stats, gradients):
-        expected = reference_stats(gradient)
-        tolerances = stat_tolerances(expected, np.float32)
-        for column, name in enumerate(names):
-            if np.isnan(expected[name]):
-                assert np.isnan(row[column]), (gradient.shape, name, row[column])
-                continue
-            # The smallest float32 step on top: a stored 1e-20 * 1e-20 is not a float32.
-            bound = tolerances[name] + np.finfo(np.float32).smallest_subnormal
-            assert abs(row[column] - expected[name]) <= bound, (
-                gradient.shape, name, row[column], expected[name])
+    _assert_rows_match_float64(stats, gradients, names)

@@ -141,8 +141,13 @@ class JaxOps(statistics.ArrayOps):
     minimum = staticmethod(jnp.minimum)
     all = staticmethod(jnp.all)
     shift_right = staticmethod(jnp.right_shift)
-    gather = staticmethod(lambda table, indices: table[indices])
-    take_columns = staticmethod(lambda matrix, indices: matrix[:, indices])
+    # int32 indices (the tables hold 2^12 or 2^15 rows, the matrices a few columns): with
+    # int64 ones, under `jax.enable_x64` after jnp indexing ran without it (JAX 0.10), the
+    # normalization of negative indices met an int32 size kept from before, and failed ("lax.add
+    # requires arguments to have the same dtypes").
+    gather = staticmethod(lambda table, indices: table[jnp.asarray(indices, jnp.int32)])
+    take_columns = staticmethod(
+        lambda matrix, indices: matrix[:, jnp.asarray(indices, jnp.int32)])
 
     @staticmethod
     def magnitude_bits(x):

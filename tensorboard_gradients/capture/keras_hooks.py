@@ -156,17 +156,13 @@ class Recorder:
         first; the others hold the norms only (format 1.6, `columns.EVERY_STEP_STATS`)."""
         return (index // self._every) % self._stats_every == 0
 
-    def step_statistics(self, ops, statistics_of, full):
-        """The stats matrix of a logged step: ``statistics_of(gradient_stats)`` (the backend's
-        matrix of those gradient stats, with the weight norms when logged) of every gradient
-        stat asked for when ``full``, else the norms only, from the required stats' three
-        passes (`statistics.norms_only_columns`)."""
-        if full:
-            return statistics_of(self.gradient_stats)
-        return statistics.norms_only_columns(
-            ops, statistics_of(columns.REQUIRED_STATS),
-            columns.stats_for(self.logs_weights, False, columns.REQUIRED_STATS),
-            columns.stats_for(self.logs_weights, False, self.gradient_stats))
+    def step_statistics(self, ops, entries, weights, dtype, full):
+        """The stats matrix of a logged step (`statistics.statistics_matrix`'s arguments;
+        ``weights`` None unless logged): every gradient stat asked for when ``full``, else the
+        norms only, one pass per gradient (`statistics.norms_only_statistics`)."""
+        compute = (statistics.statistics_matrix if full
+                   else statistics.norms_only_statistics)
+        return compute(ops, entries, weights, dtype, self.gradient_stats)
 
 
 def global_norm(ops, stats, stat_names, other_squares):

@@ -195,8 +195,7 @@ class StepRecorder(Recorder):
         unscaled, entries, dtype = self._entries(optimizer_variables, grads)
         weights = ([before[i].astype(dtype) for i in self._positions] if self.logs_weights
                    else None)
-        stats = self.step_statistics(JaxOps, lambda gradient_stats: statistics.statistics_matrix(
-            JaxOps, entries, weights, dtype, gradient_stats), full)
+        stats = self.step_statistics(JaxOps, entries, weights, dtype, full)
         extra = []
         if self.records_updates:
             extra.append(JaxOps.sqrt(JaxOps.square_sums(

@@ -245,16 +245,13 @@ class StepRecorder(Recorder):
         full = self.full_step(completed)
         slot = (completed // self._every) % self._stats.shape[0]
 
-        def statistics_of(gradient_stats):
-            return tensorflow_ops.gradient_statistics(
-                watched_grads, self.watched,
-                stats=gradient_stats + (("weight_l2_norm",) if self.logs_weights else ()))
-
         def record_stats():
             ops = tensorflow_ops.TensorFlowOps
-            stats = tf.cast(tf.cond(full, lambda: self.step_statistics(ops, statistics_of, True),
-                                    lambda: self.step_statistics(ops, statistics_of, False)),
-                            self.dtype)
+            entries, weights, dtype = tensorflow_ops.statistics_arguments(
+                watched_grads, self.watched, self.logs_weights)
+            stats = tf.cast(tf.cond(
+                full, lambda: self.step_statistics(ops, entries, weights, dtype, True),
+                lambda: self.step_statistics(ops, entries, weights, dtype, False)), self.dtype)
             after = int(self.records_updates) + int(self.records_adam)
             if after:  # filled in by `_store_after_update` once the optimizer applied this step
                 stats = tf.concat([stats, tf.zeros([len(self.watched), after], stats.dtype)], 1)

@@ -126,8 +126,8 @@ class StepRecorder(Recorder):
             return None
         weights = [w.to(device=device, dtype=dtype) for w in weights]
         full = self.full_step(index)
-        stats = self.step_statistics(ops, lambda gradient_stats: statistics.statistics_matrix(
-            ops, entries, weights if self.logs_weights else None, dtype, gradient_stats), full)
+        stats = self.step_statistics(ops, entries, weights if self.logs_weights else None,
+                                     dtype, full)
         others = [g.to(device=device, dtype=dtype) for v, g in zip(variables, unscaled)
                   if g is not None and id(v) not in self._watched_ids]
         other_squares = ops.sum(ops.square_sums(others)) if others else torch.zeros(

@@ -44,8 +44,12 @@ Besides the ``<name>`` statistics (and ``<name>_histograms``), the run gets the 
 ``<name>/global_norm`` (the watched parameters, before clipping), ``<name>/loss_scale`` under
 ``16-mixed`` (the GradScaler of Lightning's precision plugin), and, when the trainer clips
 (``gradient_clip_val``, by norm or value, or a ``configure_gradient_clipping`` of your own),
-``<name>/global_norm_clipped``: the norm of the same parameters' gradients measured after the
-clipping, when ``optimizer.step()`` has used them (a step the GradScaler skips has none).
+``<name>/global_norm_clipped``: the norm of the same parameters' gradients after the clipping.
+Lightning's own clipping by norm (its precision plugin's ``clip_grad_by_norm``) is done by the
+monitor in its logging pass (`torch.GradientMonitor.clip_and_log`: one pass over the gradients,
+the same bits), and the clipped norm is ``global_norm`` x ``<name>/clip_coefficient`` (NaN at a
+step the GradScaler skips: Inf gradients times 0); otherwise it is measured when
+``optimizer.step()`` has used the gradients (a skipped step has none).
 
 Strategies: single device, DDP (the model's gradients are all-reduced, rank 0 writes) and FSDP
 (``FSDPStrategy``, which Lightning creates with ``use_orig_params=True``): the monitor is made at

@@ -202,18 +202,23 @@ def gradient_statistics(gradients, variables, histograms=False, stats=None):
     """
     gradients, variables = list(gradients), list(variables)
     layout_of(gradients, variables, stats)
-    dtype = computation_dtype(gradients)
-    entries = statistics_inputs(gradients, variables, dtype)
-    weights = (
-        [tf.cast(tf.convert_to_tensor(v), dtype) for v in variables]
-        if logs_weights(variables, stats)
-        else None
-    )
+    entries, weights, dtype = statistics_arguments(gradients, variables,
+                                                   logs_weights(variables, stats))
     matrix = statistics.statistics_matrix(TensorFlowOps, entries, weights, dtype,
                                           columns.gradient_stats(stats))
     if not histograms:
         return matrix
     return matrix, histogram_matrix(entries, dtype)
+
+
+def statistics_arguments(gradients, variables, with_weights):
+    """``(entries, weights, dtype)`` of `statistics.statistics_matrix` for these gradients of
+    ``variables``: `statistics_inputs` in their computation dtype, and the variables' values
+    in it when ``with_weights`` (else None)."""
+    dtype = computation_dtype(gradients)
+    weights = ([tf.cast(tf.convert_to_tensor(v), dtype) for v in variables] if with_weights
+               else None)
+    return statistics_inputs(gradients, variables, dtype), weights, dtype
 
 
 def histogram_counts(gradients, variables):

@@ -270,15 +270,20 @@ def pass_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
     on the device or, for a caller that copies it to the host anyway (the PyTorch monitor:
     one copy, no host sync deciding the masked pass on the device), there."""
     like = ops.to_float(0, dtype)
-    given = [np.nan if g is None else g[1] for g in gradients]
-    if known_when_traced(given):
-        sizes = ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
-    else:  # sizes only known when the step runs (TensorFlow's sparse gradients)
-        sizes = ops.stack([ops.constant(size, like) for size in given])
+    sizes = _dense_sizes(ops, gradients, like)
     passes = passes_for(tuple(gradient_stats))
     missing = ops.reshape(ops.stack([ops.constant(np.nan, like)] * len(passes)), (1, -1))
     return rows_in_order(ops, gradients, lambda values: ops.pass_rows(values, passes),
                           missing), sizes
+
+
+def _dense_sizes(ops, gradients, like):
+    """``[variables]``: each gradient's dense size, NaN for a missing one."""
+    given = [np.nan if g is None else g[1] for g in gradients]
+    if known_when_traced(given):
+        return ops.constant(np.array(given, dtype=np.float64), like)  # one constant, not one each
+    # Sizes only known when the step runs (TensorFlow's sparse gradients).
+    return ops.stack([ops.constant(size, like) for size in given])
 
 
 def fast_reductions(ops, passes, gradient_stats=columns.GRADIENT_STATS):
@@ -370,6 +375,38 @@ def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GR
         if known.get(name) is not None:
             matrix[:, position] = known[name]
     return matrix, trusted
+
+
+def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """A norms-only step's `statistics_matrix` (format 1.6; same arguments and columns, only
+    `columns.EVERY_STEP_STATS` not NaN) over ``ops``, on the device, inside a traced step too:
+    ONE pass per gradient (its sum of squares) where the other steps take three, trusted as
+    `norms_only_matrix` trusts a norm (finite: no NaN or Inf entry; a square sum of at least
+    ``n * tiny / u``: no square lost to underflow). A step with any norm not trusted (rare) takes
+    the masked pass of every gradient, as `reduction_matrix` does."""
+    like = ops.to_float(0, dtype)
+    sizes = _dense_sizes(ops, gradients, like)
+    nan = ops.constant(np.nan, like)
+    squares = ops.stack([nan if g is None else ops.square_sum(g[0]) for g in gradients])
+    least_sums = sizes * ops.constant(_least_square(numpy_float(dtype)), like)
+    trusted = ops.all(ops.isnan(sizes) | (ops.isfinite(squares) & (squares >= least_sums)))
+    weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
+    names = columns.stats_for(weight_norms is not None, False, gradient_stats)
+
+    def from_norms():
+        zeros = sizes * ops.constant(0, like)  # NaN for a missing gradient, as every column
+        known = {"l2_norm": ops.sqrt(squares), "nan_count": zeros, "inf_count": zeros,
+                 "size": sizes}
+        if weight_norms is not None:
+            known["weight_l2_norm"] = ops.where(sizes == sizes, weight_norms, sizes)
+        return ops.stack([known.get(name, sizes * nan) for name in names], axis=1)
+
+    def masked():
+        return norms_only_columns(ops, statistics_from_reductions(
+            ops, masked_reduction_matrix(ops, gradients, dtype), sizes, weight_norms,
+            gradient_stats), names, names)
+
+    return ops.cond(trusted, from_norms, masked)
 
 
 def norms_only_columns(ops, matrix, computed, wanted):
