@@ -6,19 +6,21 @@ depths 4, 8 and 12 (12 blocks: ~150 tensors). Per depth, interleaved round by ro
 process:
 
 * PyTorch, eager Adam loop: ``none``; ``ours`` (`GradientMonitor`, every statistic, every
-  step); ``ours_ungrouped`` (the same with `statistics.GROUPED_ARRAY_MAX_ENTRIES` = 0: every
-  tensor reduced on its own, as before the grouped reductions); ``floor`` (the one-pass floor:
-  ``torch._foreach_norm`` over every gradient and one copy of the norms to the host).
+  step: ``stats_every_n_steps=1``, no histograms); ``ours_defaults`` (`GradientMonitor` with its
+  defaults: the norms every step, every statistic every 10th, histograms every 100th); ``floor``
+  (the one-pass floor: ``torch._foreach_norm`` over every gradient and one copy of the norms to
+  the host).
 * Keras (TensorFlow backend), ``model.fit``: ``none``; ``monitor`` (`GradientMonitor`, every
-  step); ``floor`` (``optimizer.apply`` wrapped to store ``tf.linalg.global_norm`` of the
+  statistic, every step); ``monitor_defaults`` (its defaults, as PyTorch's); ``floor`` (``optimizer.apply`` wrapped to store ``tf.linalg.global_norm`` of the
   gradients in a variable inside the traced step).
 * Own time per logged step, where step-time differences drown in noise: PyTorch, the logging
   call itself timed inside every training step; Keras, the traced statistics of one batch's
   gradients called on their own (grouped, ungrouped, and ``tf.linalg.global_norm`` as the floor).
-  The per-tensor slopes are fitted to these.
-* Work per logged step: PyTorch operators the profiler records in one ``monitor.step()`` (each is
-  at least one kernel launch on a GPU) and TensorFlow operations in the traced statistics of
-  the Keras model's gradients, grouped and ungrouped.
+  The per-tensor slopes are fitted to these (the defaults' median is a norms-only step's).
+* Work per logged step: PyTorch operators the profiler records in one ``monitor.step()`` with
+  every statistic (each is at least one kernel launch on a GPU), grouped and ungrouped (with
+  `statistics.GROUPED_ARRAY_MAX_ENTRIES` = 0: every tensor reduced on its own), and TensorFlow
+  operations in the traced statistics of the Keras model's gradients, grouped and ungrouped.
 * ``fit`` once per epoch: the 14-layer MLP of `keras_overhead` fitted one 60-step epoch per
   ``fit`` call, with one monitor kept across the calls, against the same loop without it (total
   wall time per ``fit``, tracing included).
@@ -42,6 +44,8 @@ import _common  # noqa: E402
 
 WIDTH, HEADS, TOKENS, VOCABULARY, BATCH = 128, 4, 64, 512, 16
 FULL = dict(depths=(4, 8, 12), rounds=7, steps_per_round=10, keras_steps=30, epochs=6)
+# The historical "ours": every statistic at every step (the defaults log most steps' norms only).
+EVERY_STATISTIC = dict(stats_every_n_steps=1, histograms_every_n_steps=None)
 QUICK = dict(FULL, depths=(2, 4), rounds=2, steps_per_round=4, keras_steps=12, epochs=2)
 
 ABOUT = """\
@@ -57,11 +61,14 @@ How to read this: step times in ms with their ratio to `none`. "ours - none" is 
 own cost per step and "ours / floor" divides it by the floor's (`floor - none`): how many one-pass
 norms' worth of work every statistic of every tensor costs. "per extra tensor" is the slope of
 "ours - none" over the depths (least squares; each block adds 12 PyTorch or 16 Keras tensors and
-their parameters, so it includes the passes over the added entries). `ours_ungrouped` reduces
-every tensor on its own (as before the grouped reductions): the difference is what grouping
-saves. "own time" is the logging call alone (PyTorch: timed inside each training step; Keras:
-the traced statistics of one batch's gradients called on their own): its slope over the depths
-is the cost per added tensor, free of the step-time noise. Operator counts are exact; times are
+their parameters, so it includes the passes over the added entries). `ours` and `monitor` log
+every statistic at every step; `ours_defaults` and `monitor_defaults` the monitors' defaults (the
+norms every step, every statistic every 10th, histograms every 100th). "ungrouped" reduces every
+tensor on its own (as before the grouped reductions): the difference is what grouping saves.
+"own time" is the logging call alone (PyTorch: timed inside each training step, the median, so a
+norms-only step's for the defaults; Keras: the traced statistics of one batch's gradients called
+on their own): its slope over the depths is the cost per added tensor, free of the step-time
+noise. Operator counts are exact; times are
 medians on a noisy 2-core VM (see the spread)."""
 
 
@@ -140,8 +147,8 @@ def torch_variants(model, log_dir):
 
     return {
         "none": lambda: None,
-        "ours": GradientMonitor(model, f"{log_dir}/ours").step,
-        "ours_ungrouped": ungrouped(GradientMonitor(model, f"{log_dir}/ungrouped").step),
+        "ours": GradientMonitor(model, f"{log_dir}/ours", **EVERY_STATISTIC).step,
+        "ours_defaults": GradientMonitor(model, f"{log_dir}/defaults").step,
         "floor": foreach_floor(model),
     }
 
@@ -150,7 +157,7 @@ def torch_operators(model, log_dir, grouped):
     """Operators the profiler records in one logged ``monitor.step()`` (after a warm-up)."""
     from tensorboard_gradients.torch import GradientMonitor
 
-    step = GradientMonitor(model, log_dir).step
+    step = GradientMonitor(model, log_dir, **EVERY_STATISTIC).step
     step = step if grouped else ungrouped(step)
     step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -161,7 +168,7 @@ def torch_operators(model, log_dir, grouped):
 def torch_depth(depth, rounds, steps_per_round, log_root):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCABULARY, (BATCH, TOKENS + 1))
-    names = ("none", "ours", "ours_ungrouped", "floor")
+    names = ("none", "ours", "ours_defaults", "floor")
     trainers, own = {}, {name: [] for name in names}
     for name in names:
         torch.manual_seed(0)
@@ -252,9 +259,11 @@ def keras_depth(depth, rounds, steps, log_root):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCABULARY, (BATCH * steps, TOKENS + 1)).astype("int32")
     x, y = ids[:, :-1], ids[:, 1:]
-    models = {name: keras_decoder(depth) for name in ("none", "monitor", "floor")}
+    models = {name: keras_decoder(depth)
+              for name in ("none", "monitor", "monitor_defaults", "floor")}
     FloorNorm(models["floor"])
-    monitors = {"monitor": GradientMonitor(f"{log_root}/keras_{depth}")}
+    monitors = {"monitor": GradientMonitor(f"{log_root}/keras_{depth}", **EVERY_STATISTIC),
+                "monitor_defaults": GradientMonitor(f"{log_root}/keras_{depth}_defaults")}
     times = {name: [] for name in models}
     for round_index in range(rounds + 1):  # the first round traces: not timed
         for name, model in models.items():
@@ -398,13 +407,13 @@ def render(result):
         return ", ".join(f"{label} {_slope(rows, lambda r, v=v: r['own_seconds'][v])}"
                          for label, v in variants)
 
-    torch_own = (("ours", "ours"), ("ungrouped", "ours_ungrouped"), ("floor", "floor"))
+    torch_own = (("ours", "ours"), ("defaults", "ours_defaults"), ("floor", "floor"))
     keras_own = (("monitor", "monitor"), ("ungrouped", "ungrouped"), ("floor", "floor"))
-    torch_cells = [cells(r, ("ours", "ours_ungrouped", "floor"), "ours") + [
+    torch_cells = [cells(r, ("ours", "ours_defaults", "floor"), "ours") + [
         own(r, [v for _, v in torch_own]),
         f"{r['operators']['grouped']} / {r['operators']['ungrouped']} / {r['operators']['floor']}"]
         for r in result["torch"]]
-    keras_cells = [cells(r, ("monitor", "floor"), "monitor") + [
+    keras_cells = [cells(r, ("monitor", "monitor_defaults", "floor"), "monitor") + [
         own(r, [v for _, v in keras_own]),
         f"{r['operations']['grouped']} / {r['operations']['ungrouped']}"]
         for r in result["keras"]]
@@ -415,13 +424,13 @@ def render(result):
         f"x {c['steps_per_round']} steps. Step time in ms:",
         "",
         _common.table(
-            ["blocks", "tensors", "parameters", "none", "ours", "ours_ungrouped", "floor",
+            ["blocks", "tensors", "parameters", "none", "ours", "ours_defaults", "floor",
              "ours - none", "ours / floor", "ours / none per round",
-             "own time, ms (ours / ungrouped / floor)",
+             "own time, ms (ours / defaults / floor)",
              "operators per logged step (ours / ungrouped / floor)"], torch_cells, text_columns=0),
         "",
         f"Per extra tensor (slope over the depths): ours {_slope(result['torch'], lambda r: _extra(r, 'ours'))}, "
-        f"ungrouped {_slope(result['torch'], lambda r: _extra(r, 'ours_ungrouped'))}, "
+        f"defaults {_slope(result['torch'], lambda r: _extra(r, 'ours_defaults'))}, "
         f"floor {_slope(result['torch'], lambda r: _extra(r, 'floor'))}. Own time per extra "
         f"tensor: {own_slopes(result['torch'], torch_own)}.",
         "",
@@ -429,7 +438,8 @@ def render(result):
         f"{c['rounds']} rounds after one untimed round. Step time in ms:",
         "",
         _common.table(
-            ["blocks", "tensors", "parameters", "none", "monitor", "floor", "monitor - none",
+            ["blocks", "tensors", "parameters", "none", "monitor", "monitor_defaults", "floor",
+             "monitor - none",
              "monitor / floor", "monitor / none per round",
              "statistics alone, ms (grouped / ungrouped / floor)",
              "traced statistics ops (grouped / ungrouped)"], keras_cells, text_columns=0),

@@ -3,8 +3,9 @@ on CPU: a tiny GPT-2 built from its config (nothing downloaded), token ids given
 
 What is checked against the event files: a row per optimizer step at the step the Trainer logs
 that step's loss (``state.global_step``), in the run of the Trainer's `TensorBoardCallback`; the
-statistics are those of the gradients ``optimizer.step()`` gets (after the Trainer's clipping);
-``<name>/global_norm`` is the Trainer's pre-clip ``grad_norm``; the plugin serves the run. With
+statistics are those of the gradients the model produced (the Trainer's clipping is done by the
+monitor in its pass, with the same bits); ``<name>/global_norm_before_clipping`` is the Trainer's
+``grad_norm``; the plugin serves the run. With
 gradient accumulation, bf16 and fp16 on CPU, accelerate's GradScaler wrapper (loss scale,
 skipped steps), a resumed run, and 2 processes (the Trainer's FSDP request, which accelerate
 runs as DDP on CPU, and an FSDP2-sharded model driven through the callback handler as the
@@ -39,6 +40,7 @@ from transformers.trainer_callback import (  # noqa: E402
 )
 
 import tensorboard_gradients as tg  # noqa: E402
+from tensorboard_gradients.capture.transformers import _calling_trainer  # noqa: E402
 from tensorboard_gradients.transformers import GradientMonitorCallback  # noqa: E402
 
 from conftest import (  # noqa: E402
@@ -69,17 +71,33 @@ def token_dataset(count=32):
     return [{"input_ids": ids, "labels": ids} for ids in rows]
 
 
+def _copies(model):
+    return {name: (p.grad.detach().numpy().copy(), p.detach().numpy().copy())
+            for name, p in model.named_parameters()}
+
+
 class GradientRecorder(TrainerCallback):
-    """Keeps a copy of every gradient and weight where the monitor reads them (it runs after the
-    monitor, at the same event), by the step the monitor logs them at."""
+    """Keeps a copy of every gradient and weight as the monitor reads them, by the step the
+    monitor logs them at (``steps``): the gradients the model produced, before the Trainer's
+    clipping (recorded as its clip is called: the recorder wraps the clip the monitor's
+    callback, earlier in the list, has made its own), or, without clipping, at
+    ``on_pre_optimizer_step``; and the gradients ``optimizer.step()`` gets (``clipped``)."""
 
     def __init__(self):
-        self.steps = {}
+        self.steps, self.clipped = {}, {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = _calling_trainer()
+        clip = trainer._clip_grad_norm
+
+        def recording_clip(model):
+            self.steps[trainer.state.global_step + 1] = _copies(trainer.model)
+            return clip(model)
+        trainer._clip_grad_norm = recording_clip
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps[state.global_step + 1] = {
-            name: (p.grad.detach().numpy().copy(), p.detach().numpy().copy())
-            for name, p in model.named_parameters()}
+        self.clipped[state.global_step + 1] = _copies(model)
+        self.steps.setdefault(state.global_step + 1, self.clipped[state.global_step + 1])
 
 
 def train(tmp_path, *callbacks, **arguments):
@@ -147,14 +165,19 @@ def test_a_row_per_optimizer_step_at_its_loss_step_in_the_trainers_run(tmp_path,
     np.testing.assert_array_equal(
         series.histograms.counts[1, series.variables.index("transformer.h.1.mlp.c_fc.weight")],
         reference_histogram(gradient))
-    # Clipping on (max_grad_norm=1.0, the default): the rows are the clipped gradients, the
-    # Trainer's pre-clip norm is <name>/global_norm.
+    # Clipping on (max_grad_norm=1.0, the default), done by the monitor in its pass: the rows
+    # are the gradients before clipping, the Trainer's pre-clip norm (the very tensor its clip
+    # returned) is <name>/global_norm_before_clipping, the watched ones' (all here) global_norm.
     steps = [1, 2, 3, 4]
     grad_norm = values(logged["train/grad_norm"], steps)
     assert (grad_norm > 1).all()  # so the gradients were clipped
-    assert (values(logged["gradients/global_norm"], steps) == grad_norm).all()
+    assert (values(logged["gradients/global_norm_before_clipping"], steps) == grad_norm).all()
+    np.testing.assert_allclose(values(logged["gradients/global_norm"], steps), grad_norm,
+                               rtol=norms_rtol())
+    coefficients = values(logged["gradients/clip_coefficient"], steps)
+    np.testing.assert_allclose(coefficients, 1.0 / (grad_norm + 1e-6), rtol=2**-23)
     clipped = np.sqrt([sum(np.sum(g.astype(np.float64) ** 2)
-                           for g, _ in recorder.steps[step].values()) for step in steps])
+                           for g, _ in recorder.clipped[step].values()) for step in steps])
     np.testing.assert_allclose(values(logged["gradients/global_norm_clipped"], steps), clipped,
                                rtol=norms_rtol())
     # clip_grad_norm_ scales by max_norm / (norm + 1e-6), in float32 (one rounding per entry).
@@ -176,6 +199,35 @@ def test_a_row_per_optimizer_step_at_its_loss_step_in_the_trainers_run(tmp_path,
     assert heatmap["steps"] == [1, 2, 3, 4] and tuple(heatmap["variables"]) == series.variables
     np.testing.assert_array_equal(np.array(heatmap["values"], dtype=np.float32),
                                   series.stat("l2_norm").T)
+
+
+def test_the_trainers_clip_is_done_in_the_monitors_pass_with_the_same_bits(tmp_path,
+                                                                          monkeypatch):
+    """The Trainer's clipping (max_grad_norm) is the monitor's: a norms-only step takes ONE
+    multi-tensor norm, the clip's, and training ends with the very weights the Trainer's own
+    clip gives."""
+    norms_per_step = []
+    foreach_norm = torch._foreach_norm
+
+    class Count(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            norms_per_step.append(0)
+
+    def counted(tensors, *args):
+        norms_per_step[-1] += 1
+        return foreach_norm(tensors, *args)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    monitored = train(tmp_path / "monitored", GradientMonitorCallback(
+        stats=("l2_norm",), stats_every_n_steps=3, histograms_every_n_steps=None), Count(),
+        max_steps=6)
+    assert norms_per_step[1:3] == norms_per_step[4:6] == [1, 1], norms_per_step
+    plain = train(tmp_path / "plain", Count(), max_steps=6)
+    assert all(torch.equal(p, q) for p, q in zip(monitored.model.parameters(),
+                                                  plain.model.parameters()))
+    series = the_series(tmp_path / "monitored" / "out", tensorboard_run(monitored))
+    assert series.full_rows.tolist() == [True, False, False] * 2
+    assert "_clip_grad_norm" not in vars(monitored)  # the Trainer's own method again
 
 
 def test_every_n_steps_counts_like_logging_steps_and_without_clipping(tmp_path):

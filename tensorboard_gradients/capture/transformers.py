@@ -12,9 +12,10 @@ trainer.train()
 ```
 
 The callback drives the PyTorch monitor (`tensorboard_gradients.torch.GradientMonitor`, which it
-creates at the first logged step from the model the Trainer hands its callbacks) from
-``on_pre_optimizer_step``: once per optimizer step, after the last ``backward`` of a gradient
-accumulation, after the Trainer's gradient clipping and before ``optimizer.step()``.
+creates at the first logged step from the model the Trainer hands its callbacks) once per
+optimizer step, after the last ``backward`` of a gradient accumulation: in the Trainer's
+gradient clipping when it clips (below), else at ``on_pre_optimizer_step``, before
+``optimizer.step()``.
 
 Where it writes: into the run of the Trainer's own `TensorBoardCallback` (``report_to`` with
 ``"tensorboard"``), the directory it writes ``train/loss`` to: in transformers 5 that is
@@ -32,17 +33,24 @@ column has its loss point. (The other monitors log steps 1, N+1, 2N+1, ...)
 
 What is logged, and how it relates to clipping (``max_grad_norm``, 1.0 by default):
 
-* The statistics are of the gradients ``optimizer.step()`` applies: AFTER the Trainer's clipping
-  (no callback runs between ``backward`` and the clip). Clipping multiplies every gradient of a
-  step by one factor, so the picture across layers is the Trainer's, but magnitudes are capped:
-  a step whose gradients exploded shows rows scaled down to a global norm of ``max_grad_norm``.
-* ``<name>/global_norm``: the global norm before clipping. With clipping on, it is the Trainer's
-  own ``grad_norm`` (all parameters), which the Trainer hands out only when it logs
-  (``on_log``): it is written at the logged steps the Trainer also logs at (every step with
-  ``every_n_steps`` a multiple of ``logging_steps``). With ``max_grad_norm=0`` (no clipping) it
-  is the norm of the logged (then unclipped) gradients, at every logged step.
-* ``<name>/global_norm_clipped``: with clipping on, the norm of the logged gradients (the watched
-  parameters) after clipping.
+* With clipping on, the monitor does the Trainer's clipping: the callback puts its own method in
+  place of the Trainer's ``_clip_grad_norm`` for the ``train()`` (found up the call stack: a
+  Trainer hands callbacks no reference to itself), which logs the step and clips as accelerate's
+  ``clip_grad_norm_`` does (the GradScaler's gradients unscaled, then ``torch.nn.utils
+  .clip_grad_norm_`` of the model's parameters) in one pass, the same bits
+  (`torch.GradientMonitor.clip_and_log`). The statistics are of the gradients the model
+  produced, before clipping; ``<name>/global_norm`` is their (watched) global norm,
+  ``<name>/global_norm_before_clipping`` the Trainer's ``grad_norm`` (all parameters),
+  ``<name>/clip_coefficient`` what the gradients were multiplied by and
+  ``<name>/global_norm_clipped`` the watched gradients' norm after clipping. Where accelerate
+  clips by other means (FSDP, DeepSpeed, XLA, Megatron, SageMaker model parallelism, gradients
+  on several device meshes) the Trainer clips, and the callback logs at
+  ``on_pre_optimizer_step`` what ``optimizer.step()`` applies: AFTER the clipping, with
+  ``<name>/global_norm`` the Trainer's pre-clip ``grad_norm`` (handed out only when it logs,
+  ``on_log``: at the logged steps the Trainer also logs at) and ``<name>/global_norm_clipped``
+  the norm of the logged gradients.
+* With ``max_grad_norm=0`` (no clipping) ``<name>/global_norm`` is the norm of the logged
+  gradients, at every logged step.
 * ``<name>_loss``: the Trainer's logged loss (the mean over its ``logging_steps``) at the logged
   steps it also logs at, for the loss-spike rule (the rules read ``train/loss`` otherwise).
 * ``<name>/loss_scale`` and ``<name>/skipped_step`` (1 where the update was skipped) when the
@@ -130,6 +138,8 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         self._monitor = None  # made at the first logged step of each train()
         self._clipping = False
         self._stats_step = None  # the last step whose statistics were logged
+        self._trainer = None  # the Trainer whose clipping the monitor does, during train()
+        self._clipped_step = None  # the last step logged by that clip
         self._dropped_steps = 0  # of the last train()'s monitor, once closed
         self._finished = None  # the last train()'s monitor, once closed
 
@@ -143,23 +153,62 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         self._close()
         self._dropped_steps = 0
         self._clipping = bool(args.max_grad_norm) and args.max_grad_norm > 0
+        trainer = _calling_trainer()
+        if self._clipping and trainer is not None and _clips_plainly(trainer):
+            self._trainer = trainer  # its clip is done in the monitor's pass (`_clip_grad_norm`)
+            trainer._clip_grad_norm = self._clip_grad_norm
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         # The Trainer counts this update (global_step += 1) after optimizer.step(), then logs its
         # loss at the new global_step: that is the step of these gradients.
         step = state.global_step + 1
+        if self._clipped_step != step:  # not logged by the clip
+            self._log(step, args, state, model, optimizer)
+
+    def _clip_grad_norm(self, model):
+        """The Trainer's ``_clip_grad_norm`` while the callback shares its pass: accelerate's
+        ``clip_grad_norm_`` (unscale the GradScaler's gradients, ``torch.nn.utils
+        .clip_grad_norm_`` of the model's parameters) with this step logged before the
+        gradients are scaled, by `torch.GradientMonitor.clip_and_log`: one pass, the same
+        bits. Gradients on several device meshes keep the Trainer's own."""
+        trainer = self._trainer
+        if getattr(trainer, "_has_mixed_mesh_grads", lambda model: False)(model):
+            return type(trainer)._clip_grad_norm(trainer, model)
+        trainer.accelerator.unscale_gradients()
+        args, state = trainer.args, trainer.state
+        step = state.global_step + 1
+        monitor = self._monitor_of(args, state, trainer.model, trainer.optimizer)
+        total, _ = monitor.clip_and_log(
+            list(model.parameters()), args.max_grad_norm, 2.0, False, None, clipped_norm=True,
+            log=lambda: (step, self._log(step, args, state, trainer.model, trainer.optimizer)))
+        self._clipped_step = step
+        return total
+
+    def _log(self, step, args, state, model, optimizer):
+        """Logs ``step`` if a schedule says so; whether it did."""
         every, histograms_every = (self._options["every_n_steps"],
                                    self._options["histograms_every_n_steps"])
         if step % every and not (histograms_every and step % histograms_every == 0):
-            return
-        if self._monitor is None:
-            self._monitor = _TrainerMonitor(
-                model, _tensorboard_run(args, state), clipping=self._clipping,
-                # accelerate wraps the optimizer; the hooks are the torch optimizer's
-                optimizer=getattr(optimizer, "optimizer", optimizer), **self._options)
-        self._monitor.step(step, scaler=_enabled_scaler(optimizer))  # due at multiples of N
+            return False
+        monitor = self._monitor_of(args, state, model, optimizer)
+        logged = monitor.step(step, scaler=_enabled_scaler(optimizer))  # due at multiples of N
         if step % every == 0:
             self._stats_step = step
+        return logged
+
+    def _monitor_of(self, args, state, model, optimizer):
+        """The monitor of this ``train()``, made at its first use."""
+        if self._monitor is None:
+            # In the Trainer's clip, no callback event is being called: its callbacks then.
+            callbacks = (list(self._trainer.callback_handler.callbacks)
+                         if self._trainer is not None else _trainer_callbacks())
+            self._monitor = _TrainerMonitor(
+                model, _tensorboard_run(args, state, callbacks),
+                # The clipped gradients' norm under that name, where the clip is not ours.
+                clipping=self._clipping and self._trainer is None,
+                # accelerate wraps the optimizer; the hooks are the torch optimizer's
+                optimizer=getattr(optimizer, "optimizer", optimizer), **self._options)
+        return self._monitor
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         step = state.global_step + 1
@@ -171,7 +220,8 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         logs = logs or {}
         grad_norm = logs.get("grad_norm")
         logged_here = self._stats_step == state.global_step
-        if self._clipping and grad_norm is not None and logged_here:
+        # The Trainer's pre-clip norm, where the clip is not ours (ours writes it with the step).
+        if self._clipping and self._trainer is None and grad_norm is not None and logged_here:
             self._monitor.write_scalars(state.global_step, {"global_norm": float(grad_norm)})
         # The Trainer's train/loss (the mean over its logging_steps) at the gradients' step.
         if logged_here and logs.get("loss") is not None:
@@ -181,6 +231,10 @@ class GradientMonitorCallback(transformers.TrainerCallback):
         self._close()
 
     def _close(self):
+        if self._trainer is not None:  # the Trainer's own method again
+            del self._trainer._clip_grad_norm
+            self._trainer = None
+        self._clipped_step = None
         if self._monitor is not None:
             self._monitor.close()
             self._dropped_steps = self._monitor.dropped_steps
@@ -219,8 +273,9 @@ def _enabled_scaler(optimizer):
     return scaler if scaler is not None and scaler.is_enabled() else None
 
 
-def _tensorboard_run(args, state):
-    """The run directory of the Trainer's `TensorBoardCallback` (its ``train/loss``).
+def _tensorboard_run(args, state, callbacks):
+    """The run directory of the Trainer's `TensorBoardCallback` (its ``train/loss``), among
+    the Trainer's ``callbacks``.
 
     Only process 0 writes: the others get the output directory, where nothing is written.
     """
@@ -228,7 +283,7 @@ def _tensorboard_run(args, state):
         return args.output_dir
     from transformers.integrations.integration_utils import TensorBoardCallback, default_logdir
 
-    found = [c for c in _trainer_callbacks() if isinstance(c, TensorBoardCallback)]
+    found = [c for c in callbacks if isinstance(c, TensorBoardCallback)]
     for callback in found[:1]:
         if callback.tb_writer is not None:
             try:
@@ -251,10 +306,37 @@ def _tensorboard_run(args, state):
 def _trainer_callbacks():
     """The callbacks of the `CallbackHandler` that is calling the current callback event (the
     Trainer hands a callback neither the Trainer nor the other callbacks), or []."""
+    handler = _caller(CallbackHandler)
+    return [] if handler is None else list(handler.callbacks)
+
+
+def _calling_trainer():
+    """The `transformers.Trainer` whose training loop is calling the current callback event,
+    or None (callbacks driven by hand)."""
+    return _caller(transformers.Trainer)
+
+
+def _caller(kind):
+    """The nearest ``self`` of type ``kind`` up the call stack, or None."""
     frame = sys._getframe(1)
     while frame is not None:
-        handler = frame.f_locals.get("self")
-        if isinstance(handler, CallbackHandler):
-            return list(handler.callbacks)
+        found = frame.f_locals.get("self")
+        if isinstance(found, kind):
+            return found
         frame = frame.f_back
-    return []
+    return None
+
+
+def _clips_plainly(trainer) -> bool:
+    """Whether the Trainer clips by accelerate's ``clip_grad_norm_`` of plain (or one mesh's)
+    tensors, through its ``_clip_grad_norm`` (transformers 5): not FSDP (the model's own
+    method), DeepSpeed (inside its engine), XLA, Megatron or SageMaker model parallelism."""
+    from accelerate.utils import DistributedType
+
+    from transformers.utils import is_sagemaker_mp_enabled
+
+    kind = trainer.accelerator.distributed_type
+    return (callable(getattr(type(trainer), "_clip_grad_norm", None))
+            and not is_sagemaker_mp_enabled()
+            and kind not in (DistributedType.FSDP, DistributedType.DEEPSPEED,
+                             DistributedType.XLA, DistributedType.MEGATRON_LM))
