@@ -88,7 +88,8 @@ def test_nnx_training_logs_the_gradients_of_each_update_at_its_loss_step(tmp_pat
                                                                          plugin_client):
     run = tmp_path / "nnx"
     model = MLP(nnx.Rngs(0))
-    tx = optax.chain(gradient_monitor(str(run), histograms_every_n_steps=2), optax.adam(1e-2))
+    tx = optax.chain(gradient_monitor(str(run), histograms_every_n_steps=2,
+                                      stats_every_n_steps=2), optax.adam(1e-2))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     losses = tensorboardX.SummaryWriter(str(run))
     seen = []
@@ -103,6 +104,9 @@ def test_nnx_training_logs_the_gradients_of_each_update_at_its_loss_step(tmp_pat
     assert series.variables == ROWS and series.layers == ("linear1",) * 2 + ("linear2",) * 2
     assert series.shapes == ((16,), (6, 16), (3,), (16, 3))
     assert series.steps.tolist() == loss_steps(run) == [0, 1, 2, 3, 4]
+    # Every statistic at every 2nd logged step, the norms between (one pass inside the step).
+    assert series.full_rows.tolist() == [True, False, True, False, True]
+    assert series.stats_every == 2
     for index, rows in enumerate(seen):
         for name, (gradient, weight) in rows.items():
             assert_row_matches(series, index, name, reference_stats(gradient, weight),
@@ -206,8 +210,8 @@ def test_explicit_steps_through_optax_extra_args_in_a_plain_loop_and_nnx(tmp_pat
 
 def test_inside_multisteps_each_optimizer_step_logs_its_accumulated_gradient(tmp_path):
     params = {"w": jnp.zeros(3)}
-    tx = optax.MultiSteps(optax.chain(gradient_monitor(str(tmp_path)), optax.sgd(0.1)),
-                          every_k_schedule=2)
+    tx = optax.MultiSteps(optax.chain(gradient_monitor(str(tmp_path), stats_every_n_steps=1),
+                                      optax.sgd(0.1)), every_k_schedule=2)
     state = tx.init(params)
     update = jax.jit(tx.update)
     for micro_batch in range(6):
@@ -377,7 +381,7 @@ def test_wrapping_the_optimizer_logs_each_steps_real_update(tmp_path):
     model = MLP(nnx.Rngs(0))
     adam = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
     writer = tg.GradientWriter(str(tmp_path))
-    tx = gradient_monitor(writer, optimizer=adam)
+    tx = gradient_monitor(writer, optimizer=adam, stats_every_n_steps=2)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     changes = []
     for step, (x, y) in enumerate(batches(8)):
@@ -402,10 +406,12 @@ def test_wrapping_the_optimizer_logs_each_steps_real_update(tmp_path):
     ratio = series.stat("update_weight_ratio")  # biases start at 0: no ratio at step 0
     assert np.isfinite(ratio[:, [1, 3]]).all() and np.isfinite(ratio[1:]).all()
     # Adam's beta2 read through inject_hyperparams' state: v_hat = g^2 at the first step (no
-    # cancellation: v was 0), each entry's ratio 1; then within 1 / sqrt(1 - 0.999) = 31.6.
+    # cancellation: v was 0), each entry's ratio 1; then within 1 / sqrt(1 - 0.999) = 31.6. Not
+    # a norm: logged at the steps with every statistic (every 2nd), NaN at the norms-only ones,
+    # where the update's norm is logged all the same (above).
     rms = series.stat("adam_rms")
     np.testing.assert_allclose(rms[0], 1, rtol=1e-6)
-    assert np.all((rms > 0) & (rms < 31.7))
+    assert np.all((rms[::2] > 0) & (rms[::2] < 31.7)) and np.isnan(rms[1::2]).all()
 
 
 def test_adam_rms_is_read_from_the_wrapped_optimizers_state(tmp_path):
@@ -416,7 +422,7 @@ def test_adam_rms_is_read_from_the_wrapped_optimizers_state(tmp_path):
     params = {layer: {leaf: np.asarray(value) for leaf, value in leaves.items()}
               for layer, leaves in snapshot(MLP(nnx.Rngs(0))).items()}
     tx = gradient_monitor(str(tmp_path / "adam"), optimizer=optax.chain(
-        optax.clip_by_global_norm(clip), optax.adamw(1e-2, b2=beta2)))
+        optax.clip_by_global_norm(clip), optax.adamw(1e-2, b2=beta2)), stats_every_n_steps=1)
     sgd = gradient_monitor(str(tmp_path / "sgd"), optimizer=optax.sgd(1e-2))
     state, sgd_state = tx.init(params), sgd.init(params)
     update = jax.jit(tx.update)

@@ -133,3 +133,27 @@ def test_the_queue_runs_jobs_in_order_survives_a_failing_one_and_frees_its_threa
     assert done == [1, 2, 3]
     with pytest.raises(ValueError):
         write_queue.WriteQueue(limit=0)
+
+
+def test_a_steps_scalars_go_in_its_statistics_event(tmp_path):
+    """`write_statistics(scalars=...)`: the monitors' per-step scalars share the step's event
+    (one write instead of two), and TensorBoard reads them as `write_scalars`' own."""
+    from tensorboard.backend.event_processing import event_accumulator, event_file_loader
+    from tensorboard.util import tensor_util
+
+    from tensorboard_gradients.format.layout import Layout
+
+    layout = Layout.create(["w"], [(2,)], with_weights=False)
+    with tg.GradientWriter(str(tmp_path)) as writer:
+        for step in range(3):
+            writer.write_statistics(step, layout, np.ones((1, len(layout.stats)), np.float32),
+                                    scalars={"global_norm": 2.0 * step})
+    events = [event for path in sorted(tmp_path.glob("events.*"))
+              for event in event_file_loader.EventFileLoader(str(path)).Load()
+              if event.summary.value]
+    assert [(e.step, sorted(v.tag for v in e.summary.value)) for e in events] == [
+        (step, ["gradients", "gradients/global_norm"]) for step in range(3)]
+    loaded = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    read = loaded.Reload().Tensors("gradients/global_norm")
+    assert [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in read] == [
+        (0, 0.0), (1, 2.0), (2, 4.0)]

@@ -234,15 +234,23 @@ def _weights_for(names, params):
 
 
 @functools.partial(jax.jit, static_argnames=("histograms", "stats", "gradient_stats"))
-def _matrices(gradients, weights, histograms, stats=True, gradient_stats=columns.GRADIENT_STATS):
+def _matrices(gradients, weights, histograms, stats=True, gradient_stats=columns.GRADIENT_STATS,
+              full=True):
     """(the statistics matrix of ``gradient_stats`` if ``stats``, the histogram counts if
-    ``histograms``; else None)."""
+    ``histograms``; else None). ``full``: every statistic (True), the norms only (False,
+    `statistics.norms_only_statistics`), or a traced boolean choosing between the two."""
     dtype = JaxOps.computation_dtype([g.dtype for g in gradients])
     # No reshape: a flattened sharded array would be gathered along its mesh axes first.
     entries = [(g.astype(dtype), g.size) for g in gradients]
     cast_weights = None if weights is None else [w.astype(dtype) for w in weights]
-    matrix = (statistics.statistics_matrix(JaxOps, entries, cast_weights, dtype, gradient_stats)
-              if stats else None)
+    arguments = (JaxOps, entries, cast_weights, dtype, gradient_stats)
+    matrix = None
+    if stats and isinstance(full, bool):
+        matrix = (statistics.statistics_matrix if full
+                  else statistics.norms_only_statistics)(*arguments)
+    elif stats:
+        matrix = JaxOps.cond(full, lambda: statistics.statistics_matrix(*arguments),
+                             lambda: statistics.norms_only_statistics(*arguments))
     counts = statistics.histogram_matrix(JaxOps, entries, dtype) if histograms else None
     return matrix, counts
 

@@ -396,8 +396,8 @@ class GradientMonitor(keras.callbacks.Callback):
         for step, stats, scalars in sorted(rows, key=lambda row: row[0]):
             if step <= self._last_stats_step:
                 continue
-            self._writer.write_statistics(step, self._layout, stats, loss=self._losses.get(step))
-            self._writer.write_scalars(step, scalars)
+            self._writer.write_statistics(step, self._layout, stats, loss=self._losses.get(step),
+                                          scalars=scalars)
             self._missing.warn(
                 [v for v, size in zip(self._layout.variables, stats[:, size_column]) if np.isnan(size)]
             )

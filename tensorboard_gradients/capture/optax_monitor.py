@@ -76,7 +76,7 @@ class GradientMonitorState(NamedTuple):
 
 def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
                      name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                     stats=None, optimizer=None):
+                     stats=None, optimizer=None, stats_every_n_steps=10):
     """An optax transformation that logs the statistics of the updates it sees, from inside
     ``jit``, and passes them through unchanged.
 
@@ -127,6 +127,10 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         always logged; weight_l2_norm, update_l2_norm and adam_rms only when named.
       optimizer: the optax optimizer (a `GradientTransformation`) to wrap, whose updates (and
         Adam's RMS) are logged too (see above); None: the updates pass through unchanged.
+      stats_every_n_steps: every statistic at the logged steps s with ``(s // every_n_steps)
+        % stats_every_n_steps == 0`` (the first, then every N-th logged step), the norms and
+        NaN/Inf counts only between (`columns.EVERY_STEP_STATS`: one pass over each gradient;
+        the other columns NaN, in the state too); 1: every statistic at every logged step.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
@@ -137,12 +141,12 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         ``step`` that is not an integer.
     """
     return _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, include,
-                           exclude, strict, stats, optimizer)
+                           exclude, strict, stats, optimizer, stats_every_n_steps)
 
 
 def clip_by_global_norm(max_norm, log_dir=None, every_n_steps=1, histograms_every_n_steps=None,
                         name=metadata.DEFAULT_NAME, include=None, exclude=None, strict=False,
-                        stats=None, optimizer=None):
+                        stats=None, optimizer=None, stats_every_n_steps=10):
     """``optax.clip_by_global_norm(max_norm)`` that logs: an optax transformation that logs the
     gradients it is given as `gradient_monitor` does (before clipping), then clips the whole
     tree by optax's own ``clip_by_global_norm`` (the same numbers), and, at the logged steps,
@@ -161,7 +165,7 @@ def clip_by_global_norm(max_norm, log_dir=None, every_n_steps=1, histograms_ever
     Args:
       max_norm: as ``optax.clip_by_global_norm``'s.
       log_dir, every_n_steps, histograms_every_n_steps, name, include, exclude, strict, stats,
-        optimizer: as `gradient_monitor`'s (``include`` and ``exclude`` choose what is logged;
+        optimizer, stats_every_n_steps: as `gradient_monitor`'s (``include`` and ``exclude`` choose what is logged;
         the whole tree is clipped).
 
     Returns:
@@ -171,16 +175,17 @@ def clip_by_global_norm(max_norm, log_dir=None, every_n_steps=1, histograms_ever
       ValueError: as `gradient_monitor`, and a ``max_norm`` that is not a positive number.
     """
     return _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, include,
-                           exclude, strict, stats, optimizer,
+                           exclude, strict, stats, optimizer, stats_every_n_steps,
                            max_norm=options.positive_number("max_norm", max_norm))
 
 
 def _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, include, exclude,
-                    strict, stats, optimizer, max_norm=None):
+                    strict, stats, optimizer, stats_every_n_steps, max_norm=None):
     """`gradient_monitor`, and with ``max_norm`` `clip_by_global_norm`."""
     import optax  # here, not at the top: `log_gradients` works without optax
 
     every_n_steps = options.positive_int("every_n_steps", every_n_steps)
+    stats_every = options.stats_every(stats_every_n_steps)
     histograms_every_n_steps = options.optional_positive_int(
         "histograms_every_n_steps", histograms_every_n_steps)
     name = options.non_empty_name(name)
@@ -238,7 +243,7 @@ def _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, incl
         layout = Layout.create(names, [g.shape for g in gradients],
                                with_weights=weights is not None, with_updates=logs_updates,
                                gradient_stats=gradient_stats,
-                               with_optimizer=adam is not None)
+                               with_optimizer=adam is not None, stats_every=stats_every)
         if layout.variables != state.variables:
             raise ValueError(
                 f"gradient_monitor was initialised with leaves {list(state.variables)[:5]}, the "
@@ -252,14 +257,18 @@ def _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, incl
             def run(gradients, weights, applied, adam, step, loss, clipped, last):
                 if not (stats_due or histograms_due):
                     return last
+                # Every statistic at every stats_every-th logged step, the norms between.
+                full = (step // every_n_steps) % stats_every == 0
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
-                                          gradient_stats)
+                                          gradient_stats, full if stats_every > 1 else True)
                 if stats is not None and applied is not None:
                     norms = JaxOps.sqrt(JaxOps.square_sums([u.astype(stats.dtype)
                                                             for u in applied]))
                     stats = jnp.concatenate([stats, norms[:, None]], 1)
-                if stats is not None and adam is not None:
-                    rms = optax_adam.adam_rms(JaxOps, *adam, stats.dtype)
+                if stats is not None and adam is not None:  # not a norm: NaN when norms only
+                    rms = JaxOps.cond(
+                        full, lambda: optax_adam.adam_rms(JaxOps, *adam, stats.dtype),
+                        lambda: jnp.full(stats.shape[:1], jnp.nan, stats.dtype))
                     stats = jnp.concatenate([stats, rms[:, None]], 1)
                 if writer is not None:
                     write = functools.partial(_write_step, writer, layout)

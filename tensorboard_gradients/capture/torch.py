@@ -551,8 +551,8 @@ class GradientMonitor:
         if stats is None:
             writer.write_histograms(step, self._layout, counts)
         else:
-            writer.write_statistics(step, self._layout, stats, counts, loss=loss)
-            writer.write_scalars(step, scalars)
+            writer.write_statistics(step, self._layout, stats, counts, loss=loss,
+                                    scalars=scalars)
         return True
 
     @staticmethod

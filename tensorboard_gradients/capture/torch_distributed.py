@@ -264,6 +264,9 @@ class Distribution:
         self._fsdp1 = _fsdp1_pieces(model)
         if self._zero_stage:
             _check_zero_parameters(parameters)
+        # Fixed for the parameters held: sharding later makes new ones (see `check`).
+        self._in_pieces = (bool(self._fsdp1) or self._zero_stage > 0
+                           or any(_is_dtensor(p) for _, p in parameters))
 
     def full_shape(self, parameter):
         """The shape of the whole ``parameter`` (FSDP1 and ZeRO-3 leave a piece in its place)."""
@@ -278,8 +281,7 @@ class Distribution:
 
     def in_pieces(self):
         """Whether any watched parameter is split over the ranks (`gather_step` logs them)."""
-        return (bool(self._fsdp1) or self._zero_stage > 0
-                or any(_is_dtensor(p) for _, p in self._parameters))
+        return self._in_pieces
 
     def check(self, sizes, in_pieces):
         """Raises ValueError for a setup the monitor would log wrongly or hang on: a parameter

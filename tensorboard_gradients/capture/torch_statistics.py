@@ -64,18 +64,16 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradien
     present = [entry[0] for entry in entries if entry is not None]
     given = ([n for n, entry in zip(gradient_norms, entries) if entry is not None]
              if gradient_norms is not None else [None])
+    weights = [] if weights is None else [on_device(w, device, dtype) for w in weights]
     if all(n is not None and n.dtype == dtype and n.device == device for n in given):
-        norms = torch.stack(given)
-    else:
-        norms = torch.stack(torch._foreach_norm(present, 2))
-    if weights is not None:
-        weights = [on_device(w, device, dtype) for w in weights]
-        norms = torch.cat([norms, torch.stack(torch._foreach_norm(weights, 2))])
-    host = norms.cpu().numpy()
+        norms = given + (torch._foreach_norm(weights, 2) if weights else [])
+    else:  # one multi-tensor norm of the gradients and the weights
+        norms = torch._foreach_norm(present + weights, 2)
+    host = torch.stack(norms).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
     gradient_norms[[i for i, entry in enumerate(entries) if entry is not None]] = \
         host[:len(present)]
-    weight_norms = host[len(present):] if weights is not None else None
+    weight_norms = host[len(present):] if weights else None
     sizes = _sizes(entries, host.dtype)
     matrix, trusted = statistics.norms_only_matrix(gradient_norms, sizes, weight_norms,
                                                    gradient_stats)
@@ -86,7 +84,7 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradien
         exact = statistics.statistics_from_reductions(
             statistics.NumpyOps, rows, sizes[doubtful],
             None if weight_norms is None else weight_norms[doubtful], gradient_stats)
-        names = columns.stats_for(weights is not None, False, gradient_stats)
+        names = columns.stats_for(bool(weights), False, gradient_stats)
         every_step = [i for i, name in enumerate(names) if name in columns.EVERY_STEP_STATS]
         matrix[doubtful[:, None], every_step] = exact[:, every_step]
     return matrix

@@ -240,6 +240,7 @@ class GradientWriter:
         histogram_counts: Optional[np.ndarray] = None,
         description: Optional[str] = None,
         loss=None,
+        scalars: Optional[Mapping[str, float]] = None,
     ) -> str:
         """Writes matrices computed elsewhere (e.g. on the accelerator, inside a train step).
 
@@ -250,11 +251,14 @@ class GradientWriter:
           histogram_counts: optional ``[len(layout.variables), columns.HISTOGRAM_BINS]``.
           description: optional, stored with the tag's metadata.
           loss: this step's training loss, as `write`'s.
+          scalars: `write_scalars`' scalars of this step, written in the same event (one write
+            instead of two).
 
         Returns:
           The tag written to (also when the step was dropped: see `dropped_steps`).
         """
         loss = _loss_value(loss)
+        scalars = {key: float(value) for key, value in (scalars or {}).items()}
         expected = (len(layout.variables), len(layout.stats))
         if np.shape(stats) != expected:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
@@ -277,6 +281,7 @@ class GradientWriter:
                                                         description))
                 if loss is not None:
                     values.append(self._loss_value(loss))
+                values += [self._scalar_value(key, value) for key, value in scalars.items()]
                 if self._emit(step, values):
                     # As written: the digest and the alerts judge what the readers will read.
                     written = tensor_util.make_ndarray(values[0].tensor)
