@@ -246,18 +246,23 @@ def run_alone(args, full, collect, render, **collect_options):
 # summary_overhead.py and torch_overhead.py: variants of one training step, timed per batch size.
 
 
-def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3):
+def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3,
+                           synchronize=lambda: None):
     """{name: [seconds per step of each round]} of ``trainers`` ({name: one training step}),
-    each warmed up, then timed round by round in turn, so machine noise hits them alike."""
+    each warmed up, then timed round by round in turn, so machine noise hits them alike.
+    ``synchronize`` waits for the work queued on an accelerator (``torch.cuda.synchronize``):
+    called before and after each timed round."""
     for train_step in trainers.values():
         for _ in range(warmup_steps):
             train_step()
     times = {name: [] for name in trainers}
     for _ in range(rounds):
         for name, train_step in trainers.items():
+            synchronize()
             start = time.perf_counter()
             for _ in range(steps_per_round):
                 train_step()
+            synchronize()
             times[name].append((time.perf_counter() - start) / steps_per_round)
     return times
 

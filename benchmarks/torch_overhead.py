@@ -28,6 +28,15 @@ interleaved round by round in one process, so machine noise hits them alike:
                   torch.utils.tensorboard.SummaryWriter (the hand-written recipe)
 
     python benchmarks/torch_overhead.py [--quick] [--batch 256,1024] [--rounds N]
+        [--width W] [--device cuda]
+
+On one GPU (issue 36: a step of a model of at least 100M parameters, the defaults within 1.02x):
+
+    python benchmarks/torch_overhead.py --device cuda --width 3072 --features 3072 \
+        --batch 1024,4096
+
+(14 layers of width 3,072: 123M parameters; the twelve variants' models, gradients and Adam
+states take 12 x 2 GB.) The rounds are timed between `torch.cuda.synchronize()` calls.
 """
 
 import tempfile
@@ -39,7 +48,8 @@ from tensorboard_gradients.torch import GradientMonitor
 import _common
 
 LAYERS = 14
-FULL = dict(batch=(256, 1024), width=256, features=64, rounds=15, steps_per_round=20)
+FULL = dict(batch=(256, 1024), width=256, features=64, rounds=15, steps_per_round=20,
+            device="cpu")
 QUICK = dict(FULL, batch=(256,), rounds=5, steps_per_round=10)
 
 ABOUT = """\
@@ -59,12 +69,12 @@ a fixed cost per step that a short step shows most. "per round" is the spread of
 the rounds: differences inside it are noise."""
 
 
-def build(width, features):
+def build(width, features, device="cpu"):
     torch.manual_seed(0)
     layers = [torch.nn.Linear(features, width), torch.nn.ReLU()]
     for _ in range(LAYERS - 2):
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(device)
 
 
 def hook_histograms(model, _, __):
@@ -141,15 +151,15 @@ TARGETS = (
 )
 
 
-def measure(width, batch, features, rounds, steps_per_round):
+def measure(width, batch, features, rounds, steps_per_round, device="cpu"):
     """Per variant: seconds per step of each round, all variants interleaved round by round."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, features, generator=generator)
-    y = torch.randint(0, 10, (batch,), generator=generator)
+    x = torch.randn(batch, features, generator=generator).to(device)
+    y = torch.randint(0, 10, (batch,), generator=generator).to(device)
     tmp = tempfile.mkdtemp()
     trainers = {}
     for name, attach in VARIANTS.items():
-        model = build(width, features)
+        model = build(width, features, device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         log = attach(model, f"{tmp}/{name}", optimizer)
 
@@ -159,20 +169,29 @@ def measure(width, batch, features, rounds, steps_per_round):
             log()
             optimizer.step()
         trainers[name] = train_step
-    return _common.interleaved_step_times(trainers, rounds, steps_per_round)
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (
+        lambda: None)
+    return _common.interleaved_step_times(trainers, rounds, steps_per_round,
+                                          synchronize=synchronize)
 
 
 def collect(settings):
     """{"config": settings and the model's size, "rows": one per batch size}."""
     model = build(settings["width"], settings["features"])
+    device = torch.device(settings["device"])
     config = dict(
         settings,
         parameters=sum(p.numel() for p in model.parameters()),
         tensors=len(list(model.parameters())),
         torch=torch.__version__,
         threads=torch.get_num_threads(),
+        device_name=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                     else "CPU"),
     )
-    rows = _common.rows_per_batch(settings, measure, [(v, b) for v, b, _, _ in TARGETS])
+    del model
+    rows = _common.rows_per_batch(
+        settings, lambda *sizes: measure(*sizes, device=settings["device"]),
+        [(v, b) for v, b, _, _ in TARGETS])
     return {"config": config, "rows": rows}
 
 
@@ -181,7 +200,8 @@ def render(result):
     lines = [
         f"{LAYERS}-layer ReLU MLP (width {c['width']}, {c['features']} inputs, 10 classes; "
         f"{c['parameters']:,} parameters in {c['tensors']} tensors), Adam, eager PyTorch "
-        f"{c['torch']} on CPU ({c['threads']} threads); median over {c['rounds']} rounds x "
+        f"{c['torch']} on {c.get('device_name', 'CPU')} ({c['threads']} CPU threads); median "
+        f"over {c['rounds']} rounds x "
         f"{c['steps_per_round']} steps. Step time in ms (ratio to none):",
         "",
     ]
@@ -206,6 +226,7 @@ def render(result):
 
 def main():
     parser = _common.step_time_parser(__doc__.splitlines()[0])
+    parser.add_argument("--device", help="where the models train: cpu (default), cuda")
     args = _common.parse_args(parser, FULL, QUICK)
     _common.run_alone(args, FULL, collect, render)
 

@@ -122,30 +122,44 @@ def test_the_cadences_can_be_set_and_a_step_logged_by_hand_holds_what_it_asks(tm
         GradientMonitor(model, tmp_path, stats_every_n_steps=1001)
 
 
-def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stats", [("l2_norm",), None], ids=["l2_norm", "defaults"])
+def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkeypatch, stats):
     """`clip_grad_norm_` at a norms-only step takes one pass over the gradients: PyTorch's
-    multi-tensor norm, whose per-tensor results are the logged norms (no second one)."""
+    multi-tensor norm, whose per-tensor results are the logged norms (no second one); the
+    weights' norms, when logged, are one more multi-tensor norm."""
     torch.manual_seed(0)
     model = sigmoid_mlp(depth=2)
     calls = []
     foreach_norm = torch._foreach_norm
     monkeypatch.setattr(torch, "_foreach_norm",
                         lambda tensors, *args: calls.append(len(tensors)) or foreach_norm(tensors, *args))
-    with GradientMonitor(model, tmp_path, stats=("l2_norm",)) as monitor:
+    before = []
+    with GradientMonitor(model, tmp_path, stats=stats) as monitor:
         for step, (x, y) in enumerate(batches(4)):
             model.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             if step == 3:  # a NaN entry: counted before the clip spreads it (NaN x every entry)
                 model[0].weight.grad[0, 0] = float("nan")
             reference = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            before.append(model[0].weight.grad.numpy().astype(np.float64))
             calls.clear()
             total = monitor.clip_grad_norm_(1.0)
             assert torch.equal(total, reference) or (step == 3 and total.isnan() and reference.isnan())
-            if step in (1, 2):  # norms-only: the clip's pass alone
-                assert calls == [len(list(model.parameters()))]
+            if step in (1, 2):  # norms-only: the clip's pass alone (and the weights')
+                parameters = len(list(model.parameters()))
+                assert calls == [parameters] + [parameters] * (stats is None)
     series = series_of(tmp_path)
     assert series.full_rows.tolist() == [True, False, False, False]
     assert series.stat("nan_count")[3].tolist() == [1, 0, 0, 0, 0, 0]
+    # The clip's norms (of the gradients before it) and the weights' at every step, each a
+    # float32 norm within norm_rtol of float64's.
+    np.testing.assert_allclose(series.stat("l2_norm")[:3, 0],
+                               [np.linalg.norm(g) for g in before[:3]],
+                               rtol=norm_rtol(before[0].size))
+    if stats is None:
+        weight = model[0].weight.detach().numpy().astype(np.float64)
+        np.testing.assert_allclose(series.stat("weight_l2_norm")[:, 0], np.linalg.norm(weight),
+                                   rtol=norm_rtol(weight.size))
 
 
 def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):

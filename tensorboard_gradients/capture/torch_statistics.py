@@ -66,7 +66,7 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradien
              if gradient_norms is not None else [None])
     weights = [] if weights is None else [on_device(w, device, dtype) for w in weights]
     if all(n is not None and n.dtype == dtype and n.device == device for n in given):
-        norms = given + (torch._foreach_norm(weights, 2) if weights else [])
+        norms = given + (list(torch._foreach_norm(weights, 2)) if weights else [])
     else:  # one multi-tensor norm of the gradients and the weights
         norms = torch._foreach_norm(present + weights, 2)
     host = torch.stack(norms).cpu().numpy()
