@@ -387,7 +387,11 @@ def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns
     like = ops.to_float(0, dtype)
     sizes = _dense_sizes(ops, gradients, like)
     nan = ops.constant(np.nan, like)
-    squares = ops.stack([nan if g is None else ops.square_sum(g[0]) for g in gradients])
+    present = [g[0] for g in gradients if g is not None]
+    squares = ops.square_sums(present) if present else None  # one pass each, one call
+    if len(present) < len(gradients):  # a missing gradient's row: NaN
+        found = iter(range(len(present)))
+        squares = ops.stack([nan if g is None else squares[next(found)] for g in gradients])
     least_sums = sizes * ops.constant(_least_square(numpy_float(dtype)), like)
     trusted = ops.all(ops.isnan(sizes) | (ops.isfinite(squares) & (squares >= least_sums)))
     weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
