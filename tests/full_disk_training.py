@@ -23,10 +23,13 @@ FILE_LIMIT = 1 << 30
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a kill
 
 
-def disk(step):
+def disk(step, settle=lambda: None):
     """Fills the disk at FULL_FROM (no file may grow past its current size) and frees it at
-    FULL_UNTIL. Called before each training step with its 1-based number."""
+    FULL_UNTIL. Called before each training step with its 1-based number. ``settle`` writes
+    what the writer's background thread still holds first: the steps before FULL_FROM are on
+    disk, and their file exists, before its size is taken."""
     if step == FULL_FROM:
+        settle()
         # Every file this process writes is under LOGDIR: the largest is the monitor's.
         sizes = [os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(LOGDIR) for f in fs]
         limit = max(sizes) + 100  # room for part of a record, not a whole one: a torn write
@@ -48,8 +51,10 @@ if FRAMEWORK == "torch":
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = GradientMonitor(model, LOGDIR, histograms_every_n_steps=3, strict=STRICT)
+    # The monitor's writer (private: the PyTorch monitor has no flush of its own; made at the
+    # first logged step).
     for step in range(1, STEPS + 1):
-        disk(step)
+        disk(step, lambda: monitor._writer.flush())
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(torch.tensor(x)), torch.tensor(y)).backward()
         monitor.step(step)
@@ -74,7 +79,7 @@ elif FRAMEWORK == "tensorflow":
         kernel.assign_sub(0.01 * grads[0])
 
     for step in range(1, STEPS + 1):
-        disk(step)
+        disk(step, monitor.flush)
         train_step(tf.constant(step, tf.int64))
     trained = STEPS
 elif FRAMEWORK == "jax":
@@ -87,7 +92,7 @@ elif FRAMEWORK == "jax":
     loss = lambda p: jax.numpy.mean((x @ p["dense"]["kernel"] - y) ** 2)  # noqa: E731
     monitor = GradientWriter(LOGDIR, strict=STRICT)
     for step in range(1, STEPS + 1):
-        disk(step)
+        disk(step, monitor.flush)
         grads = jax.grad(loss)(params)
         log_gradients(monitor, grads, step, params=params, histograms=step % 3 == 1)
         params = jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads)
