@@ -41,8 +41,8 @@ Order of calls in the usual recipes:
   the scaler skips has Inf/NaN gradients: they are logged as such.
 * Clipping: ``total_norm = monitor.clip_grad_norm_(max_norm)`` in place of both ``step()`` and
   PyTorch's ``clip_grad_norm_``: it logs the pre-clip gradients and clips exactly as PyTorch
-  does, in one pass where it can (`GradientMonitor.clip_grad_norm_`). Clipping yourself, call ``monitor.step()`` before ``clip_grad_norm_``, and pass what it returns,
-  ``monitor.step(total_norm=...)``.
+  does, in one pass where it can (`GradientMonitor.clip_grad_norm_`). Clipping yourself, call
+  ``monitor.step()`` before ``clip_grad_norm_`` and pass it what that returns (``total_norm=``).
 * The optimizer: ``GradientMonitor(model, writer, optimizer=optimizer)`` also logs, per
   parameter, the update the optimizer made (``update_l2_norm``; the tab shows update/weight) and,
   for Adam and AdamW, the RMS of ``g / sqrt(v)`` (``adam_rms``), read from the optimizer after its
