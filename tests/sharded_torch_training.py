@@ -10,12 +10,15 @@ FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
 
 Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
 ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | fsdp1_accumulate
-| fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal | fsdp2_clip | fsdp1_clip
+| fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal | ENGINE_clip | fsdp2_clip_every2
 (``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
 ``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
 ``monitor.step()`` at step 1; ``fsdp2_misnumbered``: rank 1 passes another step number there.
 ``*_clip``: ``monitor.clip_grad_norm_`` instead of ``step``, the reference logging and then
-clipping with PyTorch's. GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
+clipping with PyTorch's; the lines also count the collectives the monitor's clip issued
+(``collectives``) and, where it can run, PyTorch's own clip of the same gradients afterwards
+(``pytorch_collectives``; max_norm 1e9 multiplies them by exactly 1). ``fsdp2_clip_every2``:
+the same, logging every 2nd step. GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
 """
 
 import contextlib
@@ -26,6 +29,9 @@ import os
 import sys
 
 engine, rank, world, port, logdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+clips = "_clip" in engine
+every_n_steps = 2 if engine.endswith("_every2") else 1
+engine = engine.split("_clip")[0] if clips else engine  # the sharding
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 
 import torch  # noqa: E402
@@ -39,6 +45,32 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
 
 from rank_exit import leave_together  # noqa: E402
 from tensorboard_gradients.torch import GradientMonitor  # noqa: E402
+
+@contextlib.contextmanager
+def counting_collectives():
+    """Counts (in the list yielded) the collectives called inside: c10d's and the functional
+    ones DTensor redistributes with."""
+    import torch.distributed._functional_collectives as functional
+
+    count, patched = [0], []
+    for module, names in ((dist, ("all_reduce", "all_gather", "gather", "broadcast", "reduce",
+                                  "all_gather_into_tensor", "reduce_scatter_tensor")),
+                          (functional, ("all_reduce", "all_gather_tensor",
+                                        "reduce_scatter_tensor", "all_to_all_single"))):
+        for name in names:
+            original = getattr(module, name)
+
+            def counted(*args, original=original, **kwargs):
+                count[0] += 1
+                return original(*args, **kwargs)
+            patched.append((module, name, original))
+            setattr(module, name, counted)
+    try:
+        yield count
+    finally:
+        for module, name, original in patched:
+            setattr(module, name, original)
+
 
 STEPS, LOCAL_BATCH = 3, 4
 CLIP = 0.05  # the *_clip engines' max_norm: below these gradients' norms, so they are clipped
@@ -57,7 +89,7 @@ if engine.startswith("fsdp2"):
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-elif engine in ("fsdp1", "fsdp1_accumulate", "fsdp1_hybrid", "fsdp1_clip"):  # FSDP1 wrapping each Linear
+elif engine in ("fsdp1", "fsdp1_accumulate", "fsdp1_hybrid"):  # FSDP1 wrapping each Linear
     data_rank, data_ranks = rank, world
     hybrid = engine == "fsdp1_hybrid"
     model = FullyShardedDataParallel(
@@ -84,7 +116,8 @@ else:
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 # fsdp2_unequal: rank 1 watches only the first layer (as a pipeline stage would hold others).
 watched = r"^0\." if engine == "fsdp2_unequal" and rank == 1 else None
-monitor = GradientMonitor(model, os.path.join(logdir, "sharded"), include=watched)
+monitor = GradientMonitor(model, os.path.join(logdir, "sharded"), include=watched,
+                          every_n_steps=every_n_steps)
 reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
 reference_monitor = GradientMonitor(reference, os.path.join(logdir, "reference")) if rank == 0 else None
 per_data_rank = world * LOCAL_BATCH // data_ranks
@@ -107,16 +140,27 @@ for step in range(STEPS):
          ).backward()
     else:
         torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
-    norm = None
-    if engine.endswith("_clip"):  # the monitor logs, then clips the whole model over the ranks
-        norm = monitor.clip_grad_norm_(max_norm=CLIP)
+    norm = collectives = pytorch_collectives = None
+    if clips:  # the monitor logs, then clips the whole model over the ranks
+        with counting_collectives() as collectives:
+            norm = monitor.clip_grad_norm_(max_norm=CLIP)
+            float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # no more
+        with counting_collectives() as pytorch_collectives:
+            try:
+                if engine.startswith("fsdp1"):
+                    model.clip_grad_norm_(max_norm=1e9)
+                else:
+                    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+                    float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+            except (RuntimeError, NotImplementedError, AssertionError):
+                pytorch_collectives = None  # PyTorch cannot (two meshes, plain next to DTensor)
     elif engine.startswith("fsdp2") or engine == "hsdp":
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
     elif engine.startswith("fsdp1"):
         norm = model.clip_grad_norm_(max_norm=1e9)
     if engine == "fsdp2_misnumbered" and rank == 1 and step == 1:  # a rank with its own count
         monitor.step(step=101, total_norm=norm)
-    elif engine.endswith("_clip"):
+    elif clips:
         pass
     elif not (engine == "fsdp2_skip" and rank == 1 and step == 1):  # a rank that skips a call
         monitor.step(total_norm=norm)
@@ -124,7 +168,7 @@ for step in range(STEPS):
     optimizer.zero_grad()
     if rank == 0:
         torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
-        if engine.endswith("_clip"):  # logged before clipping, as the monitor's clip does
+        if clips:  # logged before clipping, as the monitor's clip does
             reference_monitor.step()
             reference_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=CLIP)
         else:
@@ -134,7 +178,10 @@ for step in range(STEPS):
         reference_optimizer.zero_grad()
         value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         print(json.dumps({"step": step, "clip_norm": None if norm is None else float(value),
-                          "reference_norm": float(reference_norm)}), flush=True)
+                          "reference_norm": float(reference_norm),
+                          "collectives": collectives and collectives[0],
+                          "pytorch_collectives": pytorch_collectives and pytorch_collectives[0]}),
+              flush=True)
 monitor.close()
 if reference_monitor:
     reference_monitor.close()

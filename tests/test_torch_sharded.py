@@ -43,7 +43,7 @@ def _train(engine, world, logdir):
 @pytest.mark.parametrize("engine,world", [
     ("fsdp2", 2), ("fsdp2", 4), ("hsdp", 4), ("tp", 2), ("fsdp_tp", 4),
     ("fsdp1", 2), ("fsdp1_hybrid", 4), ("fsdp2_accumulate", 2), ("fsdp1_accumulate", 2),
-    ("fsdp2_clip", 2), ("fsdp1_clip", 2),
+    ("fsdp2_clip", 2), ("fsdp1_clip", 2), ("hsdp_clip", 4), ("tp_clip", 2), ("fsdp_tp_clip", 4),
 ])
 def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
     norms = _train(engine, world, tmp_path)
@@ -68,6 +68,28 @@ def test_sharded_statistics_equal_the_unsharded_model(tmp_path, engine, world):
             assert logged == pytest.approx(printed["clip_norm"], rel=1e-5)
     if engine.endswith("_clip"):  # trained clipped (the later steps' equality says alike)
         assert all(printed["reference_norm"] > 0.05 for printed in norms)
+        # The clip and the logged step share ONE collective (the monitor's gather), where
+        # PyTorch's own clip (or FSDP1's) alone takes at least one (the counter sees them);
+        # the first step adds the monitor's one check that every rank watches alike.
+        assert [printed["collectives"] for printed in norms] == [2] + [1] * (len(norms) - 1)
+        if printed["pytorch_collectives"] is not None:
+            assert all(printed["pytorch_collectives"] >= 1 for printed in norms)
+
+
+def test_a_step_not_logged_is_clipped_by_pytorch_and_trains_alike(tmp_path):
+    # Logged every 2nd step: step 1's clip is PyTorch's (its collective, no gather).
+    norms = _train("fsdp2_clip_every2", 2, tmp_path)
+    runs = tg.read_logdir(str(tmp_path))
+    sharded, reference = runs["sharded"]["gradients"], runs["reference"]["gradients"]
+    assert list(sharded.steps) == [0, 2]
+    # Step 2's gradients follow the weights step 1's clip left: equal to the reference's, as
+    # in `test_sharded_statistics_equal_the_unsharded_model`.
+    np.testing.assert_allclose(sharded.values, reference.values[[0, 2]], rtol=1e-5, atol=1e-7)
+    # Step 0: the gather and the monitor's first-step check; step 1: PyTorch's own clip.
+    assert [printed["collectives"] >= 1 for printed in norms] == [True] * 3
+    assert (norms[0]["collectives"], norms[2]["collectives"]) == (2, 1)
+    for printed in norms:
+        assert printed["clip_norm"] == pytest.approx(printed["reference_norm"], rel=1e-5)
 
 
 def test_a_rank_that_skips_a_step_fails_the_job_at_the_group_timeout_instead_of_hanging(tmp_path):

@@ -221,7 +221,7 @@ class GradientMonitor:
         self._missing = MissingGradientWarnings(logger)
         # A logged step's statistics and extras, until the optimizer's step completes the row.
         self._pending = None
-        self._clip = None  # a `torch_clip.PendingClip` while `clip_grad_norm_` logs
+        self._clip = None  # a `torch_clip.PendingClip` while `clip_and_log` logs
 
     def _optimizer_reader(self, optimizer, selected):
         """The reader of ``optimizer``'s updates, hooked after its steps (None: none logged)."""
@@ -295,13 +295,13 @@ class GradientMonitor:
         Logged are the gradients the model produced (before clipping), and at the logged steps
         ``<name>/global_norm_before_clipping`` (the returned norm) and ``<name>/clip_coefficient``
         (``min(1, max_norm / (total + 1e-6))``, what the gradients were multiplied by). With
-        plain tensors (DDP included) and the L2 norm the clip and the logging take one pass:
-        the clip's per-tensor norms are what a norms-only step logs, and the gradients are
-        scaled as soon as the step has read them. Clipped are all of the model's parameters with
-        a gradient, also those ``include`` and ``exclude`` leave unwatched. Under FSDP2, HSDP and
-        tensor parallel PyTorch's own function computes the norm over the ranks; an FSDP1 model
-        clips by its ``clip_grad_norm_`` (``max_norm`` and ``norm_type``; ``error_if_nonfinite``
-        checked on the norm it returns). Every rank must call it, as `step`.
+        the L2 norm the clip and the logging share their work: with plain tensors (DDP too)
+        one pass, the clip's per-tensor norms being what a norms-only step logs; in pieces
+        (FSDP2, HSDP, tensor parallel, FSDP1) one collective at a logged step, the monitor's
+        gather, which brings every rank the total (`torch_clip.ShardedClip`; a DTensor total
+        is returned replicated). Clipped are all of the model's parameters with a gradient,
+        also those ``include`` and ``exclude`` leave unwatched. Elsewhere PyTorch's function
+        clips (an FSDP1 model its own method). Every rank must call it, as `step`.
 
         Args:
           max_norm, norm_type, error_if_nonfinite, foreach: as ``torch.nn.utils
@@ -329,31 +329,31 @@ class GradientMonitor:
         gradients of ``parameters`` are clipped as ``torch.nn.utils.clip_grad_norm_(parameters,
         ...)`` does. ``clipped_norm``: also write ``global_norm_clipped`` (``global_norm`` x
         ``clip_coefficient``). Returns (the total norm, what ``log`` returned)."""
-        max_norm, norm_type = float(max_norm), float(norm_type)
-        shared = None
-        if not (self._distribution.in_pieces() or torch_clip.is_fsdp1(self._model)):
-            shared = torch_clip.shared_norms(parameters, self._parameters, norm_type, foreach)
-        if shared is None:
-            logged = log()
-            with torch.no_grad():
-                total = torch_clip.clip_grad_norm_(self._model, parameters, max_norm, norm_type,
-                                                   error_if_nonfinite, foreach)
-            if logged[1] and writes_here():
-                self.write_scalars(logged[0], torch_clip.clip_scalars(total, max_norm))
-            return total, logged
-        total, clipped, norms = shared
-        # As PyTorch: a non-finite norm raises before clipping (here after the step is logged).
-        refused = error_if_nonfinite and not bool(torch.isfinite(total))
-        self._clip = torch_clip.PendingClip(norms, clipped, max_norm, total, foreach,
-                                            refused, clipped_norm)
+        max_norm, norm_type, parameters = float(max_norm), float(norm_type), list(parameters)
+        clip = None
+        if self._distribution.in_pieces():
+            clip = self._distribution.sharded_clip(parameters, max_norm, norm_type,
+                                                   error_if_nonfinite, foreach, clipped_norm)
+        elif not torch_clip.is_fsdp1(self._model):
+            clip = torch_clip.PendingClip.shared(parameters, self._parameters, max_norm,
+                                                 norm_type, error_if_nonfinite, foreach,
+                                                 clipped_norm)
+        self._clip = clip
         try:
             logged = log()
-            self._clip.run()
+            if clip is None or clip.total is None:  # not shared (or a step not gathered)
+                with torch.no_grad():
+                    total = torch_clip.clip_grad_norm_(self._model, parameters, max_norm,
+                                                       norm_type, error_if_nonfinite, foreach)
+                if logged[1] and writes_here():
+                    self.write_scalars(logged[0], torch_clip.clip_scalars(total, max_norm))
+                return total, logged
+            clip.run()
         finally:
             self._clip = None
-        if refused:
-            torch_clip.check_finite(total, norm_type)
-        return total, logged
+        if clip.refused:  # as PyTorch: raised before clipping (here after the step is logged)
+            torch_clip.check_finite(clip.total, norm_type)
+        return clip.returned_total, logged
 
     def next_statistics(self):
         """`log`'s ``statistics`` for the next logged step of a schedule (which it counts):
@@ -463,7 +463,7 @@ class GradientMonitor:
         # it keeps): the shards' rules combine the same reductions either way.
         gathered = self._distribution.gather_step(
             step, self._gradient_stats if stats_due == _FULL else columns.REQUIRED_STATS,
-            self._logs_weights, histograms_due)
+            self._logs_weights, histograms_due, self._clip)
         if gathered is None:
             return False
         absent = np.isnan(gathered.reductions[:, statistics.REDUCTIONS.index("present")])

@@ -8,9 +8,19 @@ For plain tensors the clip is done in two halves (`tensor_norms`, then `PendingC
 very operations of ``torch.nn.utils.clip_grad_norm_`` in its order (its ``_get_total_norm`` and
 ``_clip_grads_with_norm_``): the same bits, and the per-tensor L2 norms of its pass are what the
 monitor logs at a norms-only step, so clipping and logging take one pass over the gradients.
+
+For gradients in pieces (`ShardedClip`: DTensors, FSDP1's shards) the total norm comes with the
+logged step: every rank sends its pieces' squared norms in the monitor's gather of that step,
+made an all-gather, and computes the total from the distinct pieces, so clipping and logging
+share ONE collective where PyTorch's clip and the monitor's gather took two; every rank then
+scales its own pieces as ``clip_grads_with_norm_`` does. The total is the same number on every
+rank, equal to PyTorch's up to the order of float32 rounding (PyTorch reduces per-rank norms).
 """
 
 import dataclasses
+import functools
+import types
+from typing import Optional
 
 import numpy as np
 import torch
@@ -45,20 +55,6 @@ def clip_grad_norm_(model, parameters, max_norm: float, norm_type: float,
         return total
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite,
                                           foreach)
-
-
-@torch.no_grad()
-def shared_norms(parameters, watched, norm_type: float, foreach):
-    """``(total norm, the parameters clipped, the ``watched`` (name, parameter) pairs'
-    gradient norms)`` of PyTorch's clip pass over the dense gradients of ``parameters``
-    (`tensor_norms`); None where the monitor leaves the clip to PyTorch's own call: a sparse
-    gradient, a norm other than L2 (the monitor logs L2 norms)."""
-    clipped = [p for p in parameters if p.grad is not None]
-    if norm_type != 2.0 or any(p.grad.is_sparse for p in clipped):
-        return None
-    total, norms = tensor_norms([p.grad for p in clipped], norm_type, foreach)
-    by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
-    return total, clipped, [by_parameter.get(id(p)) for _, p in watched]
 
 
 def tensor_norms(gradients, norm_type: float, foreach):
@@ -129,11 +125,32 @@ class PendingClip:
     clipped_norm: bool  # also log the watched gradients' norm after clipping
     done: bool = False
 
+    @classmethod
+    @torch.no_grad()
+    def shared(cls, parameters, watched, max_norm, norm_type, error_if_nonfinite, foreach,
+               clipped_norm) -> Optional["PendingClip"]:
+        """The clip of the dense gradients of ``parameters`` whose pass (`tensor_norms`) gives
+        the ``watched`` (name, parameter) pairs' norms; None where the monitor leaves the clip
+        to PyTorch's own call: a sparse gradient, a norm other than L2 (the monitor logs L2
+        norms)."""
+        clipped = [p for p in parameters if p.grad is not None]
+        if norm_type != 2.0 or any(p.grad.is_sparse for p in clipped):
+            return None
+        total, norms = tensor_norms([p.grad for p in clipped], norm_type, foreach)
+        by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
+        return cls([by_parameter.get(id(p)) for _, p in watched], clipped, max_norm, total,
+                   foreach, error_if_nonfinite and not bool(torch.isfinite(total)), clipped_norm)
+
     def run(self) -> None:
         if not (self.done or self.refused):
             torch.nn.utils.clip_grads_with_norm_(self.clipped, self.max_norm, self.total,
                                                  self.foreach)
         self.done = True
+
+    @property
+    def returned_total(self):
+        """The total norm as ``clip_grad_norm_`` returns it."""
+        return self.total
 
     def scalars(self, global_norm: float) -> dict:
         """The clip's scalars at a logged step whose watched gradients' norm is
@@ -142,3 +159,53 @@ class PendingClip:
         if self.clipped_norm:
             scalars["global_norm_clipped"] = global_norm * scalars["clip_coefficient"]
         return scalars
+
+
+@dataclasses.dataclass
+class ShardedClip(PendingClip):
+    """A `PendingClip` of gradients in pieces (see the module): ``clipped`` holds this rank's
+    piece of each clipped parameter's gradient (None: none here), scaled in place; ``keys``
+    name the pieces (`torch_distributed`'s keys: equal keys are replicas, counted once); the
+    total is `settle`\'d from the gather of the logged step, None until then (a step the monitor
+    does not log is clipped by PyTorch's own function). ``mesh``: the DTensor gradients' device
+    mesh, on which the total is returned replicated (a DTensor, as PyTorch's is), or None."""
+
+    keys: list = None
+    error_if_nonfinite: bool = False
+    mesh: object = None
+
+    def squared_norms(self) -> torch.Tensor:
+        """``[clipped]`` float64 on the CPU: each piece's squared L2 norm (0 where none),
+        its norm computed as ``clip_grad_norm_`` computes a tensor's."""
+        present = [i for i, piece in enumerate(self.clipped) if piece is not None]
+        squares = torch.zeros(len(self.clipped), dtype=torch.float64)
+        if present:
+            _, norms = tensor_norms([self.clipped[i] for i in present], 2.0, self.foreach)
+            squares[present] = torch.stack([n.cpu() for n in norms]).to(torch.float64) ** 2
+        return squares
+
+    def settle(self, total: float) -> None:
+        """Takes the total norm over the ranks (the same on every rank), in the gradients'
+        dtype and on their device, as PyTorch's."""
+        present = [piece for piece in self.clipped if piece is not None]
+        dtype = functools.reduce(torch.promote_types, [p.dtype for p in present], torch.float32)
+        device = present[0].device if present else torch.device("cpu")
+        self.total = torch.tensor(total, dtype=dtype, device=device)
+        self.refused = self.error_if_nonfinite and not np.isfinite(total)
+
+    def run(self) -> None:
+        # PyTorch's scaling (its arithmetic, its grouping), given the pieces where it reads
+        # parameters' ``.grad``.
+        if not self.done:
+            self.clipped = [types.SimpleNamespace(grad=piece) for piece in self.clipped
+                            if piece is not None]
+        super().run()
+
+    @property
+    def returned_total(self):
+        if self.mesh is None:
+            return self.total
+        from torch.distributed.tensor import DTensor, Replicate
+
+        return DTensor.from_local(self.total, self.mesh, [Replicate()] * self.mesh.ndim,
+                                  run_check=False)

@@ -8,8 +8,9 @@ parallel, HSDP meshes; FSDP1 with ``use_orig_params=True``; DeepSpeed ZeRO stage
 reduces the pieces it holds to a small ``[parameters, k]`` matrix, ONE ``gather`` brings those to
 rank 0, which combines them by each reduction's rule (`statistics.combine_shards`), counting
 each distinct piece once (`counted_pieces`: replicas hold the same values); no parameter is ever
-gathered whole (`Distribution.gather_step`). DeepSpeed is never imported here but for ZeRO-3's
-``safe_get_local_grad``.
+gathered whole (`Distribution.gather_step`). A clip by the monitor (`Distribution.sharded_clip`)
+rides in the same collective, then an all-gather, so that every rank has the total norm.
+DeepSpeed is never imported here but for ZeRO-3's ``safe_get_local_grad``.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tensorboard_gradients.capture import torch_clip
 from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
 from tensorboard_gradients.format import statistics
 
@@ -192,15 +194,19 @@ def exact_counts(reductions, entries):
     return reductions
 
 
-def _gather_to_rank_zero(matrix, device):
-    """Every rank's ``matrix`` stacked ``[ranks, ...]`` as numpy on rank 0 (None on the others):
-    one collective, on the group's CPU backend when it has one, else on ``device``."""
+def _gather_to_rank_zero(matrix, device, everywhere=False):
+    """Every rank's ``matrix`` stacked ``[ranks, ...]`` as numpy on rank 0 (None on the others;
+    on every rank when ``everywhere``: an all-gather): one collective, on the group's CPU
+    backend when it has one, else on ``device``."""
     distributed = torch.distributed
     sent = matrix.to(collective_device(_group_device_types(), device))
     rank, world = distributed.get_rank(), distributed.get_world_size()
-    received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 else None
-    distributed.gather(sent, received, dst=0)
-    return torch.stack(received).cpu().numpy() if rank == 0 else None
+    received = [torch.empty_like(sent) for _ in range(world)] if rank == 0 or everywhere else None
+    if everywhere:
+        distributed.all_gather(received, sent)
+    else:
+        distributed.gather(sent, received, dst=0)
+    return torch.stack(received).cpu().numpy() if received is not None else None
 
 
 def squared_norm(gradient):
@@ -315,11 +321,46 @@ class Distribution:
             return None
         return float(engine.optimizer.loss_scale)
 
-    def gather_step(self, step, gradient_stats, logs_weights, histograms) -> Optional[GatheredStep]:
+    @torch.no_grad()  # so that a DTensor's local piece is its own tensor, scaled in place
+    def sharded_clip(self, parameters, max_norm, norm_type, error_if_nonfinite, foreach,
+                     clipped_norm) -> Optional[torch_clip.ShardedClip]:
+        """The clip of ``parameters``' gradients (a list, the same on every rank) that shares
+        the logged step's gather (`gather_step`'s ``clip``); None where PyTorch's own clip
+        (or FSDP1's) must do it: a norm other than L2 (the monitor logs L2 norms), a sparse
+        gradient, a DTensor gradient with pending partial sums (its pieces are not yet its
+        values), DeepSpeed (it clips inside its step)."""
+        if norm_type != 2.0 or self._zero_stage:
+            return None
+        pieces, keys, mesh = [], [], None
+        for parameter in parameters:
+            gradient = parameter.grad
+            if gradient is None:
+                pieces.append(None)
+                keys.append(None)
+                continue
+            if gradient.is_sparse:
+                return None
+            if _is_dtensor(gradient):
+                if any(isinstance(p, _dtensor_types()[1]) for p in gradient.placements):
+                    return None
+                mesh = mesh or gradient.device_mesh
+            piece, key = self._pieces(parameter)[0]
+            pieces.append(piece)
+            keys.append(key)
+        return torch_clip.ShardedClip(None, pieces, max_norm, None, foreach, False, clipped_norm,
+                                      keys=keys, error_if_nonfinite=error_if_nonfinite,
+                                      mesh=mesh)
+
+    def gather_step(self, step, gradient_stats, logs_weights, histograms,
+                    clip=None) -> Optional[GatheredStep]:
         """Every rank reduces its pieces of the ``gradient_stats`` (and the weights' squares
         when ``logs_weights``, the histograms when ``histograms``); ONE gather brings them to
         rank 0, which combines them. None on the other ranks, and on rank 0 when the ranks sent
-        different steps (logged as an error: that step is left out, not mixed)."""
+        different steps (logged as an error: that step is left out, not mixed).
+
+        ``clip``: a `sharded_clip` whose pieces' squared norms travel in the same collective,
+        then an all-gather, so every rank settles the same total norm from the distinct
+        pieces (whatever the steps sent)."""
         pieces = [self._pieces(p) for _, p in self._parameters]
         present = [g[0] for g, _ in pieces if g is not None]
         dtype = TorchOps.computation_dtype([g.dtype for g in present] or [torch.float32])
@@ -346,8 +387,11 @@ class Distribution:
         if histograms:
             columns_sent.append(
                 statistics.histogram_matrix(ops, entries, dtype).to(torch.float64).cpu())
-        # One collective per logged step, on the small matrix; only rank 0 receives it.
-        parts = _gather_to_rank_zero(torch.cat(columns_sent, dim=1), device)
+        sent = torch.cat(columns_sent, dim=1)
+        if clip is None:  # one collective per logged step, on the small matrix, to rank 0
+            parts = _gather_to_rank_zero(sent, device)
+        else:
+            parts = self._gather_with_clip(sent, clip, device)
         if parts is None:
             return None
         steps = parts[:, 0, 0]
@@ -370,6 +414,22 @@ class Distribution:
             weight_norms=(np.sqrt(np.where(counted, parts[:, :, width], 0.0).sum(axis=0))
                           if logs_weights else None),
             histograms=counts, dtype=stored)
+
+    @staticmethod
+    def _gather_with_clip(sent, clip, device):
+        """`gather_step`'s collective carrying ``clip``'s rows too, to every rank, which
+        settles its total; returns the step's parts on rank 0 (None elsewhere)."""
+        keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
+                for key in clip.keys]
+        rows = torch.cat([clip.squared_norms()[:, None], torch.tensor(keys, dtype=torch.float64)
+                          .reshape(len(keys), _PIECE_KEY_WIDTH)], dim=1)
+        both = _gather_to_rank_zero(torch.cat([sent.reshape(-1), rows.reshape(-1)]), device,
+                                    everywhere=True)
+        ranks = len(both)
+        clip_parts = both[:, sent.numel():].reshape(ranks, *rows.shape)
+        counted = counted_pieces(clip_parts[:, :, 1:])
+        clip.settle(float(np.sqrt(np.where(counted, clip_parts[:, :, 0], 0.0).sum())))
+        return both[:, :sent.numel()].reshape(ranks, *sent.shape) if writes_here() else None
 
     def global_norm(self) -> Optional[float]:
         """`GradientMonitor.global_norm` of parameters in pieces: each rank sends the squared
