@@ -46,13 +46,13 @@ no logging, the usual recipe (clip with `clip_grad_norm_`, rank 0 logs the total
 parameter, every step), interleaved round by round in the same two processes."""
 
 HOW_TO_READ = """\
-How to read this: the monitor sends one small matrix per logged step (one row per parameter
-tensor, 17 float64 columns, 82 with histograms) from every rank to rank 0 in ONE `gather`,
-whatever the number of entries: bytes grow with the number of tensors, not with their size, and
-no parameter is gathered (the first logged step adds one tiny all-reduce, a check that every
-rank watches the same parameters; the table shows later steps). `monitor.clip_grad_norm_` makes
-that collective an all-gather carrying the squared norms of the gradient pieces too: the clip
-and the logged step take one collective, where the recipe's clip and the monitor took two. Step times are medians over the
+How to read this: the monitor sends one small matrix per logged step (one row per parameter tensor,
+17 float64 columns, 82 with histograms) from every rank to rank 0 in ONE `gather`, whatever the
+number of entries: bytes grow with the number of tensors, not with their size, and no parameter is
+gathered (the first logged step adds one tiny all-reduce, a check that every rank watches the same
+parameters; the table shows later steps). `monitor.clip_grad_norm_` makes that collective an all-
+gather carrying the squared norms of the gradient pieces too: the clip and the logged step take one
+collective, where the recipe's clip and the monitor took two. Step times are medians over the
 rounds of rank 0 (the ranks wait for each other in every collective); "ours vs recipe" has issue
 36's target: 1.02x (the per-tensor norms logged where the recipe clips); issue 15 asked every
 statistic within 5% (ours_all). "per round" is the spread over the rounds: differences inside it
@@ -99,9 +99,11 @@ class SentBytes:
             setattr(dist, name, self._counting(original))
 
     def _counting(self, original):
-        def call(tensor, *args, **kwargs):
-            self.bytes += tensor.numel() * tensor.element_size()
-            return original(tensor, *args, **kwargs)
+        def call(first, *args, **kwargs):
+            # all_gather(outputs, tensor) takes a list first: the tensor sent is the next.
+            sent = args[0] if isinstance(first, list) else first
+            self.bytes += sent.numel() * sent.element_size()
+            return original(first, *args, **kwargs)
         return call
 
     def close(self):
