@@ -203,3 +203,20 @@ def test_a_failing_digest_never_stops_training(logdir, monkeypatch, caplog):
     records = _digest_records(logdir)
     assert len(records) == 2 and "void" in records[-1][1] and calls == [1000, 1000]
     assert sum("stops the digest" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("array", [
+    np.float32(1.5), np.float64(-2.0), np.array(np.nan, np.float32),
+    np.ones((1,), np.float64), np.zeros((0, 3), np.float32),
+    RNG.normal(size=(28, 12)).astype(np.float32), RNG.normal(size=(3, 64)),
+    np.array([[np.nan, np.inf], [-np.inf, -0.0]], np.float32),
+    RNG.normal(size=(4, 6)).astype(np.float32)[:, ::2],  # not contiguous
+    np.arange(6, dtype=np.int64).reshape(2, 3),  # not a float: TensorBoard's converter
+])
+def test_the_writers_tensor_protos_are_tensorboards_byte_for_byte(array):
+    from tensorboard.util import tensor_util
+
+    from tensorboard_gradients.format.writer import tensor_proto
+
+    assert (tensor_proto(array).SerializeToString()
+            == tensor_util.make_tensor_proto(array).SerializeToString())

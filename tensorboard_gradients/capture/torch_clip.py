@@ -188,8 +188,9 @@ class ShardedClip(PendingClip):
         """Takes the total norm over the ranks (the same on every rank), in the gradients'
         dtype and on their device, as PyTorch's."""
         present = [piece for piece in self.clipped if piece is not None]
-        dtype = functools.reduce(torch.promote_types, [p.dtype for p in present], torch.float32)
-        device = present[0].device if present else torch.device("cpu")
+        dtype = functools.reduce(torch.promote_types, [p.dtype for p in present] or [torch.float32])
+        device = (present[0].device if present  # a rank holding no piece: the mesh's device
+                  else torch.device(self.mesh.device_type if self.mesh else "cpu"))
         self.total = torch.tensor(total, dtype=dtype, device=device)
         self.refused = self.error_if_nonfinite and not np.isfinite(total)
 
