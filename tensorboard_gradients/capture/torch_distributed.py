@@ -162,6 +162,14 @@ def _local_piece(tensor):
                                           for c, p in zip(coordinate, tensor.placements)))
 
 
+def _key_columns(keys):
+    """``[len(keys), _PIECE_KEY_WIDTH]`` float64: the pieces' keys, NaN for None (off the mesh:
+    not counted)."""
+    return torch.tensor([[float("nan")] * _PIECE_KEY_WIDTH if key is None
+                         else list(map(float, key)) for key in keys],
+                        dtype=torch.float64).reshape(len(keys), _PIECE_KEY_WIDTH)
+
+
 def collective_device(device_types, gradients_device):
     """Where the monitor's gather runs, from the default process group's backends' device
     types: the CPU when a backend takes CPU tensors (gloo), else the accelerator (an NCCL-only
@@ -194,7 +202,7 @@ def exact_counts(reductions, entries):
     return reductions
 
 
-def _gather_to_rank_zero(matrix, device, everywhere=False):
+def _gather(matrix, device, everywhere=False):
     """Every rank's ``matrix`` stacked ``[ranks, ...]`` as numpy on rank 0 (None on the others;
     on every rank when ``everywhere``: an all-gather): one collective, on the group's CPU
     backend when it has one, else on ``device``."""
@@ -231,6 +239,13 @@ def counted_pieces(keys):
     counted = np.zeros((ranks, parameters), dtype=bool)
     counted[rank[first], parameter[first]] = True
     return counted
+
+
+def _counted_norm(parts):
+    """The L2 norm from gathered ``[ranks, pieces, 1 + _PIECE_KEY_WIDTH]`` rows (a piece's squared
+    norm, its key), each distinct piece counted once."""
+    counted = counted_pieces(parts[:, :, 1:])
+    return float(np.sqrt(np.where(counted, parts[:, :, 0], 0.0).sum()))
 
 
 def writes_here():
@@ -378,18 +393,16 @@ class Distribution:
         # Without weight norms to log, zeros keep the gathered matrix's shape.
         weight_squares = (ops.square_sums([w.to(device=device, dtype=dtype) for _, (w, _) in pieces])
                           if logs_weights else torch.zeros(len(pieces), device=device))
-        keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
-                for _, (_, key) in pieces]
         columns_sent = [torch.full((len(pieces), 1), float(step), dtype=torch.float64),
                         exact_counts(reductions.to(torch.float64).cpu(), entries),
                         weight_squares.to(torch.float64).cpu()[:, None],
-                        torch.tensor(keys, dtype=torch.float64)]
+                        _key_columns([key for _, (_, key) in pieces])]
         if histograms:
             columns_sent.append(
                 statistics.histogram_matrix(ops, entries, dtype).to(torch.float64).cpu())
         sent = torch.cat(columns_sent, dim=1)
         if clip is None:  # one collective per logged step, on the small matrix, to rank 0
-            parts = _gather_to_rank_zero(sent, device)
+            parts = _gather(sent, device)
         else:
             parts = self._gather_with_clip(sent, clip, device)
         if parts is None:
@@ -419,36 +432,26 @@ class Distribution:
     def _gather_with_clip(sent, clip, device):
         """`gather_step`'s collective carrying ``clip``'s rows too, to every rank, which
         settles its total; returns the step's parts on rank 0 (None elsewhere)."""
-        keys = [[float("nan")] * _PIECE_KEY_WIDTH if key is None else list(map(float, key))
-                for key in clip.keys]
-        rows = torch.cat([clip.squared_norms()[:, None], torch.tensor(keys, dtype=torch.float64)
-                          .reshape(len(keys), _PIECE_KEY_WIDTH)], dim=1)
-        both = _gather_to_rank_zero(torch.cat([sent.reshape(-1), rows.reshape(-1)]), device,
+        rows = torch.cat([clip.squared_norms()[:, None], _key_columns(clip.keys)], dim=1)
+        both = _gather(torch.cat([sent.reshape(-1), rows.reshape(-1)]), device,
                                     everywhere=True)
         ranks = len(both)
         clip_parts = both[:, sent.numel():].reshape(ranks, *rows.shape)
-        counted = counted_pieces(clip_parts[:, :, 1:])
-        clip.settle(float(np.sqrt(np.where(counted, clip_parts[:, :, 0], 0.0).sum())))
+        clip.settle(_counted_norm(clip_parts))
         return both[:, :sent.numel()].reshape(ranks, *sent.shape) if writes_here() else None
 
     def global_norm(self) -> Optional[float]:
         """`GradientMonitor.global_norm` of parameters in pieces: each rank sends the squared
         norms of its pieces with their keys in ONE gather, and rank 0 counts each distinct
         piece once (None on the other ranks)."""
-        rows = []
-        for _, parameter in self._parameters:
-            gradient, _ = self._pieces(parameter)
-            if gradient is None or gradient[1] is None:
-                rows.append([0.0] + [float("nan")] * _PIECE_KEY_WIDTH)
-            else:
-                piece, key = gradient
-                rows.append([float(squared_norm(piece))] + list(map(float, key)))
-        parts = _gather_to_rank_zero(torch.tensor(rows, dtype=torch.float64),
-                                     self._parameters[0][1].device)
-        if parts is None:
-            return None
-        counted = counted_pieces(parts[:, :, 1:])
-        return float(np.sqrt(np.where(counted, parts[:, :, 0], 0.0).sum()))
+        gradients = [self._pieces(parameter)[0] for _, parameter in self._parameters]
+        held = [g is not None and g[1] is not None for g in gradients]
+        squares = torch.tensor([float(squared_norm(g[0])) if h else 0.0
+                                for g, h in zip(gradients, held)], dtype=torch.float64)
+        parts = _gather(torch.cat([squares[:, None], _key_columns(
+            [g[1] if h else None for g, h in zip(gradients, held)])], dim=1),
+            self._parameters[0][1].device)
+        return None if parts is None else _counted_norm(parts)
 
     def _pieces(self, parameter):
         """((gradient piece, key) or None, (weight piece, key)) of one parameter on this rank."""
