@@ -11,6 +11,7 @@ FSDP + TP puts them on two meshes: PyTorch raises in its own norm).
 Usage: sharded_torch_training.py ENGINE RANK WORLD PORT LOGDIR
 ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | fsdp1_accumulate
 | fsdp2_skip | fsdp2_misnumbered | fsdp2_unequal | ENGINE_clip | fsdp2_clip_every2
+| fsdp2_clip_nonfinite
 (``*_accumulate``: each rank's batch in two micro-batches, gradients synchronised on the second
 ``backward`` only; the monitor logs once per optimizer step. ``fsdp2_skip``: rank 1 does not call
 ``monitor.step()`` at step 1; ``fsdp2_misnumbered``: rank 1 passes another step number there.
@@ -18,7 +19,10 @@ ENGINE: fsdp2 | hsdp | tp | fsdp_tp | fsdp1 | fsdp1_hybrid | fsdp2_accumulate | 
 clipping with PyTorch's; the lines also count the collectives the monitor's clip issued
 (``collectives``) and, where it can run, PyTorch's own clip of the same gradients afterwards
 (``pytorch_collectives``; max_norm 1e9 multiplies them by exactly 1). ``fsdp2_clip_every2``:
-the same, logging every 2nd step. GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
+the same, logging every 2nd step; ``fsdp2_clip_nonfinite``: at step 1 rank 1 puts a NaN in its
+piece of the first weight's gradient and every rank clips with ``error_if_nonfinite=True``,
+printing ``{"step", "refused", "unchanged"}`` (the error, and whether its gradient pieces are
+bit for bit what they were) and stopping there. GROUP_TIMEOUT_S in the environment sets the process group's timeout, default 60 s.)
 """
 
 import contextlib
@@ -31,6 +35,7 @@ import sys
 engine, rank, world, port, logdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 clips = "_clip" in engine
 every_n_steps = 2 if engine.endswith("_every2") else 1
+nonfinite = engine.endswith("_nonfinite")
 engine = engine.split("_clip")[0] if clips else engine  # the sharding
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 
@@ -141,6 +146,20 @@ for step in range(STEPS):
     else:
         torch.nn.functional.mse_loss(model(inputs[step, rows]), targets[step, rows]).backward()
     norm = collectives = pytorch_collectives = None
+    if nonfinite and step == 1:
+        with torch.no_grad():
+            if rank == 1:
+                model[0].weight.grad.to_local().view(-1)[0] = float("nan")
+            before = [p.grad.to_local().clone() for p in model.parameters()]
+        try:
+            monitor.clip_grad_norm_(max_norm=CLIP, error_if_nonfinite=True)
+            refused = None
+        except RuntimeError as error:
+            refused = str(error)
+        unchanged = all(torch.allclose(b, p.grad.to_local(), rtol=0, atol=0, equal_nan=True)
+                        for b, p in zip(before, model.parameters()))
+        print(json.dumps({"step": step, "refused": refused, "unchanged": unchanged}), flush=True)
+        break
     if clips:  # the monitor logs, then clips the whole model over the ranks
         with counting_collectives() as collectives:
             norm = monitor.clip_grad_norm_(max_norm=CLIP)

@@ -92,6 +92,20 @@ def test_a_step_not_logged_is_clipped_by_pytorch_and_trains_alike(tmp_path):
         assert printed["clip_norm"] == pytest.approx(printed["reference_norm"], rel=1e-5)
 
 
+def test_a_non_finite_total_raises_on_every_rank_after_logging_and_scales_nothing(tmp_path):
+    # Rank 1 alone holds the NaN: the total every rank settles from the gather is NaN, so every
+    # rank raises as PyTorch's error_if_nonfinite does (none is left waiting in a collective).
+    results = _run("fsdp2_clip_nonfinite", 2, tmp_path)
+    assert_succeeded(results, ["rank 0", "rank 1"])
+    for _, stdout, _ in results:
+        [printed] = [line for line in _norms(stdout) if "refused" in line]
+        assert "is non-finite, so it cannot be clipped" in printed["refused"]
+        assert printed["unchanged"]
+    sharded = tg.read_logdir(str(tmp_path))["sharded"]["gradients"]
+    assert list(sharded.steps) == [0, 1]  # the step is logged before the error
+    assert sharded.stat("nan_count")[:, sharded.variables.index("0.weight")].tolist() == [0, 1]
+
+
 def test_a_rank_that_skips_a_step_fails_the_job_at_the_group_timeout_instead_of_hanging(tmp_path):
     # Rank 1 leaves out monitor.step() at step 1: rank 0 waits in the monitor's gather, rank 1 in
     # FSDP's next collective; the process group's timeout (10 s here) turns that into an error.
