@@ -181,7 +181,9 @@ class ShardedClip(PendingClip):
         squares = torch.zeros(len(self.clipped), dtype=torch.float64)
         if present:
             _, norms = tensor_norms([self.clipped[i] for i in present], 2.0, self.foreach)
-            squares[present] = torch.stack([n.cpu() for n in norms]).to(torch.float64) ** 2
+            device = norms[0].device  # one host copy, not one per piece
+            squares[present] = torch.stack([n.to(device) for n in norms]).cpu().to(
+                torch.float64) ** 2
         return squares
 
     def settle(self, total: float) -> None:

@@ -136,6 +136,11 @@ def _piece_key(*coordinates):
     return coordinates + (-1,) * (_PIECE_KEY_WIDTH - len(coordinates))
 
 
+def _holds_partial_sums(tensor) -> bool:
+    """Whether DTensor ``tensor`` has pending partial sums (its pieces are not its values)."""
+    return any(isinstance(p, _dtensor_types()[1]) for p in tensor.placements)
+
+
 def _local_piece(tensor):
     """(this rank's piece of a gradient or weight, the key that names the piece).
 
@@ -149,7 +154,7 @@ def _local_piece(tensor):
     if not _is_dtensor(tensor):
         return tensor, _piece_key()
     _, partial, replicate = _dtensor_types()
-    if any(isinstance(p, partial) for p in tensor.placements):
+    if _holds_partial_sums(tensor):
         tensor = tensor.redistribute(
             placements=[replicate() if isinstance(p, partial) else p for p in tensor.placements])
     if len(tensor.placements) > _PIECE_KEY_WIDTH:
@@ -356,15 +361,16 @@ class Distribution:
             if gradient.is_sparse:
                 return None
             if _is_dtensor(gradient):
-                if any(isinstance(p, _dtensor_types()[1]) for p in gradient.placements):
+                if _holds_partial_sums(gradient):
                     return None
                 mesh = mesh or gradient.device_mesh
             piece, key = self._pieces(parameter)[0]
             pieces.append(piece)
             keys.append(key)
-        return torch_clip.ShardedClip(None, pieces, max_norm, None, foreach, False, clipped_norm,
-                                      keys=keys, error_if_nonfinite=error_if_nonfinite,
-                                      mesh=mesh)
+        return torch_clip.ShardedClip(
+            norms=None, clipped=pieces, max_norm=max_norm, total=None, foreach=foreach,
+            refused=False, clipped_norm=clipped_norm, keys=keys,
+            error_if_nonfinite=error_if_nonfinite, mesh=mesh)
 
     def gather_step(self, step, gradient_stats, logs_weights, histograms,
                     clip=None) -> Optional[GatheredStep]:
@@ -433,8 +439,7 @@ class Distribution:
         """`gather_step`'s collective carrying ``clip``'s rows too, to every rank, which
         settles its total; returns the step's parts on rank 0 (None elsewhere)."""
         rows = torch.cat([clip.squared_norms()[:, None], _key_columns(clip.keys)], dim=1)
-        both = _gather(torch.cat([sent.reshape(-1), rows.reshape(-1)]), device,
-                                    everywhere=True)
+        both = _gather(torch.cat([sent.reshape(-1), rows.reshape(-1)]), device, everywhere=True)
         ranks = len(both)
         clip_parts = both[:, sent.numel():].reshape(ranks, *rows.shape)
         clip.settle(_counted_norm(clip_parts))
@@ -444,13 +449,13 @@ class Distribution:
         """`GradientMonitor.global_norm` of parameters in pieces: each rank sends the squared
         norms of its pieces with their keys in ONE gather, and rank 0 counts each distinct
         piece once (None on the other ranks)."""
-        gradients = [self._pieces(parameter)[0] for _, parameter in self._parameters]
-        held = [g is not None and g[1] is not None for g in gradients]
-        squares = torch.tensor([float(squared_norm(g[0])) if h else 0.0
-                                for g, h in zip(gradients, held)], dtype=torch.float64)
-        parts = _gather(torch.cat([squares[:, None], _key_columns(
-            [g[1] if h else None for g, h in zip(gradients, held)])], dim=1),
-            self._parameters[0][1].device)
+        # Per parameter (gradient piece, key), None where this rank holds none on the mesh.
+        held = [g if g is not None and g[1] is not None else None
+                for g in (self._pieces(parameter)[0] for _, parameter in self._parameters)]
+        squares = torch.tensor([0.0 if g is None else float(squared_norm(g[0])) for g in held],
+                               dtype=torch.float64)
+        keys = _key_columns([None if g is None else g[1] for g in held])
+        parts = _gather(torch.cat([squares[:, None], keys], dim=1), self._parameters[0][1].device)
         return None if parts is None else _counted_norm(parts)
 
     def _pieces(self, parameter):
