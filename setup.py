@@ -35,6 +35,9 @@ setup(
         "lightning": ["lightning>=2.1"],
         "transformers": ["transformers>=4.41", "accelerate>=0.26"],
         "jax": ["jax>=0.4.20", "optax>=0.1.7"],
+        # Logdirs in buckets (s3://, gs://), read through fsspec (format/storage.py).
+        "s3": ["s3fs>=2023.1"],
+        "gcs": ["gcsfs>=2023.1"],
         # The demo's data: scikit-learn's bundled digits (nothing downloaded at run time).
         "demo": ["tensorflow-cpu>=2.16", "scikit-learn>=1.3"],
         # The documentation site (mkdocs.yml): `./dev docs` serves it, `./dev test` builds it
@@ -52,11 +55,15 @@ setup(
         # Trainer, flax and optax, tensorboardX); build and twine check the wheel and sdist;
         # IPython gives the notebook extension's (%tensorboard) output for the proxy test.
         # pytest-xdist: `./dev test` runs pytest in two workers (most tests wait on processes).
+        # The bucket tests read from real servers on loopback: moto's S3 server and a GCS
+        # emulator, with the s3fs and gcsfs they were tested with.
         "test": ["pytest>=7", "pytest-xdist>=3", "setuptools>=61", "wheel", "playwright>=1.40",
                  "scikit-learn>=1.3",
                  "torch==2.13.0", "jax==0.10.2", "deepspeed==0.19.8", "transformers==5.18.0",
                  "accelerate==1.15.0", "lightning==2.6.6", "flax==0.12.8", "optax==0.2.8",
-                 "tensorboardX==2.6.5", "build>=1.2", "twine>=5", "ipython>=8"],
+                 "tensorboardX==2.6.5", "build>=1.2", "twine>=5", "ipython>=8",
+                 "s3fs==2026.9.0", "gcsfs==2026.10.1", "moto[server]==5.2.6",
+                 "gcp-storage-emulator==2026.7.19"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tensorboard_gradients.server.plugin:GradientsLoader"],

@@ -30,7 +30,8 @@ Exit status (a CI gate: tensorboard-gradients diagnose runs/ || exit 1):
   2  bad arguments, no such LOGDIR, or --run / --tag names a run or tag that is not there or
      could not be read at all
   3  nothing of a --fail-on kind was found, but a selected run, file or tag could not be read,
-     so there may be one in what was not read
+     so there may be one in what was not read; or LOGDIR itself could not be listed (a bucket
+     that does not answer or refuses the credentials)
   4  nothing was judged: the selection holds no gradient data (a wrong path, or a job whose
      monitor was never attached); the message names what was found there instead
 Piped into a command that stops reading (| head), it stops quietly with status 0.
@@ -74,7 +75,10 @@ def _parser():
         epilog=__doc__[__doc__.index("Exit status"):],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    diagnose.add_argument("logdir", metavar="LOGDIR")
+    diagnose.add_argument(
+        "logdir", metavar="LOGDIR",
+        help="a directory, or a bucket URL (s3://bucket/logs, gs://bucket/logs, any fsspec URL; "
+        "credentials from the store's standard environment)")
     diagnose.add_argument("--run", help="only this run (as TensorBoard names it, e.g. 'train')")
     diagnose.add_argument("--tag", help="only this gradients tag (default: all)")
     diagnose.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -313,6 +317,9 @@ def diagnose_command(args, parser) -> int:
     except FileNotFoundError as error:
         _complain(str(error))
         return EXIT_USAGE
+    except OSError as error:  # a bucket that cannot be listed: unreachable, permission denied
+        _complain(str(error))
+        return EXIT_UNREADABLE
     runs = scan.runs
     if args.run is not None and args.run not in runs:
         problems = _selected_problems(scan, args)

@@ -21,6 +21,8 @@ from typing import BinaryIO, Iterator, NamedTuple, Optional, Tuple
 
 from tensorboard.compat.proto import event_pb2
 
+from tensorboard_gradients.format import storage
+
 try:  # A C implementation when installed; TensorBoard's pure-Python table otherwise.
     from google_crc32c import value as _crc32c
 except ImportError:  # pragma: no cover - depends on the environment
@@ -201,7 +203,7 @@ def located_events(path: str, damage: Optional[ReadDamage] = None,
     damage = ReadDamage() if damage is None else damage
     with open_regular_file(path) as file:
         offset = start
-        for record in iter_records(file, start, os.fstat(file.fileno()).st_size, damage):
+        for record in iter_records(file, start, storage.file_size(file), damage):
             event = parse_event(record.data) if record.intact else None
             if event is None:
                 damage.skipped_records += 1
@@ -221,7 +223,7 @@ def records_at(file: BinaryIO, offsets) -> Iterator[Optional["Record"]]:
     """The `Record` at each of ``offsets`` of an open event file, or None where none reads back
     whole (the file was truncated or replaced since). A record right after the last one read is
     read without a seek: a long run's steps lie one after another."""
-    size = os.fstat(file.fileno()).st_size
+    size = storage.file_size(file)
     position = None
     for offset in offsets:
         if offset != position:
@@ -247,10 +249,14 @@ def open_regular_file(path: str) -> BinaryIO:
     is fine): opened non-blocking and checked with ``fstat`` on the descriptor, with no window
     between check and open, so a FIFO cannot hang a reader nor ``/dev/zero`` fill its memory.
 
+    A URL (``s3://...``, `storage.is_url`) is opened through fsspec (`storage.open_remote`).
+
     Raises:
       NotARegularFileError: a FIFO, a device, a socket, a directory.
-      OSError: the file cannot be opened.
+      OSError: the file cannot be opened (`storage.StorageError`: the store could not be read).
     """
+    if storage.is_url(path):
+        return storage.open_remote(path)
     descriptor = os.open(path, os.O_RDONLY | _OPEN_NONBLOCKING)
     try:
         mode = os.fstat(descriptor).st_mode

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, inventory, metadata
+from tensorboard_gradients.format import event_files, inventory, metadata, storage
 from tensorboard_gradients.format.series import (
     DamagedPointError,
     GradientSeries,
@@ -461,28 +461,24 @@ def scan_logdir_report(logdir: str,
     Raises:
       FileNotFoundError: ``logdir`` is not a directory.
     """
-    if not os.path.isdir(logdir):
-        raise FileNotFoundError(f"no such log directory: {logdir!r}")
+    if not storage.is_directory(logdir):
+        raise FileNotFoundError(f"no such log directory: {storage.shown(logdir)!r}")
     problems: List[Problem] = []
 
-    def run_name(directory: str) -> str:
-        return os.path.relpath(directory, logdir).replace(os.sep, "/")
-
     def unlisted(error: OSError):
-        problems.append(Problem(UNREADABLE, run_name(error.filename), None, error.filename,
+        run = os.path.relpath(error.filename, storage.local_path(logdir)).replace(os.sep, "/")
+        problems.append(Problem(UNREADABLE, run, None, error.filename,
                                 f"directory not listed: {error}"))
 
     runs = {}
     all_runs, file_count, other_tags = [], 0, {}
-    for directory, _, files in sorted(os.walk(logdir, onerror=unlisted)):
-        event_file_names = [f for f in files if event_files.is_event_file(f)]
-        if not event_file_names:
-            continue
+    for directory, run_name, event_file_names in storage.walk_event_directories(
+            logdir, event_files.is_event_file, unlisted):
         file_count += len(event_file_names)
-        run = _RunReader(run_name(directory), problems, other_tags, loss_scalars)
+        run = _RunReader(run_name, problems, other_tags, loss_scalars)
         all_runs.append(run.run)
-        for filename in sorted(event_file_names):
-            run.read_file(os.path.join(directory, filename))
+        for filename in event_file_names:
+            run.read_file(storage.join(directory, filename))
         series = run.collect_series()
         if series:
             runs[run.run] = series

@@ -1,0 +1,231 @@
+"""Where a logdir lives: a local directory, or a bucket (or any filesystem) named by an fsspec URL.
+
+``s3://bucket/logs``, ``gs://bucket/logs`` and any other ``scheme://`` URL that fsspec knows are
+read through fsspec (``pip install tensorboard-gradients[s3]`` or ``[gcs]`` brings its S3 and
+GCS filesystems); a plain path, or a ``file://`` URL, is a local directory. The readers
+(`reader.read_logdir`, the CLI) list and open event files only through this module, so both kinds
+are read alike: every record of every file, nothing sampled.
+
+Credentials come from each store's own standard places (``AWS_*`` variables, ``~/.aws``,
+``GOOGLE_APPLICATION_CREDENTIALS``, instance metadata), as its fsspec filesystem finds them; the
+endpoint too (``AWS_ENDPOINT_URL`` for an S3-compatible store, ``STORAGE_EMULATOR_HOST`` for a
+GCS emulator). Nothing here logs or prints them: a URL is shown without its ``user:password@``.
+
+A store that does not answer raises a `StorageError` naming the URL within `TIMEOUT_SECONDS`
+(connection) or `READ_TIMEOUT_SECONDS` (a read), after the store's own few retries: a reader is
+never left hanging on the network.
+"""
+
+import collections
+import contextlib
+import io
+import os
+import posixpath
+import re
+from typing import BinaryIO, Iterator, List, Optional, Tuple
+
+# How long connecting to a store may take, and one read from it, before the reader gives up
+# (seconds): S3 and GCS answer a request in well under a second; these leave room for a slow
+# network without leaving a CLI or a TensorBoard request waiting for minutes.
+TIMEOUT_SECONDS = 10
+READ_TIMEOUT_SECONDS = 60
+
+# fsspec reads a remote file in blocks of this size (bytes), ahead of the position read: records
+# are read one after another, a block a request.
+BLOCK_BYTES = 8 * 1024 * 1024
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_USER_INFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+
+# Per scheme: the options that bound how long the store is waited for.
+_TIME_LIMITS = {
+    "s3": {"config_kwargs": {"connect_timeout": TIMEOUT_SECONDS,
+                             "read_timeout": READ_TIMEOUT_SECONDS,
+                             "retries": {"max_attempts": 3, "mode": "standard"}}},
+    "gs": {"timeout": READ_TIMEOUT_SECONDS, "requests_timeout": READ_TIMEOUT_SECONDS},
+}
+_TIME_LIMITS.update({"s3a": _TIME_LIMITS["s3"], "gcs": _TIME_LIMITS["gs"]})
+
+# The package that brings each scheme's filesystem, for the message when it is missing.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+
+
+class StorageError(OSError):
+    """A remote logdir or file could not be listed or read; the message names the URL (without
+    credentials) and what the store answered."""
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is read through fsspec: a ``scheme://`` URL other than ``file://``."""
+    match = _SCHEME.match(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    return bool(match) and match.group(1).lower() != "file"
+
+
+def shown(path: str) -> str:
+    """``path`` as messages show it: a URL without its ``user:password@``."""
+    return _USER_INFO.sub(r"\1", str(path))
+
+
+def local_path(path: str) -> str:
+    """A local path, or the path of a ``file://`` URL."""
+    path = os.fspath(path)
+    return path[len("file://"):] if path.lower().startswith("file://") else path
+
+
+def is_directory(logdir: str) -> bool:
+    """Whether ``logdir`` is a directory (for a bucket: a bucket, or a prefix with objects).
+
+    Raises:
+      StorageError: the store could not be asked (unreachable, permission denied, ...).
+    """
+    if not is_url(logdir):
+        return os.path.isdir(local_path(logdir))
+    fs, root = _filesystem(logdir)
+    with _errors_named(logdir):
+        return fs.isdir(root)
+
+
+def walk_event_directories(logdir: str, is_wanted, onerror) -> Iterator[Tuple[str, str, List[str]]]:
+    """``(directory, run, file names)`` of every directory under ``logdir`` (itself included)
+    holding files ``is_wanted(name)`` accepts, in sorted order; ``run`` is the directory relative
+    to ``logdir`` with ``/`` separators (``"."`` for ``logdir`` itself, as TensorBoard names
+    runs), ``directory`` what `join` and `open_regular` take. A local directory that cannot be
+    listed is passed to ``onerror`` (an `OSError`) and skipped.
+
+    Raises:
+      StorageError: a remote logdir could not be listed.
+    """
+    if not is_url(logdir):
+        root = local_path(logdir)
+        for directory, _, files in sorted(os.walk(root, onerror=onerror)):
+            names = sorted(f for f in files if is_wanted(f))
+            if names:
+                yield directory, os.path.relpath(directory, root).replace(os.sep, "/"), names
+        return
+    fs, root = _filesystem(logdir)
+    root = root.rstrip("/")
+    with _errors_named(logdir):
+        fs.invalidate_cache(root)  # a listing cached by an earlier read misses new files
+        found = fs.find(root, detail=False)
+    by_directory = collections.defaultdict(list)
+    for path in found:
+        directory, name = posixpath.split(path)
+        if is_wanted(name):
+            by_directory[directory].append(name)
+    for directory in sorted(by_directory):
+        run = posixpath.relpath(directory, root) if directory != root else "."
+        yield fs.unstrip_protocol(directory), run, sorted(by_directory[directory])
+
+
+def join(directory: str, name: str) -> str:
+    """A file ``name`` in ``directory`` (a local path or a URL)."""
+    return f"{directory.rstrip('/')}/{name}" if is_url(directory) else os.path.join(directory, name)
+
+
+def open_remote(url: str) -> BinaryIO:
+    """``url`` opened for binary reading through fsspec: a seekable file whose ``size`` is the
+    object's size when opened, read `BLOCK_BYTES` at a time.
+
+    Raises:
+      FileNotFoundError: no such object; StorageError: it could not be read.
+    """
+    fs, path = _filesystem(url)
+    with _errors_named(url):
+        if fs.isdir(path):
+            from tensorboard_gradients.format.event_files import NotARegularFileError
+
+            raise NotARegularFileError(f"{shown(url)!r} is a directory, not a regular file")
+        return _RemoteFile(url, fs.open(path, "rb", block_size=BLOCK_BYTES,
+                                        cache_type="readahead"))
+
+
+class _RemoteFile(io.RawIOBase):
+    """An fsspec file whose reads raise errors naming its URL (an object deleted while read, a
+    connection lost), as `_errors_named`; ``size``: the object's size when opened."""
+
+    def __init__(self, url: str, file):
+        super().__init__()
+        self._url, self._file = url, file
+        self.size = file.size
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def read(self, size=-1):
+        with _errors_named(self._url):
+            return self._file.read(size)
+
+    def readinto(self, buffer):
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        with _errors_named(self._url):
+            return self._file.seek(offset, whence)
+
+    def tell(self):
+        return self._file.tell()
+
+    def close(self):
+        try:
+            self._file.close()
+        finally:
+            super().close()
+
+
+def file_size(file) -> int:
+    """The size of an open file: fsspec's remote files know it, local ones are asked."""
+    size = getattr(file, "size", None)
+    return size if isinstance(size, int) else os.fstat(file.fileno()).st_size
+
+
+def _filesystem(url: str):
+    """``(fsspec filesystem, path in it)`` of ``url``, with the scheme's time limits."""
+    scheme = _SCHEME.match(url).group(1).lower()
+    try:
+        import fsspec
+    except ImportError:
+        raise StorageError(_missing_package(url, scheme, "fsspec")) from None
+    try:
+        return fsspec.core.url_to_fs(url, **_TIME_LIMITS.get(scheme, {}))
+    except ImportError as error:  # the scheme's filesystem is not installed
+        raise StorageError(_missing_package(url, scheme, error.name or str(error))) from None
+    except ValueError as error:  # an unknown protocol
+        raise StorageError(f"cannot read {shown(url)!r}: {error}") from None
+
+
+def _missing_package(url: str, scheme: str, package: str) -> str:
+    extra = _EXTRAS.get(scheme)
+    install = (f"pip install 'tensorboard-gradients[{extra}]'" if extra
+               else f"install fsspec's filesystem for {scheme}://")
+    return f"cannot read {shown(url)!r}: {package} is not installed ({install})"
+
+
+@contextlib.contextmanager
+def _errors_named(url: str):
+    """Turns what a store raises into an error naming ``url``: FileNotFoundError,
+    PermissionError, else `StorageError`."""
+    from tensorboard_gradients.format.event_files import NotARegularFileError
+
+    try:
+        yield
+    except (StorageError, NotARegularFileError):
+        raise
+    except Exception as error:  # noqa: BLE001 - each store raises its own kinds
+        reason = _reason(error)
+        if isinstance(error, FileNotFoundError):
+            raise FileNotFoundError(f"no such log directory or file: {shown(url)!r} ({reason})") \
+                from None
+        if isinstance(error, PermissionError):
+            raise PermissionError(f"permission denied reading {shown(url)!r} ({reason})") from None
+        raise StorageError(f"cannot read {shown(url)!r}: {reason}") from None
+
+
+def _reason(error: BaseException) -> str:
+    """What went wrong, in a line, without the request's headers or signature."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

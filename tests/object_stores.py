@@ -1,0 +1,105 @@
+"""Real object stores on loopback for the tests: moto's S3 server and a GCS emulator, each a
+process of its own, started once per test module and stopped (killed) at its end.
+
+`Stores.environment` is what a reader (this process or a child) needs to reach them: the
+endpoints (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``), test credentials, and gcsfs told
+not to ask the emulator for the bucket's storage layout (a gRPC API the emulator does not
+serve: gcsfs would retry it for minutes).
+"""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from processes import free_ports
+
+START_TIMEOUT_S = 60
+SCHEMES = ("s3", "gs")
+BUCKET = "gradients-logs"
+# A credential a test can look for in everything printed: it must never show.
+SECRET = "tbg-secret-never-printed"
+
+
+class Stores:
+    def __init__(self, s3_port: str, gcs_port: str):
+        self.s3_endpoint = f"http://127.0.0.1:{s3_port}"
+        self.gcs_endpoint = f"http://127.0.0.1:{gcs_port}"
+        self.environment = {
+            "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+            "STORAGE_EMULATOR_HOST": self.gcs_endpoint,
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        }
+
+    def filesystem(self, scheme: str):
+        """An fsspec filesystem of ``scheme`` on its store (for the tests' own uploads)."""
+        import fsspec
+
+        return fsspec.filesystem(scheme, **({"token": "anon"} if scheme == "gs" else {}))
+
+    def upload(self, local_dir, scheme: str, prefix: str) -> str:
+        """Copies ``local_dir`` (its files and subdirectories) to ``prefix`` in the bucket of
+        ``scheme``; returns the prefix's URL."""
+        fs = self.filesystem(scheme)
+        if not fs.exists(BUCKET):
+            fs.mkdir(BUCKET)
+        for directory, _, files in os.walk(local_dir):
+            relative = os.path.relpath(directory, local_dir).replace(os.sep, "/")
+            for name in files:
+                target = f"{BUCKET}/{prefix}/{name}" if relative == "." else \
+                    f"{BUCKET}/{prefix}/{relative}/{name}"
+                fs.put_file(os.path.join(directory, name), target)
+        return f"{scheme}://{BUCKET}/{prefix}"
+
+    def child_environment(self, **changes):
+        """``os.environ`` with the stores' variables (and ``changes``) for a child process."""
+        return {**os.environ, **self.environment, **changes}
+
+
+def _wait_for_port(port: str, process, what: str):
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode} at start")
+        try:
+            socket.create_connection(("127.0.0.1", int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on port {port} in {START_TIMEOUT_S} s")
+
+
+@contextlib.contextmanager
+def running_stores():
+    """Starts both servers; yields `Stores`, with their variables set in ``os.environ``."""
+    s3_port, gcs_port = free_ports(2)
+    bin_dir = os.path.dirname(sys.executable)
+    commands = {
+        "moto's S3 server": [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             s3_port],
+        "the GCS emulator": [os.path.join(bin_dir, "gcp-storage-emulator"), "start",
+                             "--host=127.0.0.1", f"--port={gcs_port}", "--in-memory"],
+    }
+    processes = {}
+    stores = Stores(s3_port, gcs_port)
+    saved = {key: os.environ.get(key) for key in stores.environment}
+    try:
+        for what, command in commands.items():
+            processes[what] = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL)
+        for (what, process), port in zip(processes.items(), (s3_port, gcs_port)):
+            _wait_for_port(port, process, what)
+        os.environ.update(stores.environment)
+        yield stores
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,155 @@
+"""Logdirs in buckets (issue 37): `read_logdir` and `tensorboard-gradients diagnose` read
+``s3://`` and ``gs://`` URLs through fsspec, against real servers on loopback (moto's S3 server,
+a GCS emulator: `object_stores`), and answer exactly as for the same run read from disk."""
+
+import dataclasses
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import tensorboard_gradients as tg
+from object_stores import BUCKET, SCHEMES, SECRET, running_stores
+from processes import free_ports
+from tensorboard_gradients.format import reader
+from tensorboard_gradients.torch import GradientMonitor
+from test_cli import command
+
+# The CLI's answers below, on a dead endpoint, come within the store's connect timeout and its
+# three tries (storage.TIMEOUT_SECONDS): far under this.
+CLI_TIMEOUT_S = 120
+
+
+def train_torch_run(log_dir, steps=60):
+    """A real PyTorch run: a small MLP trained with Adam under the monitor, with histograms."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    with GradientMonitor(model, log_dir, histograms_every_n_steps=20) as monitor:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            monitor.step(loss=loss)
+            optimizer.step()
+
+
+def write_broken_run(log_dir, steps=80):
+    """Normal gradients with an Inf entry in one kernel from step 50 on: a critical alert."""
+    rng = np.random.default_rng(1)
+    with tg.GradientWriter(log_dir) as writer:
+        for step in range(steps):
+            grads = {f"dense_{i}/kernel": rng.normal(size=(8, 8)) for i in range(3)}
+            if step >= 50:
+                grads["dense_1/kernel"][0, 0] = np.inf
+            writer.write(step, grads)
+
+
+@pytest.fixture(scope="module")
+def local_logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logs")
+    train_torch_run(str(root / "torch"))
+    write_broken_run(str(root / "nested" / "broken"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def stores(local_logdir):
+    with running_stores() as started:
+        for scheme in SCHEMES:
+            started.upload(local_logdir, scheme, "experiment")
+        yield started
+
+
+def assert_same_series(here, there):
+    """Every field of every series equal: the bytes read back, NaN included, not recomputed."""
+    assert {run: set(tags) for run, tags in here.items()} == \
+        {run: set(tags) for run, tags in there.items()}
+    for run, tags in here.items():
+        for tag, series in tags.items():
+            np.testing.assert_equal(dataclasses.asdict(series),
+                                    dataclasses.asdict(there[run][tag]))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_read_logdir_of_a_bucket_equals_the_local_read(stores, local_logdir, scheme):
+    url = f"{scheme}://{BUCKET}/experiment"
+    local = reader.read_logdir(local_logdir)
+    assert set(local) == {"torch", "nested/broken"}
+    assert len(local["torch"]["gradients"].steps) == 60  # every step, none sampled
+    assert_same_series(local, reader.read_logdir(url))
+    assert_same_series(local, reader.read_logdir(url + "/"))  # a trailing slash is the same
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cli_diagnose_of_a_bucket_answers_as_for_the_local_logdir(stores, local_logdir, scheme):
+    url = f"{scheme}://{BUCKET}/experiment"
+    environment = stores.child_environment()
+    local = subprocess.run([command(), "diagnose", local_logdir, "--json"], capture_output=True,
+                           text=True, timeout=CLI_TIMEOUT_S, env=environment)
+    remote = subprocess.run([command(), "diagnose", url, "--json"], capture_output=True,
+                            text=True, timeout=CLI_TIMEOUT_S, env=environment)
+    assert local.returncode == remote.returncode == 1, remote.stderr  # the Inf fails the gate
+    assert json.loads(local.stdout)["alerts"] == json.loads(remote.stdout)["alerts"]
+    assert any(a["kind"] == "nonfinite" and a["run"] == "nested/broken"
+               for a in json.loads(remote.stdout)["alerts"])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_missing_bucket_or_prefix_is_no_such_logdir(stores, scheme):
+    for url in (f"{scheme}://no-such-bucket/logs", f"{scheme}://{BUCKET}/no-such-prefix"):
+        with pytest.raises(FileNotFoundError, match="no such log directory"):
+            reader.read_logdir(url)
+        result = subprocess.run([command(), "diagnose", url], capture_output=True, text=True,
+                                timeout=CLI_TIMEOUT_S, env=stores.child_environment())
+        assert result.returncode == 2
+        assert url in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_endpoint_that_does_not_answer_fails_fast_naming_the_url(stores):
+    dead_port, = free_ports(1)  # bound and released: nothing listens there
+    environment = stores.child_environment(AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead_port}")
+    url = f"s3://{BUCKET}/experiment"
+    started = time.monotonic()
+    result = subprocess.run([command(), "diagnose", url], capture_output=True, text=True,
+                            timeout=CLI_TIMEOUT_S, env=environment)
+    assert result.returncode == 3, result.stderr
+    assert f"cannot read '{url}'" in result.stderr and "Traceback" not in result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    assert time.monotonic() - started < CLI_TIMEOUT_S
+
+
+def test_an_object_deleted_while_read_is_reported_and_the_rest_read(stores, local_logdir):
+    url = stores.upload(local_logdir, "s3", "deleted-while-read")
+    scan = reader.scan_logdir_report(url)  # every step located, none decoded yet
+    fs = stores.filesystem("s3")
+    [deleted] = fs.find(f"{BUCKET}/deleted-while-read/torch")
+    fs.rm(deleted)
+    before = len(scan.problems)
+    assert len(scan.runs["torch"]["gradients"].series().steps) == 0  # its only file is gone
+    problems = scan.problems[before:]  # reading back adds what it could not read
+    assert problems and all(p.kind == reader.DAMAGED and p.path == f"s3://{deleted}"
+                            for p in problems)
+    assert "no such log directory or file" in problems[0].message
+    broken = scan.runs["nested/broken"]["gradients"].series()
+    assert len(broken.steps) == 80  # the other run reads whole
+    assert SECRET not in repr(problems)
+
+
+def test_the_readers_name_no_credentials_in_a_url():
+    from tensorboard_gradients.format import storage
+
+    assert storage.shown("s3://key:secret@bucket/logs") == "s3://bucket/logs"
+    with pytest.raises(FileNotFoundError) as raised:
+        reader.read_logdir("memory://user:secret@nowhere/logs")
+    assert "secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("path", ["file://{root}", "{root}"])
+def test_file_urls_and_paths_read_alike(local_logdir, path):
+    assert_same_series(reader.read_logdir(local_logdir),
+                       reader.read_logdir(path.format(root=local_logdir)))
