@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -153,3 +154,49 @@ def test_the_readers_name_no_credentials_in_a_url():
 def test_file_urls_and_paths_read_alike(local_logdir, path):
     assert_same_series(reader.read_logdir(local_logdir),
                        reader.read_logdir(path.format(root=local_logdir)))
+
+
+def gradients_app(logdir):
+    """TensorBoard's WSGI app with the plugin on ``logdir``, TensorBoard's own loader given no
+    runs: every answer below comes from the plugin's own reading of the logdir."""
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+
+    from tensorboard_gradients.server import plugin
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    context = base_plugin.TBContext(logdir=logdir, data_provider=provider)
+    return werkzeug_test.Client(application.TensorBoardWSGI(
+        [plugin.GradientsLoader().load(context)], data_provider=provider))
+
+
+def answers_of(client):
+    """The runs, and per stats tag its heatmap, alerts, a series and a histogram, as the routes
+    answer."""
+    base = "/data/plugin/gradients/"
+
+    def get(route):
+        response = client.get(base + route)
+        assert response.status_code == 200, (route, response.get_data()[:300])
+        return json.loads(response.get_data())
+
+    runs = get("runs")
+    found = {"runs": runs}
+    for run, tags in runs.items():
+        for tag in tags:
+            query = urllib.parse.urlencode({"run": run, "tag": tag})
+            found[(run, tag)] = [get(f"heatmap?{query}&stat=l2_norm"), get(f"alerts?{query}"),
+                                 get(f"series?{query}&variable_index=0"),
+                                 get(f"histogram?{query}&variable_index=0&step=20")
+                                 if tags[tag]["histograms"] else None]
+    return found
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_plugin_serves_a_bucket_as_the_same_logdir_on_disk(stores, local_logdir, scheme):
+    local = answers_of(gradients_app(local_logdir))
+    assert len(local) == 3, local["runs"]  # both runs' tags answered
+    assert answers_of(gradients_app(f"{scheme}://{BUCKET}/experiment")) == local

@@ -325,9 +325,9 @@ def skim_records(file: BinaryIO, start: int, size: int, damage: ReadDamage) -> I
     Locating the 100,000 records of a long run (4.9 GB) this way reads 0.4 GB instead of all,
     in ~0.3 s instead of ~2 s (`server.store.event_scan` verifies their checksums afterwards, in the
     background)."""
-    descriptor, position = file.fileno(), start
+    position = start
     while size - position >= _HEADER.size:
-        window = os.pread(descriptor, min(SKIM_BYTES, size - position), position)
+        window = storage.read_at(file, position, min(SKIM_BYTES, size - position))
         at, available = 0, len(window)
         while available - at >= _HEADER.size:
             length = _checked_length(window[at:at + _HEADER.size])

@@ -19,10 +19,13 @@ never left hanging on the network.
 import collections
 import contextlib
 import io
+import logging
 import os
 import posixpath
 import re
-from typing import BinaryIO, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 # How long connecting to a store may take, and one read from it, before the reader gives up
 # (seconds): S3 and GCS answer a request in well under a second; these leave room for a slow
@@ -117,6 +120,108 @@ def walk_event_directories(logdir: str, is_wanted, onerror) -> Iterator[Tuple[st
         yield fs.unstrip_protocol(directory), run, sorted(by_directory[directory])
 
 
+class FileState(NamedTuple):
+    """What says a file changed: its size, and ``version`` (a local file's mtime in ns; an
+    object's generation, ETag or modification time, whichever its store lists)."""
+
+    size: int
+    version: object
+
+
+def event_listing(directory: str, is_wanted):
+    """``(regular, special)``: ``(name, path, FileState)`` of the files directly in
+    ``directory`` that ``is_wanted(name)`` accepts, and ``(name, what it is)`` of what is named
+    so but is not a regular file (a FIFO would hang whoever opens it; in a bucket, a "directory"
+    prefix), both sorted; one listing (``([], [])`` when it cannot be listed, which a remote
+    directory logs)."""
+    from tensorboard_gradients.format.event_files import file_type
+
+    regular, special = [], []
+    if not is_url(directory):
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return [], []
+        for entry in entries:
+            if not is_wanted(entry.name):
+                continue
+            try:
+                status = entry.stat()  # follows a symlink, as opening it would
+                if entry.is_file():
+                    regular.append((entry.name, entry.path,
+                                    FileState(status.st_size, status.st_mtime_ns)))
+                else:
+                    special.append((entry.name, file_type(status.st_mode)))
+            except OSError:
+                continue  # gone since it was listed
+        return sorted(regular), sorted(special)
+    fs, path = _filesystem(directory)
+    try:
+        with _errors_named(directory):
+            fs.invalidate_cache(path)
+            entries = fs.ls(path, detail=True)
+    except OSError as error:
+        logger.warning("tensorboard-gradients cannot list %s: %s", shown(directory), error)
+        return [], []
+    for info in entries:
+        name = posixpath.basename(info["name"].rstrip("/"))
+        if not is_wanted(name):
+            continue
+        if info.get("type") == "directory":
+            special.append((name, "a directory"))
+        else:
+            regular.append((name, fs.unstrip_protocol(info["name"]),
+                            FileState(int(info.get("size") or 0), _version(info))))
+    return sorted(regular), sorted(special)
+
+
+def _version(info: dict):
+    """What changes when an object is rewritten, from its listing (stores name it differently)."""
+    for key in ("generation", "ETag", "etag", "md5Hash", "LastModified", "updated", "mtime"):
+        if info.get(key) is not None:
+            return str(info[key])
+    return None
+
+
+def logdir_root(logdir: Optional[str]) -> Optional[str]:
+    """The logdir as the plugin's scan names it: a local directory's real path, a URL without
+    its trailing ``/``; None when it is not a directory (nor a bucket prefix with objects) or
+    cannot be asked, which is logged."""
+    if not logdir:
+        return None
+    try:
+        if not is_directory(logdir):
+            return None
+    except OSError as error:
+        logger.warning("tensorboard-gradients cannot read %s itself: %s", shown(logdir), error)
+        return None
+    return logdir.rstrip("/") if is_url(logdir) else os.path.realpath(local_path(logdir))
+
+
+def run_directory(root: str, run: str) -> Optional[str]:
+    """The directory of ``run`` (a run name: relative, ``/`` separators) under ``root`` (a
+    `logdir_root`), or None when the name leads outside it (``..``, a symlink out)."""
+    if "\0" in run:  # no path holds a NUL byte
+        return None
+    if is_url(root):
+        parts = run.split("/")
+        if run == ".":
+            return root
+        if any(part in ("", ".", "..") for part in parts):
+            return None
+        return f"{root}/{run}"
+    directory = os.path.realpath(os.path.join(root, *run.split("/")))
+    inside = directory == root or directory.startswith(root + os.sep)
+    return directory if inside and os.path.isdir(directory) else None
+
+
+def read_at(file, offset: int, count: int) -> bytes:
+    """``count`` bytes at ``offset`` of an open file, its position unchanged."""
+    if isinstance(file, _RemoteFile):
+        return file.read_at(offset, count)
+    return os.pread(file.fileno(), count, offset)
+
+
 def join(directory: str, name: str) -> str:
     """A file ``name`` in ``directory`` (a local path or a URL)."""
     return f"{directory.rstrip('/')}/{name}" if is_url(directory) else os.path.join(directory, name)
@@ -169,6 +274,16 @@ class _RemoteFile(io.RawIOBase):
 
     def tell(self):
         return self._file.tell()
+
+    def read_at(self, offset: int, count: int) -> bytes:
+        """`read_at`: the bytes at ``offset``, the position kept (the file's blocks cached)."""
+        with _errors_named(self._url):
+            position = self._file.tell()
+            try:
+                self._file.seek(offset)
+                return self._file.read(count)
+            finally:
+                self._file.seek(position)
 
     def close(self):
         try:

@@ -2,8 +2,8 @@
 
 This module is the `tensorboard_plugins` entry point, so it stays light: TensorBoard imports it
 unguarded at start-up and dies if it raises. Each route parses its query (`queries`), loads
-its tag's source from the `store` (the plugin's own reader for a local logdir, TensorBoard's data
-provider otherwise), takes its answer from `answers` (plain data, callable without HTTP) and
+its tag's source from the `store` (the plugin's own reader for a local logdir or a bucket,
+TensorBoard's data provider otherwise), takes its answer from `answers` (plain data, callable without HTTP) and
 responds (`responses`).
 
 Routes (GET, under ``/data/plugin/gradients/``): ``runs``, ``heatmap``, ``alerts``, ``series``,
@@ -26,9 +26,10 @@ from tensorboard_gradients.server import answers, export, responses, store
 from tensorboard_gradients.server.queries import BadRequest, Query
 
 # Both loaders otherwise keep only 10 (Python) or 100 (Rust) points per tag for a third-party
-# plugin. The plugin reads a local logdir's tags from their event files itself (`store`), so
-# TensorBoard need keep one point of each: what tells it that the run has gradients. Elsewhere
-# (gs://, several logdirs) TensorBoard is the source: 0, every step.
+# plugin. The plugin reads a local logdir's or a bucket's tags from their event files itself
+# (`store`), so TensorBoard need keep one point of each: what tells it that the run has
+# gradients. Elsewhere (several logdirs, a scheme whose fsspec filesystem is not installed)
+# TensorBoard is the source: 0, every step.
 # `--samples_per_plugin gradients=N` overrides both.
 LOCAL_SAMPLES = 1
 REMOTE_SAMPLES = 0
@@ -197,20 +198,20 @@ def _kept_as(source, key: tuple, thresholds) -> tuple:
 
 class GradientsLoader(base_plugin.TBLoader):
     """Entry point: sets how many steps TensorBoard keeps (see `LOCAL_SAMPLES`) and starts
-    scanning a local logdir's event files (`store.prescan`), then builds the plugin."""
+    scanning the logdir's event files when the plugin reads them itself (`store.prescan`),
+    then builds the plugin."""
 
     def fix_flags(self, flags):
         samples = getattr(flags, "samples_per_plugin", None)
         if samples is not None:
             logdir = getattr(flags, "logdir", None)
-            local = bool(logdir) and os.path.isdir(logdir) and not getattr(flags, "logdir_spec",
-                                                                            None)
-            samples.setdefault(metadata.PLUGIN_NAME, LOCAL_SAMPLES if local else REMOTE_SAMPLES)
-            # The writer's digests: the plugin reads them from the files itself (a local
-            # logdir) and never through TensorBoard, which need keep only the latest.
-            samples.setdefault(metadata.DIGEST_PLUGIN_NAME, 1)
-            if local:
+            read_here = bool(logdir) and not getattr(flags, "logdir_spec", None) and \
                 store.prescan(logdir)
+            samples.setdefault(metadata.PLUGIN_NAME,
+                               LOCAL_SAMPLES if read_here else REMOTE_SAMPLES)
+            # The writer's digests: the plugin reads them from the files itself (a logdir it
+            # reads) and never through TensorBoard, which need keep only the latest.
+            samples.setdefault(metadata.DIGEST_PLUGIN_NAME, 1)
 
     def load(self, context):
         return GradientsPlugin(context)

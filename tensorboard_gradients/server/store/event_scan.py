@@ -1,4 +1,4 @@
-"""What the plugin reads itself from a local logdir's event files, per run: where each logged
+"""What the plugin reads itself from a logdir's event files, per run: where each logged
 point of its tags lies, and what is damaged on disk.
 
 Every record of every event file is scanned once, then only a growing file's new bytes (a
@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, metadata
+from tensorboard_gradients.format import event_files, metadata, storage
 from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
 from tensorboard_gradients.server.store import traffic
 from tensorboard_gradients.server.store.damage import NO_DAMAGE, RunDamage, counted
@@ -45,7 +45,7 @@ class _FileScan:
     """What the records of one event file told so far; the next scan resumes at `offset`."""
 
     size: int = -1
-    mtime_ns: int = -1
+    version: object = None  # `storage.FileState.version`: a local file's mtime
     offset: int = 0
     damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
     # tag -> {step: why} of intact records whose tensor is not what the tag's metadata says (a
@@ -166,16 +166,18 @@ class RunLook:
 
 
 class EventFileIntegrity:
-    """Checks the record checksums of a local logdir's event files, per run (thread-safe).
+    """Checks the record checksums of a logdir's event files, per run (thread-safe): a local
+    directory, or a bucket (``s3://``, ``gs://``, any fsspec URL: `storage`), read alike.
 
     A file is scanned once, then only its new bytes while it grows (one ``stat`` per file when
     nothing changed); a file that shrank or was rewritten in place is scanned again. Memory is
     bounded by the largest record, as in `event_files.read_events`, and by what was found.
-    A logdir that is not a local directory (``gs://...``, several logdirs) is not checked.
+    A logdir that cannot be listed (several logdirs, a URL whose filesystem is not installed)
+    is not checked.
     """
 
     def __init__(self, logdir: Optional[str]):
-        self._root = os.path.realpath(logdir) if logdir and os.path.isdir(logdir) else None
+        self._root = storage.logdir_root(logdir)
         self._files: Dict[str, _FileScan] = {}
         self._located = {}  # (run directory, tag) -> (the look it was built from, Located)
         self._signatures = {}  # run directory -> (what its files held at the last look, look)
@@ -187,22 +189,22 @@ class EventFileIntegrity:
     def look(self, run: str) -> Optional["RunLook"]:
         """One look at the run's event files, each scanned (its new bytes) once: where its tags'
         points lie, its damage and its tags' metadata, all as of this look; None when the logdir
-        is not local (or the run not inside it)."""
+        is not read here (or the run not inside it)."""
         directory = self._directory(run)
         if directory is None:
             return None
-        regular, special = _event_files(directory)
+        regular, special = storage.event_listing(directory, event_files.is_event_file)
         files = []
         with self._lock:
-            for name, path in regular:
+            for name, path, state in regular:
                 try:
-                    files.append((name, path, self._scanned(path)))
+                    files.append((name, path, self._scanned(path, state)))
                 except FileNotFoundError:
                     continue  # deleted since it was listed
                 except OSError as error:
                     files.append((name, path, f"{name} cannot be checked: "
                                               f"{error.strerror or error}"))
-            signature = tuple((path, scan.size, scan.mtime_ns, scan.offset, scan.revision)
+            signature = tuple((path, scan.size, scan.version, scan.offset, scan.revision)
                               for _, path, scan in files if isinstance(scan, _FileScan))
             last = self._signatures.get(directory)
             if last is None or last[0] != signature:  # what the files hold changed: a new look
@@ -217,7 +219,7 @@ class EventFileIntegrity:
 
     def located(self, run: str, tag: str) -> Optional[Located]:
         """Where the points of ``tag`` lie in the run's intact records (`RunLook.located`);
-        None when the logdir is not local (or the run not inside it)."""
+        None when the logdir is not read here (or the run not inside it)."""
         look = self.look(run)
         return None if look is None else look.located(tag)
 
@@ -232,21 +234,23 @@ class EventFileIntegrity:
             self.run(run)
 
     @property
-    def local(self) -> bool:
-        """Whether the logdir is a local directory (else nothing is checked or located)."""
+    def readable(self) -> bool:
+        """Whether the plugin reads the logdir itself: a local directory, or a bucket prefix it
+        could list when it started (else nothing is checked or located)."""
         return self._root is not None
 
     def runs(self):
         """The names of the logdir's runs (directories holding event files), as TensorBoard
-        names them; none when the logdir is not local."""
+        names them; none when the logdir is not read here."""
         if self._root is None:
             return []
-        found = []
-        for directory, _, files in os.walk(self._root):
-            if any(event_files.is_event_file(name) for name in files):
-                relative = os.path.relpath(directory, self._root)
-                found.append(relative.replace(os.sep, "/"))
-        return sorted(found)
+        try:
+            return sorted(run for _, run, _ in storage.walk_event_directories(
+                self._root, event_files.is_event_file, None))
+        except OSError as error:  # a bucket that does not answer now: no runs until it does
+            logger.warning("tensorboard-gradients cannot list %s: %s", storage.shown(self._root),
+                           error)
+            return []
 
     def _skipped(self, directory: str, special):
         """Sentences on ``special`` (``(name, what it is)`` of what ``directory`` holds named like
@@ -258,30 +262,25 @@ class EventFileIntegrity:
             if (directory, name) not in self._not_regular:
                 self._not_regular.add((directory, name))
                 logger.warning("tensorboard-gradients skips %s: %s, not an event file",
-                               os.path.join(directory, name), kind)
+                               storage.join(directory, name), kind)
         return sentences
 
     def _directory(self, run: str) -> Optional[str]:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
-        if self._root is None or "\0" in run:  # no path holds a NUL byte
-            return None
-        directory = os.path.realpath(os.path.join(self._root, *run.split("/")))
-        inside = directory == self._root or directory.startswith(self._root + os.sep)
-        return directory if inside and os.path.isdir(directory) else None
+        return None if self._root is None else storage.run_directory(self._root, run)
 
-    def _scanned(self, path: str) -> _FileScan:
-        status = os.stat(path)
+    def _scanned(self, path: str, state: storage.FileState) -> _FileScan:
         scan = self._files.get(path)
-        if scan is not None and (scan.size, scan.mtime_ns) == (status.st_size, status.st_mtime_ns):
+        if scan is not None and (scan.size, scan.version) == state:
             if scan.unverified:
                 self._start_verifier()  # again, if it stopped (the file was unreadable)
             return scan
-        if scan is None or status.st_size <= scan.size:  # new, shrunk or rewritten in place
+        if scan is None or state.size <= scan.size:  # new, shrunk or rewritten in place
             scan = _FileScan()
         if scan.broken_at is None:
-            _scan_records(path, scan, status.st_size)
+            _scan_records(path, scan, state.size)
         # Only once scanned: a read that failed half way resumes at the last record it read.
-        scan.size, scan.mtime_ns = status.st_size, status.st_mtime_ns
+        scan.size, scan.version = state
         self._files[path] = scan
         if scan.unverified_bytes <= VERIFY_INLINE_BYTES:
             self._verify(path, scan)
@@ -352,47 +351,28 @@ class EventFileIntegrity:
 def shared(logdir: Optional[str]) -> EventFileIntegrity:
     """The one `EventFileIntegrity` of ``logdir`` in this process: what `prescan` read there
     is not read again when the plugin starts."""
-    key = os.path.realpath(logdir) if logdir else None
+    key = (None if not logdir else logdir.rstrip("/") if storage.is_url(logdir)
+           else os.path.realpath(logdir))
     with _SHARED_LOCK:
         if key not in _SHARED:
             _SHARED[key] = EventFileIntegrity(logdir)
         return _SHARED[key]
 
 
-def prescan(logdir: str) -> None:
-    """Scans every event file of a local ``logdir`` in a background thread, from TensorBoard's
-    start (`plugin.GradientsLoader.fix_flags`): TensorBoard loads its plugins seconds later,
-    and the first answers on long runs need every record located."""
+def prescan(logdir: str) -> bool:
+    """Scans every event file of ``logdir`` in a background thread, from TensorBoard's start
+    (`plugin.GradientsLoader.fix_flags`), when the plugin reads it itself (a local directory,
+    a bucket: `EventFileIntegrity.readable`): TensorBoard loads its plugins seconds later, and
+    the first answers on long runs need every record located. Returns whether it does."""
     checker = shared(logdir)
-    if checker.local:
+    if checker.readable:
         threading.Thread(target=checker.scan_all, daemon=True,
                          name="tensorboard-gradients scan").start()
+    return checker.readable
 
 
 _SHARED: Dict[Optional[str], EventFileIntegrity] = {}
 _SHARED_LOCK = threading.Lock()
-
-
-def _event_files(directory: str):
-    """(``(name, path)`` of the regular event files directly in ``directory``, ``(name, what it
-    is)`` of what is named like one but is not a regular file: a FIFO would hang whoever opens
-    it), both sorted; one listing of the directory."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return [], []
-    regular, special = [], []
-    for entry in entries:
-        if not event_files.is_event_file(entry.name):
-            continue
-        try:
-            if entry.is_file():
-                regular.append((entry.name, entry.path))
-            else:
-                special.append((entry.name, event_files.file_type(entry.stat().st_mode)))
-        except OSError:
-            continue  # gone since it was listed
-    return sorted(regular), sorted(special)
 
 
 def _scan_records(path: str, scan: _FileScan, size: int):
@@ -402,14 +382,13 @@ def _scan_records(path: str, scan: _FileScan, size: int):
     first bytes and left to verify (``scan.unverified``); any other is read whole."""
     framing = event_files.ReadDamage()
     with event_files.open_regular_file(path) as file:
-        descriptor = file.fileno()
         for skimmed in event_files.skim_records(file, scan.offset, size, framing):
             record = skimmed.record
             if record is None:
                 data_at = skimmed.data_offset
                 values = event_files.tensor_values(
                     skimmed.head, skimmed.length,
-                    lambda at, count: os.pread(descriptor, count, data_at + at))
+                    lambda at, count: storage.read_at(file, data_at + at, count))
                 # Tags already known (a new one is known by its metadata: read whole).
                 if values is not None and all(tag in scan.ours or tag in scan.others
                                               for tag in values[2]):

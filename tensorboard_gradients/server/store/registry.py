@@ -49,7 +49,7 @@ class Store:
         self._provider = data_provider
         self._cache = Cache(cache_bytes)
         scan = event_scan.shared(logdir)  # prescanned from TensorBoard's start
-        self._local = LocalReader(scan, cache_bytes) if scan.local else None
+        self._local = LocalReader(scan, cache_bytes) if scan.readable else None
         self._remote = ProviderReader(data_provider)
         if digest_every is not None and self._local is not None:
             self._local.digest_every(digest_every)
