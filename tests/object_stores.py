@@ -2,7 +2,8 @@
 process of its own, started once per test module and stopped (killed) at its end.
 
 `Stores.environment` is what a reader (this process or a child) needs to reach them: the
-endpoints (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``), test credentials, and gcsfs told
+endpoints (``AWS_ENDPOINT_URL``, TensorBoard's ``S3_ENDPOINT``, ``STORAGE_EMULATOR_HOST``), test
+credentials, and gcsfs told
 not to ask the emulator for the bucket's storage layout (a gRPC API the emulator does not
 serve: gcsfs would retry it for minutes).
 """
@@ -28,7 +29,9 @@ class Stores:
         self.s3_endpoint = f"http://127.0.0.1:{s3_port}"
         self.gcs_endpoint = f"http://127.0.0.1:{gcs_port}"
         self.environment = {
-            "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+            # TensorBoard's own S3 reader (its Python loader) takes the endpoint from S3_ENDPOINT.
+            "AWS_ENDPOINT_URL": self.s3_endpoint, "S3_ENDPOINT": self.s3_endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
             "STORAGE_EMULATOR_HOST": self.gcs_endpoint,
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",

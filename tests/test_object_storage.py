@@ -200,3 +200,23 @@ def test_the_plugin_serves_a_bucket_as_the_same_logdir_on_disk(stores, local_log
     local = answers_of(gradients_app(local_logdir))
     assert len(local) == 3, local["runs"]  # both runs' tags answered
     assert answers_of(gradients_app(f"{scheme}://{BUCKET}/experiment")) == local
+
+
+# TensorBoard's loaders on each scheme: its Python loader reads s3:// (boto3, S3_ENDPOINT) and
+# gs:// (fsspec); its Rust loader reads gs:// only, and not from an emulator: the tab is then the
+# plugin's own reading (`GradientsPlugin.is_active`). `auto`, TensorBoard's default, falls back
+# to the Python loader for s3://, where `true` makes TensorBoard refuse to start.
+SERVED = [("s3", "false"), ("s3", "auto"), ("gs", "false"), ("gs", "true")]
+
+
+@pytest.mark.parametrize("scheme,load_fast", SERVED)
+def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, scheme, load_fast):
+    from support import TensorBoard, get_json
+
+    local = answers_of(gradients_app(local_logdir))
+    with TensorBoard(f"{scheme}://{BUCKET}/experiment", load_fast=load_fast) as served:
+        served.wait_for(lambda: served.runs() == local["runs"], "the bucket's runs")
+        assert get_json(served.base + "/data/plugins_listing")["gradients"]["enabled"]
+        query = urllib.parse.urlencode({"run": "nested/broken", "tag": "gradients"})
+        assert get_json(f"{served.base}/data/plugin/gradients/alerts?{query}") == \
+            local[("nested/broken", "gradients")][1]

@@ -70,7 +70,9 @@ class GradientsPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self):
-        return False  # activity comes from `data_plugin_names` meeting the data provider
+        # TensorBoard asks only when its data provider lists none of `data_plugin_names`: then
+        # the tab shows if the plugin reads the logdir itself and finds gradients there.
+        return self._store.has_own_data()
 
     def data_plugin_names(self):
         return (metadata.PLUGIN_NAME,)

@@ -60,6 +60,12 @@ class Store:
             return self._local.tags()
         return self._remote.tags(ctx, experiment)
 
+    def has_own_data(self) -> bool:
+        """Whether the plugin reads the logdir itself and found this plugin's tags there (a
+        bucket TensorBoard's loader cannot read: ``s3://`` on the Rust loader, any scheme only
+        fsspec knows)."""
+        return self._local is not None and any(self._local.tags().values())
+
     @staticmethod
     def listed_tags(tags):
         """``(run, tag)`` of what ``runs`` lists: stats tags and tags that cannot be read."""
