@@ -75,34 +75,40 @@ def _wait_for_port(port: str, process, what: str):
     raise RuntimeError(f"{what} did not listen on port {port} in {START_TIMEOUT_S} s")
 
 
+def moto_command(port: str):
+    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
+
+
+@contextlib.contextmanager
+def server(command, port: str, what: str, env=None):
+    """Runs ``command`` (a server listening on ``port``) until the block ends, then kills it."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env)
+    try:
+        _wait_for_port(port, process, what)
+        yield
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def running_stores():
     """Starts both servers; yields `Stores`, with their variables set in ``os.environ``."""
     s3_port, gcs_port = free_ports(2)
-    bin_dir = os.path.dirname(sys.executable)
-    commands = {
-        "moto's S3 server": [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             s3_port],
-        "the GCS emulator": [os.path.join(bin_dir, "gcp-storage-emulator"), "start",
-                             "--host=127.0.0.1", f"--port={gcs_port}", "--in-memory"],
-    }
-    processes = {}
+    gcs_command = [os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator"),
+                   "start", "--host=127.0.0.1", f"--port={gcs_port}", "--in-memory"]
     stores = Stores(s3_port, gcs_port)
     saved = {key: os.environ.get(key) for key in stores.environment}
-    try:
-        for what, command in commands.items():
-            processes[what] = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL)
-        for (what, process), port in zip(processes.items(), (s3_port, gcs_port)):
-            _wait_for_port(port, process, what)
+    with contextlib.ExitStack() as servers:
+        servers.enter_context(server(moto_command(s3_port), s3_port, "moto's S3 server"))
+        servers.enter_context(server(gcs_command, gcs_port, "the GCS emulator"))
         os.environ.update(stores.environment)
-        yield stores
-    finally:
-        for process in processes.values():
-            process.kill()
-            process.wait(timeout=30)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        try:
+            yield stores
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

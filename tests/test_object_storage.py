@@ -4,6 +4,7 @@ a GCS emulator: `object_stores`), and answer exactly as for the same run read fr
 
 import dataclasses
 import json
+import os
 import subprocess
 import time
 import urllib.parse
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import tensorboard_gradients as tg
-from object_stores import BUCKET, SCHEMES, SECRET, running_stores
+from object_stores import BUCKET, SCHEMES, SECRET, moto_command, running_stores, server
 from processes import free_ports
 from tensorboard_gradients.format import reader
 from tensorboard_gradients.torch import GradientMonitor
@@ -122,6 +123,20 @@ def test_an_endpoint_that_does_not_answer_fails_fast_naming_the_url(stores):
     assert f"cannot read '{url}'" in result.stderr and "Traceback" not in result.stderr
     assert SECRET not in result.stderr + result.stdout
     assert time.monotonic() - started < CLI_TIMEOUT_S
+
+
+def test_refused_credentials_are_permission_denied_naming_the_url(stores):
+    port, = free_ports(1)
+    # moto checks every request's credentials from the first: ours name no user it knows.
+    checking = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0")
+    url = f"s3://{BUCKET}/experiment"
+    with server(moto_command(port), port, "moto checking credentials", env=checking):
+        environment = stores.child_environment(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        result = subprocess.run([command(), "diagnose", url], capture_output=True, text=True,
+                                timeout=CLI_TIMEOUT_S, env=environment)
+    assert result.returncode == 3, result.stderr
+    assert f"permission denied reading '{url}'" in result.stderr
+    assert "Traceback" not in result.stderr and SECRET not in result.stderr + result.stdout
 
 
 def test_an_object_deleted_while_read_is_reported_and_the_rest_read(stores, local_logdir):
