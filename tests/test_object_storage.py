@@ -235,3 +235,22 @@ def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, sch
         query = urllib.parse.urlencode({"run": "nested/broken", "tag": "gradients"})
         assert get_json(f"{served.base}/data/plugin/gradients/alerts?{query}") == \
             local[("nested/broken", "gradients")][1]
+
+
+def test_the_tab_says_why_a_bucket_that_does_not_answer_shows_nothing(stores, monkeypatch):
+    import s3fs
+
+    dead_port, = free_ports(1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{dead_port}")
+    s3fs.S3FileSystem.clear_instance_cache()  # a filesystem made earlier keeps its endpoint
+    try:
+        url = f"s3://{BUCKET}/never-answered"
+        client = gradients_app(url)
+        runs = client.get("/data/plugin/gradients/runs")
+        assert runs.status_code == 200 and json.loads(runs.get_data()) == {}
+        inventory = json.loads(client.get("/data/plugin/gradients/inventory").get_data())
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert f"it could not be read (cannot read '{url}'" in inventory["found"]
+    assert "check the store's credentials and endpoint" in inventory["found"]
+    assert SECRET not in json.dumps(inventory)

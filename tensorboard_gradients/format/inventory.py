@@ -52,6 +52,7 @@ class Inventory:
       runs: the runs found (event-file directories), sorted.
       tags: ``{plugin name: sorted tag names}`` of what other plugins logged ("scalars" for
         ``loss``, ``accuracy``...).
+      unreadable: why ``location`` (a bucket) could not be listed, or None.
     """
 
     location: str
@@ -59,9 +60,13 @@ class Inventory:
     event_files: Optional[int] = None
     runs: Tuple[str, ...] = ()
     tags: Dict[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    unreadable: Optional[str] = None
 
     def found(self) -> str:
         """What is there, e.g. "12 event files in 3 runs; scalar tags: accuracy, loss"."""
+        if self.unreadable:
+            return (f"it could not be read ({self.unreadable}): check the store's credentials "
+                    "and endpoint, then restart TensorBoard")
         if not self.exists:
             return "no such directory"
         if self.event_files == 0 or (self.event_files is None and not self.runs):

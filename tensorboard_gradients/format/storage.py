@@ -185,15 +185,12 @@ def _version(info: dict):
 
 def logdir_root(logdir: Optional[str]) -> Optional[str]:
     """The logdir as the plugin's scan names it: a local directory's real path, a URL without
-    its trailing ``/``; None when it is not a directory (nor a bucket prefix with objects) or
-    cannot be asked, which is logged."""
-    if not logdir:
-        return None
-    try:
-        if not is_directory(logdir):
-            return None
-    except OSError as error:
-        logger.warning("tensorboard-gradients cannot read %s itself: %s", shown(logdir), error)
+    its trailing ``/``; None when it is not a directory (nor a bucket prefix with objects).
+
+    Raises:
+      OSError: a bucket that cannot be asked (`is_directory`).
+    """
+    if not logdir or not is_directory(logdir):
         return None
     return logdir.rstrip("/") if is_url(logdir) else os.path.realpath(local_path(logdir))
 

@@ -177,7 +177,12 @@ class EventFileIntegrity:
     """
 
     def __init__(self, logdir: Optional[str]):
-        self._root = storage.logdir_root(logdir)
+        self.unreadable = None  # why the logdir could not be listed when this was made
+        try:
+            self._root = storage.logdir_root(logdir)
+        except OSError as error:  # a bucket that does not answer: TensorBoard's loader reads it
+            self._root, self.unreadable = None, str(error)
+            logger.warning("tensorboard-gradients cannot read the logdir itself: %s", error)
         self._files: Dict[str, _FileScan] = {}
         self._located = {}  # (run directory, tag) -> (the look it was built from, Located)
         self._signatures = {}  # run directory -> (what its files held at the last look, look)

@@ -49,6 +49,7 @@ class Store:
         self._provider = data_provider
         self._cache = Cache(cache_bytes)
         scan = event_scan.shared(logdir)  # prescanned from TensorBoard's start
+        self._unreadable = scan.unreadable
         self._local = LocalReader(scan, cache_bytes) if scan.readable else None
         self._remote = ProviderReader(data_provider)
         if digest_every is not None and self._local is not None:
@@ -123,7 +124,7 @@ class Store:
         whether it is a directory, its runs and their scalar tags, as the data provider lists
         them (it counts no event files). Only a ``local`` location is checked for being a
         directory: a bucket (``gs://...``) or a spec of several logdirs counts as there, and its
-        runs say what was found."""
+        runs say what was found; a bucket the plugin could not list says why."""
         exists = not local or os.path.isdir(location)
         runs = sorted(run.run_name
                       for run in self._provider.list_runs(ctx, experiment_id=experiment))
@@ -131,7 +132,7 @@ class Store:
                                               plugin_name=_INVENTORIED_PLUGIN)
         tags = sorted({tag for run_tags in scalars.values() for tag in run_tags})
         return Inventory(location, exists, runs=tuple(runs),
-                         tags={_INVENTORIED_PLUGIN: tuple(tags)})
+                         tags={_INVENTORIED_PLUGIN: tuple(tags)}, unreadable=self._unreadable)
 
 
 def stats_tag(tags, run: str, tag: str) -> TagInfo:
