@@ -39,6 +39,7 @@ BENCHMARKS = {
     "transformer_overhead": "Transformer-shaped models: cost per tensor, against the one-pass floor",
     "route_latency": "Route latency in a real TensorBoard",
     "long_run": "Long runs and big models: 1,000 tensors x 100,000 steps",
+    "bucket_reads": "A long run in a bucket: S3 and GCS on loopback against the directory",
     "many_tags": "Many tags: the first `runs` answer at 2,000 tags",
     "frontend_paint": "Gradients tab in Chromium",
     "validation": "Diagnosis validation set: real models, healthy and sick",

@@ -17,6 +17,10 @@ import time
 
 from processes import free_ports
 
+# Read by gcsfs when it is imported, which may come before the stores start: without it gcsfs
+# asks the emulator for a gRPC API it does not serve, for minutes.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 START_TIMEOUT_S = 60
 SCHEMES = ("s3", "gs")
 BUCKET = "gradients-logs"

@@ -254,3 +254,41 @@ def test_the_tab_says_why_a_bucket_that_does_not_answer_shows_nothing(stores, mo
     assert f"it could not be read (cannot read '{url}'" in inventory["found"]
     assert "check the store's credentials and endpoint" in inventory["found"]
     assert SECRET not in json.dumps(inventory)
+
+
+def test_a_refresh_downloads_only_the_new_object(stores, local_logdir, tmp_path, monkeypatch):
+    from tensorboard_gradients.format import storage
+
+    class RecordingBlocks(storage.BlockCache):
+        """Which objects are downloaded (a read of a block kept is not)."""
+
+        def __init__(self):
+            super().__init__(64 * 1024 * 1024)
+            self.fetched = set()
+
+        def fetch(self, file, index):
+            self.fetched.add(file.url)
+            return super().fetch(file, index)
+
+    blocks = RecordingBlocks()
+    monkeypatch.setattr(storage, "BLOCKS", blocks)
+    url = stores.upload(local_logdir, "s3", "refreshed")
+    client = gradients_app(url)
+    query = {"run": "nested/broken", "tag": "gradients", "stat": "l2_norm"}
+
+    def last_step():
+        heatmap = json.loads(client.get("/data/plugin/gradients/heatmap",
+                                        query_string=query).get_data())
+        return heatmap["last_steps"][-1]
+
+    assert last_step() == 79
+    rng = np.random.default_rng(2)  # 20 more steps of the same variables, by a new writer
+    with tg.GradientWriter(str(tmp_path)) as writer:
+        for step in range(80, 100):
+            writer.write(step, {f"dense_{i}/kernel": rng.normal(size=(8, 8)) for i in range(3)})
+    [new_file] = os.listdir(tmp_path)
+    stores.filesystem("s3").put_file(str(tmp_path / new_file),
+                                     f"{BUCKET}/refreshed/nested/broken/{new_file}")
+    blocks.fetched.clear()
+    assert last_step() == 99
+    assert blocks.fetched == {f"{url}/nested/broken/{new_file}"}

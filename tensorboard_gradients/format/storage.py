@@ -23,6 +23,7 @@ import logging
 import os
 import posixpath
 import re
+import threading
 from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple
 
 logger = logging.getLogger(__name__)
@@ -33,9 +34,10 @@ logger = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 10
 READ_TIMEOUT_SECONDS = 60
 
-# fsspec reads a remote file in blocks of this size (bytes), ahead of the position read: records
-# are read one after another, a block a request.
-BLOCK_BYTES = 8 * 1024 * 1024
+# A remote object is read in blocks of this size (bytes), a request each (`BlockCache`): big
+# enough that a scan of a long run makes few requests (one per ~80 steps of 1,000 variables),
+# small enough that a step read back alone does not fetch much of the run.
+BLOCK_BYTES = 4 * 1024 * 1024
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _USER_INFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
@@ -225,30 +227,80 @@ def join(directory: str, name: str) -> str:
 
 
 def open_remote(url: str) -> BinaryIO:
-    """``url`` opened for binary reading through fsspec: a seekable file whose ``size`` is the
-    object's size when opened, read `BLOCK_BYTES` at a time.
+    """``url`` opened for binary reading: a seekable file of the object as it is now (``size``
+    its size), read in `BLOCK_BYTES` blocks through the process's `BlockCache`.
 
     Raises:
       FileNotFoundError: no such object; StorageError: it could not be read.
     """
     fs, path = _filesystem(url)
     with _errors_named(url):
-        if fs.isdir(path):
-            from tensorboard_gradients.format.event_files import NotARegularFileError
+        fs.invalidate_cache(path)  # as the object is now: deleted or rewritten since listed
+        info = fs.info(path)
+    if info.get("type") == "directory":
+        from tensorboard_gradients.format.event_files import NotARegularFileError
 
-            raise NotARegularFileError(f"{shown(url)!r} is a directory, not a regular file")
-        return _RemoteFile(url, fs.open(path, "rb", block_size=BLOCK_BYTES,
-                                        cache_type="readahead"))
+        raise NotARegularFileError(f"{shown(url)!r} is a directory, not a regular file")
+    return _RemoteFile(url, fs, path, int(info.get("size") or 0), _version(info))
+
+
+class BlockCache:
+    """The blocks of remote objects read lately, shared by every open file of the process.
+
+    A reader opens an object several times (the scan locating its records, the checksum
+    verification, the steps read back): on a local disk the operating system's page cache
+    serves the later reads, from a bucket each would download it again. Blocks are keyed by the
+    object's version, so a rewritten object is read anew; the least recently used go first once
+    they hold more than ``limit_bytes``. ``fetched_bytes`` counts what was downloaded.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self._limit = limit_bytes
+        self.fetched_bytes = 0
+        self._blocks = collections.OrderedDict()  # (url, version, index) -> bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def block(self, file: "_RemoteFile", index: int) -> bytes:
+        key = (file.url, file.version, index)
+        with self._lock:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+                return data
+        data = self.fetch(file, index)  # outside the lock: readers never wait in line
+        with self._lock:
+            self.fetched_bytes += len(data)
+            if key not in self._blocks:
+                self._blocks[key] = data
+                self._bytes += len(data)
+            while self._bytes > self._limit and len(self._blocks) > 1:
+                _, dropped = self._blocks.popitem(last=False)
+                self._bytes -= len(dropped)
+        return data
+
+
+    @staticmethod
+    def fetch(file: "_RemoteFile", index: int) -> bytes:
+        """Block ``index`` of ``file``, downloaded."""
+        start = index * BLOCK_BYTES
+        with _errors_named(file.url):
+            return file.fs.cat_file(file.path, start=start,
+                                    end=min(start + BLOCK_BYTES, file.size))
+
+
+# The blocks kept: a long run's scan reads its objects once, then reads back its steps from here.
+BLOCKS = BlockCache(256 * 1024 * 1024)
 
 
 class _RemoteFile(io.RawIOBase):
-    """An fsspec file whose reads raise errors naming its URL (an object deleted while read, a
-    connection lost), as `_errors_named`; ``size``: the object's size when opened."""
+    """A remote object read through `BLOCKS`, as a seekable binary file; its reads raise errors
+    naming its URL (an object deleted while read, a connection lost), as `_errors_named`."""
 
-    def __init__(self, url: str, file):
+    def __init__(self, url: str, fs, path: str, size: int, version):
         super().__init__()
-        self._url, self._file = url, file
-        self.size = file.size
+        self.url, self.fs, self.path, self.size, self.version = url, fs, path, size, version
+        self._position = 0
 
     def readable(self):
         return True
@@ -256,9 +308,24 @@ class _RemoteFile(io.RawIOBase):
     def seekable(self):
         return True
 
+    def read_at(self, offset: int, count: int) -> bytes:
+        """`read_at`: up to ``count`` bytes at ``offset`` (fewer at the end of the object)."""
+        stop = min(offset + max(count, 0), self.size)
+        pieces = []
+        while offset < stop:
+            index, within = divmod(offset, BLOCK_BYTES)
+            piece = BLOCKS.block(self, index)[within:within + stop - offset]
+            if not piece:
+                break  # the object is shorter than listed: it changed meanwhile
+            pieces.append(piece)
+            offset += len(piece)
+        return b"".join(pieces)
+
     def read(self, size=-1):
-        with _errors_named(self._url):
-            return self._file.read(size)
+        data = self.read_at(self._position, self.size - self._position if size is None or
+                            size < 0 else size)
+        self._position += len(data)
+        return data
 
     def readinto(self, buffer):
         data = self.read(len(buffer))
@@ -266,27 +333,12 @@ class _RemoteFile(io.RawIOBase):
         return len(data)
 
     def seek(self, offset, whence=io.SEEK_SET):
-        with _errors_named(self._url):
-            return self._file.seek(offset, whence)
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self.size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
 
     def tell(self):
-        return self._file.tell()
-
-    def read_at(self, offset: int, count: int) -> bytes:
-        """`read_at`: the bytes at ``offset``, the position kept (the file's blocks cached)."""
-        with _errors_named(self._url):
-            position = self._file.tell()
-            try:
-                self._file.seek(offset)
-                return self._file.read(count)
-            finally:
-                self._file.seek(position)
-
-    def close(self):
-        try:
-            self._file.close()
-        finally:
-            super().close()
+        return self._position
 
 
 def file_size(file) -> int:
