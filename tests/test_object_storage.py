@@ -225,8 +225,9 @@ SERVED = [("s3", "false"), ("s3", "auto"), ("gs", "false"), ("gs", "true")]
 
 
 @pytest.mark.parametrize("scheme,load_fast", SERVED)
-def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, scheme, load_fast):
-    from support import TensorBoard, get_json
+def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, browser, scheme,
+                                                       load_fast):
+    from support import Tab, TensorBoard, get_json
 
     local = answers_of(gradients_app(local_logdir))
     with TensorBoard(f"{scheme}://{BUCKET}/experiment", load_fast=load_fast) as served:
@@ -235,6 +236,11 @@ def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, sch
         query = urllib.parse.urlencode({"run": "nested/broken", "tag": "gradients"})
         assert get_json(f"{served.base}/data/plugin/gradients/alerts?{query}") == \
             local[("nested/broken", "gradients")][1]
+        tab = Tab(browser, served.base)  # Chromium: the tab opens on the most severe run
+        tab.wait_drawn()
+        assert tab.page.evaluate("window.gradientsApp.matrix.run") == "nested/broken"
+        assert any(alert["kind"] == "nonfinite" for alert in tab.wait_alerts())
+        tab.close()
 
 
 def test_the_tab_says_why_a_bucket_that_does_not_answer_shows_nothing(stores, monkeypatch):
