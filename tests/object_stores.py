@@ -108,11 +108,23 @@ def running_stores():
         servers.enter_context(server(moto_command(s3_port), s3_port, "moto's S3 server"))
         servers.enter_context(server(gcs_command, gcs_port, "the GCS emulator"))
         os.environ.update(stores.environment)
+        _forget_filesystems()
         try:
             yield stores
         finally:
+            _forget_filesystems()
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+def _forget_filesystems():
+    """Drops the fsspec filesystems this process made: each keeps the endpoint it was made with
+    (another test module's servers, stopped since), and fsspec hands out the same one again."""
+    import gcsfs
+    import s3fs
+
+    for filesystem in (s3fs.S3FileSystem, gcsfs.GCSFileSystem):
+        filesystem.clear_instance_cache()

@@ -291,8 +291,9 @@ def _write_from_callback(writer, layout, step, stats, counts, loss, with_histogr
         writer.write_statistics(int(step), layout, np.asarray(stats), counts,
                                 loss=None if loss is None else np.asarray(loss))
     # This runs on JAX's callback thread, not the training loop's: waiting here for the writer's
-    # thread keeps "after jax.effects_barrier() the step is on disk" true.
-    writer.flush()
+    # thread keeps "after jax.effects_barrier() the step is on disk" true (for a bucket: in the
+    # segment being filled, uploaded when due rather than an object per step).
+    writer.flush(upload=False)
 
 
 def log_gradients(writer, grads, step, params=None, histograms=False, stats=None, loss=None):

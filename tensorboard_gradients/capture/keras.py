@@ -67,7 +67,7 @@ import numpy as np
 
 from tensorboard_gradients.capture import options
 from tensorboard_gradients.capture.keras_hooks import RECORDED_STEPS_PER_READ, Patches
-from tensorboard_gradients.format import columns, metadata
+from tensorboard_gradients.format import columns, metadata, storage
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
 from tensorboard_gradients.format.writer import GradientWriter
 
@@ -162,8 +162,9 @@ class GradientMonitor(keras.callbacks.Callback):
     JAX or PyTorch backend).
 
     Args:
-      log_dir: the same directory you give ``keras.callbacks.TensorBoard(log_dir=...)``; the
-        gradients go to ``log_dir/train``, the run of that callback's training scalars.
+      log_dir: the same directory you give ``keras.callbacks.TensorBoard(log_dir=...)``, or a
+        bucket's fsspec URL (``s3://bucket/logs``); the gradients go to ``log_dir/train``, the
+        run of that callback's training scalars.
       every_n_steps: log every N-th optimizer step (steps 1, N+1, 2N+1, ...). Steps between are
         not computed at all.
       histograms_every_n_steps: also log the log10|g| histograms every N-th step (None: never).
@@ -223,7 +224,7 @@ class GradientMonitor(keras.callbacks.Callback):
         self._include = options.patterns("include", include)
         self._exclude = options.patterns("exclude", exclude)
         self._probe = _probe_batch(probe_data)
-        train_dir = os.path.join(self.log_dir, "train")
+        train_dir = storage.join(self.log_dir, "train")  # a directory, or a bucket's URL
         self._writer = GradientWriter(train_dir, name, strict=strict, on_alert=on_alert)
         self._probe_writer = GradientWriter(train_dir, name + PROBE_SUFFIX, strict=strict)
         self._missing = MissingGradientWarnings(logger)

@@ -50,6 +50,24 @@ def _record(data: bytes) -> bytes:
             + struct.pack("<I", _masked_crc32c(data)))
 
 
+def records(*events: "event_pb2.Event") -> bytes:
+    """The events' records, one after another, as an event file holds them."""
+    return b"".join(_record(e.SerializeToString()) for e in events)
+
+
+def version_record() -> bytes:
+    """The record every event file starts with (its format version, as TensorBoard writes it)."""
+    return _record(event_pb2.Event(wall_time=time.time(),
+                                   file_version="brain.Event:2").SerializeToString())
+
+
+def file_number() -> int:
+    """A number no other event file of this process has: with the pid, it keeps apart the files
+    of writers that start in the same second (same host, same name otherwise)."""
+    with _FILE_COUNTER_LOCK:
+        return next(_FILE_COUNTER)
+
+
 class EventFileWriter:
     """Appends `Event` records to one new event file in `logdir`, created on the first write.
 
@@ -59,6 +77,10 @@ class EventFileWriter:
     can simply try again. Should even the truncation fail, the file is abandoned (its torn tail
     reads as an unfinished last record) and the next write starts a new file.
     """
+
+    # While writes fail: nothing here, they raise their error (a bucket's writer keeps what it
+    # could not upload, and says so here: `segments.SegmentWriter`).
+    failing = None
 
     def __init__(self, logdir: str, filename_suffix: str = ".gradients"):
         self.logdir = logdir
@@ -73,16 +95,22 @@ class EventFileWriter:
         """The file written to (None before the first write)."""
         return self._path
 
+    @property
+    def starts_new_file(self) -> bool:
+        """Whether the next write starts a file (its tags must be described again)."""
+        return self._fd is None or self._size == 0
+
+    def upload(self, force: bool = False):
+        """Nothing to upload: every `write` reaches the operating system before it returns."""
+
     def _open(self):
         os.makedirs(self.logdir, exist_ok=True)
-        with _FILE_COUNTER_LOCK:
-            counter = next(_FILE_COUNTER)
-        # TensorBoard's naming; the pid and counter keep files of concurrent writers apart.
+        # TensorBoard's naming; the pid and number keep files of concurrent writers apart.
         name = "events.out.tfevents.%010d.%s.%d.%d%s" % (
             time.time(),
             socket.gethostname(),
             os.getpid(),
-            counter,
+            file_number(),
             self._suffix,
         )
         path = os.path.join(self.logdir, name)
@@ -91,13 +119,12 @@ class EventFileWriter:
 
     def write(self, *events: "event_pb2.Event"):
         """Appends the events' records, all or none (see the class); raises the `OSError`."""
-        data = b"".join(_record(e.SerializeToString()) for e in events)
+        data = records(*events)
         with self._lock:
             if self._fd is None:
                 self._open()
             if self._size == 0:  # a new file starts with its version record, in the same write
-                version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
-                data = _record(version.SerializeToString()) + data
+                data = version_record() + data
             view = memoryview(data)
             try:
                 while view:

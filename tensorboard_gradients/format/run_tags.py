@@ -2,9 +2,7 @@
 (a restarted job, a second process): it must not write another variable set under a tag that
 already has one, or the loaders would show its rows under the first writer's names."""
 
-import os
-
-from tensorboard_gradients.format import event_files, metadata
+from tensorboard_gradients.format import event_files, metadata, storage
 
 
 def tags_in_run(logdir, name):
@@ -15,18 +13,20 @@ def tags_in_run(logdir, name):
     already has one: the loaders would show its rows under the first writer's names.
 
     Only records carrying our metadata are parsed; unreadable files are passed over (reading
-    them is the reader's business, and they cannot hold a tag the loaders show either).
+    them is the reader's business, and they cannot hold a tag the loaders show either). A run
+    in a bucket (`storage`) is read the same way: its objects are downloaded once, at the
+    writer's first write.
     """
     try:
-        names = sorted(f for f in os.listdir(logdir) if event_files.is_event_file(f))
+        listed, _ = storage.event_listing(logdir, event_files.is_event_file)
     except OSError:
-        return []  # no directory yet: nothing written before
+        return []  # a bucket that does not answer: its uploads will say so
     found = {}
-    for file_name in names:
+    for _, path, _ in listed:  # none when there is no directory yet: nothing written before
         try:
-            with event_files.open_regular_file(os.path.join(logdir, file_name)) as file:
-                size = os.fstat(file.fileno()).st_size
-                records = event_files.iter_records(file, 0, size, event_files.ReadDamage())
+            with event_files.open_regular_file(path) as file:
+                records = event_files.iter_records(file, 0, storage.file_size(file),
+                                                   event_files.ReadDamage())
                 for record in records:
                     if record.intact and b"format_version" in record.data:
                         _note_stats_tags(record.data, name, found)

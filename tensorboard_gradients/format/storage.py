@@ -85,8 +85,8 @@ def is_directory(logdir: str) -> bool:
     """
     if not is_url(logdir):
         return os.path.isdir(local_path(logdir))
-    fs, root = _filesystem(logdir)
-    with _errors_named(logdir):
+    fs, root = filesystem(logdir)
+    with errors_named(logdir):
         return fs.isdir(root)
 
 
@@ -107,9 +107,9 @@ def walk_event_directories(logdir: str, is_wanted, onerror) -> Iterator[Tuple[st
             if names:
                 yield directory, os.path.relpath(directory, root).replace(os.sep, "/"), names
         return
-    fs, root = _filesystem(logdir)
+    fs, root = filesystem(logdir)
     root = root.rstrip("/")
-    with _errors_named(logdir):
+    with errors_named(logdir):
         fs.invalidate_cache(root)  # a listing cached by an earlier read misses new files
         found = fs.find(root, detail=False)
     by_directory = collections.defaultdict(list)
@@ -157,9 +157,9 @@ def event_listing(directory: str, is_wanted):
             except OSError:
                 continue  # gone since it was listed
         return sorted(regular), sorted(special)
-    fs, path = _filesystem(directory)
+    fs, path = filesystem(directory)
     try:
-        with _errors_named(directory):
+        with errors_named(directory):
             fs.invalidate_cache(path)
             entries = fs.ls(path, detail=True)
     except OSError as error:
@@ -233,8 +233,8 @@ def open_remote(url: str) -> BinaryIO:
     Raises:
       FileNotFoundError: no such object; StorageError: it could not be read.
     """
-    fs, path = _filesystem(url)
-    with _errors_named(url):
+    fs, path = filesystem(url)
+    with errors_named(url):
         fs.invalidate_cache(path)  # as the object is now: deleted or rewritten since listed
         info = fs.info(path)
     if info.get("type") == "directory":
@@ -284,7 +284,7 @@ class BlockCache:
     def fetch(file: "_RemoteFile", index: int) -> bytes:
         """Block ``index`` of ``file``, downloaded."""
         start = index * BLOCK_BYTES
-        with _errors_named(file.url):
+        with errors_named(file.url):
             return file.fs.cat_file(file.path, start=start,
                                     end=min(start + BLOCK_BYTES, file.size))
 
@@ -295,7 +295,7 @@ BLOCKS = BlockCache(256 * 1024 * 1024)
 
 class _RemoteFile(io.RawIOBase):
     """A remote object read through `BLOCKS`, as a seekable binary file; its reads raise errors
-    naming its URL (an object deleted while read, a connection lost), as `_errors_named`."""
+    naming its URL (an object deleted while read, a connection lost), as `errors_named`."""
 
     def __init__(self, url: str, fs, path: str, size: int, version):
         super().__init__()
@@ -347,8 +347,13 @@ def file_size(file) -> int:
     return size if isinstance(size, int) else os.fstat(file.fileno()).st_size
 
 
-def _filesystem(url: str):
-    """``(fsspec filesystem, path in it)`` of ``url``, with the scheme's time limits."""
+def filesystem(url: str):
+    """``(fsspec filesystem, path in it)`` of ``url``, with the scheme's time limits.
+
+    Raises:
+      StorageError: its filesystem is not installed (the message says which extra brings it),
+        or the scheme is unknown.
+    """
     scheme = _SCHEME.match(url).group(1).lower()
     try:
         import fsspec
@@ -359,20 +364,22 @@ def _filesystem(url: str):
     except ImportError as error:  # the scheme's filesystem is not installed
         raise StorageError(_missing_package(url, scheme, error.name or str(error))) from None
     except ValueError as error:  # an unknown protocol
-        raise StorageError(f"cannot read {shown(url)!r}: {error}") from None
+        raise StorageError(f"cannot use {shown(url)!r}: {error}") from None
 
 
 def _missing_package(url: str, scheme: str, package: str) -> str:
     extra = _EXTRAS.get(scheme)
     install = (f"pip install 'tensorboard-gradients[{extra}]'" if extra
                else f"install fsspec's filesystem for {scheme}://")
-    return f"cannot read {shown(url)!r}: {package} is not installed ({install})"
+    return f"cannot use {shown(url)!r}: {package} is not installed ({install})"
 
 
 @contextlib.contextmanager
-def _errors_named(url: str):
-    """Turns what a store raises into an error naming ``url``: FileNotFoundError,
-    PermissionError, else `StorageError`."""
+def errors_named(url: str, writing: bool = False):
+    """Turns what a store raises while reading (``writing``: uploading) ``url`` into an error
+    naming it, without credentials, and saying what the store answered in a line (never the
+    request's headers): FileNotFoundError (no such object, prefix or bucket), PermissionError,
+    else `StorageError`."""
     from tensorboard_gradients.format.event_files import NotARegularFileError
 
     try:
@@ -380,13 +387,16 @@ def _errors_named(url: str):
     except (StorageError, NotARegularFileError):
         raise
     except Exception as error:  # noqa: BLE001 - each store raises its own kinds
-        reason = _reason(error)
+        reason, where = _reason(error), shown(url)
         if isinstance(error, FileNotFoundError):
-            raise FileNotFoundError(f"no such log directory or file: {shown(url)!r} ({reason})") \
-                from None
+            raise FileNotFoundError(
+                f"cannot write {where!r}: no such bucket ({reason})" if writing
+                else f"no such log directory or file: {where!r} ({reason})") from None
         if isinstance(error, PermissionError):
-            raise PermissionError(f"permission denied reading {shown(url)!r} ({reason})") from None
-        raise StorageError(f"cannot read {shown(url)!r}: {reason}") from None
+            raise PermissionError(f"permission denied {'writing' if writing else 'reading'} "
+                                  f"{where!r} ({reason})") from None
+        raise StorageError(f"cannot {'write' if writing else 'read'} {where!r}: {reason}") \
+            from None
 
 
 def _reason(error: BaseException) -> str:

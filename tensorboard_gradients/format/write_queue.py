@@ -109,7 +109,7 @@ class WriteQueue:
 
 
 @atexit.register
-def _drain_at_exit():
+def drain_at_exit():
     """Runs the jobs still queued when Python exits (a run that never closed its writer keeps
     every step it logged, as when the writes were made at once)."""
     for queue in list(_LIVE):

@@ -12,6 +12,11 @@ outage, every later step tries again, and when writing works again the writer lo
 steps were lost and records the running total as the scalar ``<name>/dropped_steps``.
 ``strict=True`` raises the `OSError` instead.
 
+A run directory may be an fsspec URL (``s3://bucket/logs/run1``): the events go up as whole
+objects, one every 30 s and at `flush` and `close`, read as one file (`segments`). An upload that
+fails is kept and tried again; steps that cannot be kept (`segments.KEPT_BYTES`) or are still
+refused at `close` are dropped, counted and reported like those a full disk refused.
+
 Off the training thread: a write checks its arguments and returns; building the step's events,
 writing them and feeding the digest and the alert judgement happen in order on the writer's
 background thread (`write_queue.WriteQueue`). Its queue holds `QUEUE_LENGTH` writes: a loop that
@@ -33,14 +38,17 @@ import time
 from typing import List, Mapping, Optional
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
 from tensorboard_gradients.format import (
-    alert_feed, columns, digest_feed, event_files, metadata, run_tags, statistics, write_queue,
+    alert_feed, columns, digest_feed, metadata, run_tags, segments, statistics, storage,
+    write_queue,
 )
 from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
+from tensorboard_gradients.format.tensors import (as_float_array, check_histogram_shape,
+                                                  loss_value, tensor_proto)
 
 logger = logging.getLogger(__name__)
 
@@ -76,30 +84,6 @@ def run_directory(log_dir) -> str:
             f"tensorboardX), got {type(log_dir).__name__}") from None
 
 
-# The float arrays written at every logged step, with the TensorProto fields holding their values.
-_FLOAT_TENSORS = {np.dtype(np.float32): (types_pb2.DT_FLOAT, "float_val"),
-                  np.dtype(np.float64): (types_pb2.DT_DOUBLE, "double_val")}
-
-
-def tensor_proto(array) -> tensor_pb2.TensorProto:
-    """``tensor_util.make_tensor_proto(array)``, the same message, built directly for float32
-    and float64 arrays: the writer's thread builds several per logged step, and TensorBoard's
-    general converter (dtype and shape inference) took a third of that thread's time per
-    step. Values in ``tensor_content`` (native byte order, as TensorBoard writes them) unless
-    there is a single one (``float_val`` / ``double_val``); other arrays go through it."""
-    array = np.asarray(array)
-    kind = _FLOAT_TENSORS.get(array.dtype)
-    if kind is None:
-        return tensor_util.make_tensor_proto(array)
-    proto = tensor_pb2.TensorProto(dtype=kind[0], tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]))
-    if array.size > 1:
-        proto.tensor_content = array.tobytes()
-    elif array.size == 1:
-        getattr(proto, kind[1]).append(array.item())
-    return proto
-
-
 class GradientWriter:
     """Logs per-variable gradient statistics for one model to ``logdir``.
 
@@ -116,7 +100,8 @@ class GradientWriter:
       logdir: the run directory (TensorBoard shows its path relative to ``--logdir``), or a
         `torch.utils.tensorboard` / tensorboardX ``SummaryWriter`` whose run to join (see
         `run_directory`). The event file is created on the first `write`, so constructing a
-        writer touches no disk.
+        writer touches no disk. An fsspec URL (``s3://bucket/logs/run1``) writes to a bucket
+        (see the module).
       name: the summary name = the tag (see `metadata` for the ``_varset<k>`` rule when the
         variable set changes).
       strict: raise the `OSError` when events cannot be written; each write is then made on the
@@ -145,7 +130,8 @@ class GradientWriter:
         selected = columns.selected_stats(stats)
         self._gradient_stats = columns.gradient_stats(selected)
         self._logs_weights = "weight_l2_norm" in selected
-        self._events = event_files.EventFileWriter(run_directory(logdir))
+        self._events = segments.event_writer(run_directory(logdir), strict, self._segment_due,
+                                             self._segment_lost)
         self._name = name
         self._strict = bool(strict)
         self._digest = bool(digest)
@@ -186,10 +172,14 @@ class GradientWriter:
     def _submit(self, step: int, job) -> Optional[int]:
         """Runs ``job`` (the writes of ``step``) on the background thread, or at once when
         errors must reach the caller (``strict``); returns its ticket (None: run, or dropped)."""
-        if self._strict:
+        def write_and_upload():
             job()
+            self._events.upload()  # a bucket's segment ended by the job, outside the lock
+
+        if self._strict:
+            write_and_upload()
             return None
-        ticket = self._queue.submit(job)
+        ticket = self._queue.submit(write_and_upload)
         if ticket is None:
             self._dropped(int(step), None)
         return ticket
@@ -224,9 +214,9 @@ class GradientWriter:
             absent = [n for n in names if n not in weights]
             if absent:
                 raise ValueError(f"weights missing for variables {absent[:5]}")
-        arrays = {n: None if g is None else _as_float_array(g, n) for n, g in gradients.items()}
+        arrays = {n: None if g is None else as_float_array(g, n) for n, g in gradients.items()}
         weight_arrays = (
-            None if weights is None else {n: _as_float_array(weights[n], n) for n in names}
+            None if weights is None else {n: as_float_array(weights[n], n) for n in names}
         )
         self._missing.warn([n for n in names if arrays[n] is None])
         dtype = statistics.NumpyOps.computation_dtype(
@@ -281,13 +271,13 @@ class GradientWriter:
         Returns:
           The tag written to (also when the step was dropped: see `dropped_steps`).
         """
-        loss = _loss_value(loss)
+        loss = loss_value(loss)
         scalars = {key: float(value) for key, value in (scalars or {}).items()}
         expected = (len(layout.variables), len(layout.stats))
         if np.shape(stats) != expected:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
         if histogram_counts is not None:
-            _check_histogram_shape(layout, histogram_counts)
+            check_histogram_shape(layout, histogram_counts)
         self._closed = False
         tag = self._tag_for(layout)
         # Copies: the caller may reuse its buffers once this returns.
@@ -379,7 +369,7 @@ class GradientWriter:
             for suffix, payload in payloads.items():
                 value = summary_pb2.Summary.Value(
                     tag=tag + suffix, tensor=tensor_util.make_tensor_proto(payload))
-                if value.tag not in self._described:
+                if self._undescribed(value.tag):
                     value.metadata.CopyFrom(metadata.create_summary_metadata(
                         metadata.digest_metadata_content(self._name), None,
                         plugin_name=metadata.DIGEST_PLUGIN_NAME))
@@ -389,7 +379,7 @@ class GradientWriter:
     def write_histograms(self, step: int, layout: Layout, counts: np.ndarray,
                          description: Optional[str] = None) -> str:
         """Writes a histogram matrix computed elsewhere, for a step without statistics."""
-        _check_histogram_shape(layout, counts)
+        check_histogram_shape(layout, counts)
         tag = self._tag_for(layout)
         counts = np.array(counts)
 
@@ -436,7 +426,7 @@ class GradientWriter:
         """Writes the training loss of ``step`` after its statistics (as `write`'s ``loss``
         does with them): for trainers that report the loss once the step is done. A number or
         a one-element tensor; NaN and Inf are kept."""
-        loss = _loss_value(loss)
+        loss = loss_value(loss)
 
         def job():
             with self._lock:
@@ -468,16 +458,23 @@ class GradientWriter:
         summary_value = summary_pb2.Summary.Value(
             tag=tag, tensor=tensor_proto(np.float32(value))
         )
-        if tag not in self._described:
+        if self._undescribed(tag):
             summary_value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(tag, ""))
         return summary_value
 
     def _tensor_value(self, tag, array, content, description):
         value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_proto(array))
-        if tag not in self._described:
-            # Loaders read metadata once per tag; writing it once per file keeps events small.
+        if self._undescribed(tag):
             value.metadata.CopyFrom(metadata.create_summary_metadata(content(), description))
         return value
+
+    def _undescribed(self, tag) -> bool:
+        """Whether ``tag``'s next value carries its metadata: loaders read metadata once per tag,
+        and writing it once per file (a bucket's: per segment) keeps events small while every
+        file describes itself."""
+        if self._events.starts_new_file:
+            self._described.clear()
+        return tag not in self._described
 
     def _emit(self, step, values) -> bool:
         """Writes one step's values as one event, or drops the step (see the module); True
@@ -487,13 +484,13 @@ class GradientWriter:
             # Told by a write of a step at or after the first dropped one: the queue may still
             # hold steps from before the drops.
             reported = (None if outage is None or min(outage) > int(step)
+                        or self._events.failing is not None  # a bucket still refusing uploads
                         else (len(outage), self._dropped_steps))
         if reported:  # the first write after an outage says how much was lost
             values = values + [self._scalar_value("dropped_steps", reported[1])]
         event = event_pb2.Event(
             wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
         )
-        path = self._events.path
         try:
             self._events.write(event)
         except OSError as error:
@@ -502,19 +499,33 @@ class GradientWriter:
             self._dropped(int(step), error)
             return False
         self._last_step = int(step)
-        if self._events.path != path:  # a new file: it must describe its tags again
-            self._described.clear()
         self._described.update(v.tag for v in values)
         with self._drops_lock:
             # Steps the queue dropped meanwhile are reported by the next write.
             if reported and len(outage) == reported[0]:
                 logger.warning(
                     "tensorboard-gradients writes to %s again from step %d: %d step(s) between "
-                    "steps %d and %d were dropped (%d in all)", os.path.abspath(self.logdir),
+                    "steps %d and %d were dropped (%d in all)", _shown(self.logdir),
                     step, len(outage), min(outage), max(outage), reported[1],
                 )
                 self._outage = None
         return True
+
+    def _segment_lost(self, steps, error):
+        """Counts the steps of a bucket's segment that could not be uploaded (`segments`)."""
+        with self._drops_lock:
+            for step in sorted(steps):
+                self._count_dropped(step, error)
+
+    def _segment_due(self):
+        """A bucket's segment is `segments.SEGMENT_SECONDS` old and no write came to end it:
+        the background thread ends and uploads it (in turn with the writes)."""
+        def job():
+            with self._lock:
+                self._events.seal(due_only=True)
+            self._events.upload()
+
+        self._queue.submit(job)
 
     def _dropped(self, step, error):
         """Counts ``step`` as dropped (its events refused with ``error``, or with None not
@@ -531,17 +542,25 @@ class GradientWriter:
                 "tensorboard-gradients cannot write to %s (%s): gradient statistics are NOT "
                 "being logged from step %d on; training continues and every later step tries "
                 "again (pass strict=True to raise instead)",
-                os.path.abspath(self.logdir), reason, step,
+                _shown(self.logdir), reason, step,
             )
         if step not in self._outage:
             self._outage.add(step)
             self._dropped_steps += 1
 
-    def flush(self):
-        """Writes what is queued and flushes the event file."""
+    def flush(self, upload: bool = True):
+        """Writes what is queued and flushes the event file.
+
+        upload: for a bucket, also end the segment being filled and upload it, on this thread
+          (False: it goes up when due, `segments.SEGMENT_SECONDS`); a local file has nothing to
+          upload.
+        """
         self._queue.wait()
+        if not upload:
+            return
         with self._lock:
             self._events.flush()
+        self._events.upload(force=True)
 
     def close(self):
         """Writes the digests' last records, judges the last steps (``on_alert``) and closes the
@@ -562,7 +581,7 @@ class GradientWriter:
             self._described.clear()
             if self._outage is not None:
                 logger.error("tensorboard-gradients: %d step(s) could not be written to %s",
-                             self._dropped_steps, os.path.abspath(self.logdir))
+                             self._dropped_steps, _shown(self.logdir))
 
     def __enter__(self):
         return self
@@ -571,28 +590,6 @@ class GradientWriter:
         self.close()
 
 
-def _loss_value(loss) -> Optional[float]:
-    """``loss`` as a float (None stays None): a Python or numpy number, or a one-element array or
-    tensor (a framework's scalar tensor converts through ``__float__``)."""
-    if loss is None:
-        return None
-    try:
-        return float(loss)
-    except (TypeError, ValueError):
-        raise ValueError(f"loss must be a number or a one-element tensor, got "
-                         f"{type(loss).__name__}") from None
-
-
-def _check_histogram_shape(layout, counts):
-    expected = (len(layout.variables), columns.HISTOGRAM_BINS)
-    if np.shape(counts) != expected:
-        raise ValueError(f"histogram matrix has shape {np.shape(counts)}, layout needs {expected}")
-
-
-def _as_float_array(value, name):
-    array = np.asarray(value)
-    if array.dtype.kind == "f" and array.dtype.itemsize >= 4:
-        return array
-    if array.dtype.kind in "fiub" or array.dtype.name == "bfloat16":
-        return array.astype(np.float32)  # float16/bfloat16 statistics are computed in float32
-    raise TypeError(f"gradient of {name!r} is not numeric (dtype {array.dtype})")
+def _shown(logdir: str) -> str:
+    """A run directory as messages name it: an absolute path, or a URL without credentials."""
+    return storage.shown(logdir) if storage.is_url(logdir) else os.path.abspath(logdir)

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format import metadata, reader
+from tensorboard_gradients.format import metadata, reader, segments
 from tensorboard_gradients.format.series import GradientSeries, series_from_points, with_loss
 from tensorboard_gradients.analysis.digest import MAX_BLOCKS, Digest, chained
 from tensorboard_gradients.server.store import traffic
@@ -436,12 +436,14 @@ def _marks_key(marks):
 def _covers(digest, located) -> bool:
     """Whether ``digest`` (restored from a writer's records) describes the first located
     steps: the same steps, each read from the file of the record that covers it and written
-    before that record (a restarted job that wrote a step again wrote it to another file; the
-    same writer writing it again wrote it after, and voids its records soon after)."""
+    before that record, or from an earlier segment of that file (a bucket's writer uploads its
+    file in segments: `segments.precedes`). A restarted job that wrote a step again wrote it to
+    another file; the same writer writing it again wrote it after, and voids its records soon
+    after."""
     rows = digest.rows
     if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
         return False
-    return all(path == file and offset < record_offset
+    return all((path == file and offset < record_offset) or segments.precedes(path, file)
                for start, end, file, record_offset in digest.sources
                for path, offset, _ in located.locations[start:end])
 
