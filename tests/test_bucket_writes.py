@@ -3,7 +3,6 @@ the run as segments (`format.segments`), against real servers on loopback (moto'
 GCS emulator: `object_stores`): the bucket reads back as the same run written to a directory,
 across segments, after a crash, and a store that does not answer never stops training."""
 
-import dataclasses
 import glob
 import logging
 import os
@@ -23,7 +22,7 @@ from object_stores import BUCKET, SCHEMES, SECRET, running_stores
 from processes import free_ports
 from tensorboard_gradients.format import event_files, metadata, reader, segments
 from test_long_runs_served import _get, _plugin_busy
-from test_object_storage import gradients_app, train_torch_run
+from test_object_storage import assert_same_series, gradients_app, train_torch_run
 
 # What differs between two digests of the same steps: which writer wrote them.
 NOT_SAME = {"writer"}
@@ -46,25 +45,6 @@ def objects(stores, url):
     fs.invalidate_cache()
     return [f"{scheme}://{name}" for name in sorted(fs.find(path))
             if event_files.is_event_file(name)]
-
-
-def without_wall_times(value):
-    """A series as a dict, wall times left out (a run written twice differs only there)."""
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
-    if isinstance(value, dict):
-        return {key: without_wall_times(item) for key, item in value.items()
-                if key != "wall_times"}
-    return value
-
-
-def assert_same_runs(here, there):
-    assert {run: set(tags) for run, tags in here.items()} == \
-        {run: set(tags) for run, tags in there.items()}
-    for run, tags in here.items():
-        for tag, series in tags.items():
-            np.testing.assert_equal(without_wall_times(series),
-                                    without_wall_times(there[run][tag]))
 
 
 def digest_records(urls):
@@ -96,7 +76,7 @@ def test_a_torch_run_in_a_bucket_reads_as_the_same_run_on_disk(stores, tmp_path,
     local = reader.read_logdir(str(tmp_path / "run"))
     assert len(local["."]["gradients"].steps) == 60
     assert len(local["."]["gradients"].histograms.steps) == 3
-    assert_same_runs(local, reader.read_logdir(url))
+    assert_same_series(local, reader.read_logdir(url), wall_times=False)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +103,7 @@ def test_a_long_run_is_several_segments_read_as_one_run_with_its_digest(stores, 
         damage = event_files.ReadDamage()
         events = list(event_files.read_events(name, damage))
         assert events[0].file_version == "brain.Event:2" and not damage
-    assert_same_runs(reader.read_logdir(local), reader.read_logdir(url))
+    assert_same_series(reader.read_logdir(local), reader.read_logdir(url), wall_times=False)
     local_digest = digest_records(sorted(glob.glob(os.path.join(local, "run", "*"))))
     assert [step for step, _ in local_digest] == [999, 1199]  # every 1,000 steps and at close
     remote_digest = digest_records(found)

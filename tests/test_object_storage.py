@@ -67,14 +67,24 @@ def stores(local_logdir):
         yield started
 
 
-def assert_same_series(here, there):
-    """Every field of every series equal: the bytes read back, NaN included, not recomputed."""
+def assert_same_series(here, there, wall_times=True):
+    """Every field of every series equal: the bytes read back, NaN included, not recomputed
+    (``wall_times=False``: all but the wall times, for the same run written twice)."""
     assert {run: set(tags) for run, tags in here.items()} == \
         {run: set(tags) for run, tags in there.items()}
+    fields = dataclasses.asdict if wall_times else _without_wall_times
     for run, tags in here.items():
         for tag, series in tags.items():
-            np.testing.assert_equal(dataclasses.asdict(series),
-                                    dataclasses.asdict(there[run][tag]))
+            np.testing.assert_equal(fields(series), fields(there[run][tag]))
+
+
+def _without_wall_times(value):
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {key: _without_wall_times(item) for key, item in value.items()
+                if key != "wall_times"}
+    return value
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
