@@ -308,3 +308,25 @@ def test_a_refresh_downloads_only_the_new_object(stores, local_logdir, tmp_path,
     blocks.fetched.clear()
     assert last_step() == 99
     assert blocks.fetched == {f"{url}/nested/broken/{new_file}"}
+
+
+def test_tensorboard_does_not_wait_long_for_a_bucket_that_keeps_retrying(monkeypatch):
+    """A GCS endpoint that refuses every connection: gcsfs retries with backoff for minutes;
+    the plugin gives it `START_SECONDS` and says why it does not read the bucket itself."""
+    import gcsfs
+
+    from tensorboard_gradients.format import storage
+
+    dead_port, = free_ports(1)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{dead_port}")
+    monkeypatch.setattr(storage, "START_SECONDS", 2.0)
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    try:
+        url = f"gs://{BUCKET}/retried-forever"
+        started = time.monotonic()
+        client = gradients_app(url)
+        assert time.monotonic() - started < 10
+        inventory = json.loads(client.get("/data/plugin/gradients/inventory").get_data())
+    finally:
+        gcsfs.GCSFileSystem.clear_instance_cache()
+    assert f"cannot read '{url}': no answer in 2 s" in inventory["found"]

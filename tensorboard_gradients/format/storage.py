@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 # network without leaving a CLI or a TensorBoard request waiting for minutes.
 TIMEOUT_SECONDS = 10
 READ_TIMEOUT_SECONDS = 60
+# How long TensorBoard's start waits for a bucket logdir to answer (`logdir_root`): S3 gives up on
+# an address that never answers after three tries of `TIMEOUT_SECONDS`, gcsfs retries for
+# minutes; past this the plugin leaves the logdir to TensorBoard's loader and says why.
+START_SECONDS = 20.0
 
 # A remote object is read in blocks of this size (bytes), a request each (`BlockCache`): big
 # enough that a scan of a long run makes few requests (one per ~80 steps of 1,000 variables),
@@ -188,13 +192,31 @@ def _version(info: dict):
 def logdir_root(logdir: Optional[str]) -> Optional[str]:
     """The logdir as the plugin's scan names it: a local directory's real path, a URL without
     its trailing ``/``; None when it is not a directory (nor a bucket prefix with objects).
+    A bucket is given `START_SECONDS` to answer: TensorBoard waits for this before it starts.
 
     Raises:
-      OSError: a bucket that cannot be asked (`is_directory`).
+      OSError: a bucket that cannot be asked (`is_directory`), or that did not answer in time.
     """
-    if not logdir or not is_directory(logdir):
+    if not logdir:
         return None
-    return logdir.rstrip("/") if is_url(logdir) else os.path.realpath(local_path(logdir))
+    if not is_url(logdir):
+        return os.path.realpath(local_path(logdir)) if is_directory(logdir) else None
+    answer = {}
+
+    def ask():
+        try:
+            answer["directory"] = is_directory(logdir)
+        except OSError as error:
+            answer["error"] = error
+
+    asking = threading.Thread(target=ask, daemon=True, name="tensorboard-gradients logdir")
+    asking.start()
+    asking.join(START_SECONDS)  # a store still retrying is left to finish on its own
+    if "error" in answer:
+        raise answer["error"]
+    if "directory" not in answer:
+        raise StorageError(f"cannot read {shown(logdir)!r}: no answer in {START_SECONDS:g} s")
+    return logdir.rstrip("/") if answer["directory"] else None
 
 
 def run_directory(root: str, run: str) -> Optional[str]:
