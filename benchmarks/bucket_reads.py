@@ -18,7 +18,6 @@ suite's, ``tests/object_stores.py``), then, for the directory and each bucket, m
 """
 
 import argparse
-import base64
 import json
 import os
 import subprocess
