@@ -3,8 +3,9 @@
 ``s3://bucket/logs``, ``gs://bucket/logs`` and any other ``scheme://`` URL that fsspec knows are
 read through fsspec (``pip install tensorboard-gradients[s3]`` or ``[gcs]`` brings its S3 and
 GCS filesystems); a plain path, or a ``file://`` URL, is a local directory. The readers
-(`reader.read_logdir`, the CLI) list and open event files only through this module, so both kinds
-are read alike: every record of every file, nothing sampled.
+(`reader.read_logdir`, the CLI, the plugin's scan) list and open event files only through this
+module, so both kinds are read alike: every record of every file, nothing sampled; the writers'
+uploads (`segments`) name their errors with it.
 
 Credentials come from each store's own standard places (``AWS_*`` variables, ``~/.aws``,
 ``GOOGLE_APPLICATION_CREDENTIALS``, instance metadata), as its fsspec filesystem finds them; the
@@ -98,7 +99,7 @@ def walk_event_directories(logdir: str, is_wanted, onerror) -> Iterator[Tuple[st
     """``(directory, run, file names)`` of every directory under ``logdir`` (itself included)
     holding files ``is_wanted(name)`` accepts, in sorted order; ``run`` is the directory relative
     to ``logdir`` with ``/`` separators (``"."`` for ``logdir`` itself, as TensorBoard names
-    runs), ``directory`` what `join` and `open_regular` take. A local directory that cannot be
+    runs), ``directory`` what `join` takes. A local directory that cannot be
     listed is passed to ``onerror`` (an `OSError`) and skipped.
 
     Raises:
@@ -225,10 +226,9 @@ def run_directory(root: str, run: str) -> Optional[str]:
     if "\0" in run:  # no path holds a NUL byte
         return None
     if is_url(root):
-        parts = run.split("/")
         if run == ".":
             return root
-        if any(part in ("", ".", "..") for part in parts):
+        if any(part in ("", ".", "..") for part in run.split("/")):
             return None
         return f"{root}/{run}"
     directory = os.path.realpath(os.path.join(root, *run.split("/")))
@@ -301,7 +301,6 @@ class BlockCache:
                 self._bytes -= len(dropped)
         return data
 
-
     @staticmethod
     def fetch(file: "_RemoteFile", index: int) -> bytes:
         """Block ``index`` of ``file``, downloaded."""
@@ -364,7 +363,7 @@ class _RemoteFile(io.RawIOBase):
 
 
 def file_size(file) -> int:
-    """The size of an open file: fsspec's remote files know it, local ones are asked."""
+    """The size of an open file: a remote one knows it (`open_remote`), a local one is asked."""
     size = getattr(file, "size", None)
     return size if isinstance(size, int) else os.fstat(file.fileno()).st_size
 

@@ -3,8 +3,8 @@
 This module is the `tensorboard_plugins` entry point, so it stays light: TensorBoard imports it
 unguarded at start-up and dies if it raises. Each route parses its query (`queries`), loads
 its tag's source from the `store` (the plugin's own reader for a local logdir or a bucket,
-TensorBoard's data provider otherwise), takes its answer from `answers` (plain data, callable without HTTP) and
-responds (`responses`).
+TensorBoard's data provider otherwise), takes its answer from `answers` (plain data, callable
+without HTTP) and responds (`responses`).
 
 Routes (GET, under ``/data/plugin/gradients/``): ``runs``, ``heatmap``, ``alerts``, ``series``,
 ``histogram``, ``export``, ``thresholds``, ``inventory`` and ``static/<file>``; their parameters,
