@@ -303,13 +303,13 @@ def test_the_checksum_check_reads_each_byte_once_and_sees_damage_appended_later(
                                                                              monkeypatch):
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from tensorboard_gradients.server.store import event_scan
+    from tensorboard_gradients.server.store import event_scan, file_scan
     from tensorboard_gradients.server.store.damage import RunDamage
 
     path = write_crafted_run(tmp_path / "growing", stats_content())
     scans = []
-    real_scan = event_scan._scan_records
-    monkeypatch.setattr(event_scan, "_scan_records",
+    real_scan = file_scan.scan_records
+    monkeypatch.setattr(file_scan, "scan_records",
                         lambda *args: scans.append(args[1].offset) or real_scan(*args))
     checker = event_scan.EventFileIntegrity(str(tmp_path))
     assert checker.run("growing") == RunDamage()
@@ -353,7 +353,7 @@ def _big_records_run(directory, damaged_steps=(), unparsable_step=None):
         event = (b"\x09" + struct.pack("<d", 1.7e9) + b"\x10" + _varint(unparsable_step)
                  + b"\x2a" + _varint(len(summary)) + summary)
         with open(path, "ab") as file:
-            file.write(event_files._record(event))
+            file.write(event_files.record(event))
     return path
 
 
@@ -377,11 +377,11 @@ def _held_verification(monkeypatch):
     """Holds every verification of checksums until the returned event is set."""
     import threading
 
-    from tensorboard_gradients.server.store import event_scan
+    from tensorboard_gradients.server.store import event_scan, file_scan
 
     go = threading.Event()
-    real_verified = event_scan._verified
-    monkeypatch.setattr(event_scan, "_verified",
+    real_verified = file_scan.verified
+    monkeypatch.setattr(file_scan, "verified",
                         lambda *args: go.wait(30) and real_verified(*args))
     monkeypatch.setattr(event_scan, "VERIFY_INLINE_BYTES", 0)
     return go
@@ -442,11 +442,11 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
     damage: the records stay to verify, and are verified once the file reads again."""
     import errno
 
-    from tensorboard_gradients.server.store import event_scan
+    from tensorboard_gradients.server.store import event_scan, file_scan
 
     _big_records_run(tmp_path / "run", damaged_steps=(17,))
     whole = event_scan.EventFileIntegrity(str(tmp_path))
-    real_verified, failures = event_scan._verified, [1, 1]
+    real_verified, failures = file_scan.verified, [1, 1]
 
     def verified(*args):
         if failures:
@@ -454,7 +454,7 @@ def test_a_file_that_cannot_be_read_for_a_moment_is_verified_later(tmp_path, mon
             raise OSError(errno.EMFILE, "Too many open files")
         return real_verified(*args)
 
-    monkeypatch.setattr(event_scan, "_verified", verified)
+    monkeypatch.setattr(file_scan, "verified", verified)
     checker = event_scan.EventFileIntegrity(str(tmp_path))
     # Inline, then in the background: both failed. (Any look at the files starts verifying
     # again: `run` does, and answers before the verifier can take anything back.)

@@ -43,7 +43,7 @@ def is_event_file(filename: str) -> bool:
     return "tfevents" in os.path.basename(filename)
 
 
-def _record(data: bytes) -> bytes:
+def record(data: bytes) -> bytes:
     """One TFRecord frame: length, its checksum, the data, its checksum."""
     header = struct.pack("<Q", len(data))
     return (header + struct.pack("<I", _masked_crc32c(header)) + data
@@ -52,13 +52,17 @@ def _record(data: bytes) -> bytes:
 
 def records(*events: "event_pb2.Event") -> bytes:
     """The events' records, one after another, as an event file holds them."""
-    return b"".join(_record(e.SerializeToString()) for e in events)
+    return b"".join(record(e.SerializeToString()) for e in events)
+
+
+def version_event() -> "event_pb2.Event":
+    """The event every event file starts with (its format version, as TensorBoard writes it)."""
+    return event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
 
 
 def version_record() -> bytes:
-    """The record every event file starts with (its format version, as TensorBoard writes it)."""
-    return _record(event_pb2.Event(wall_time=time.time(),
-                                   file_version="brain.Event:2").SerializeToString())
+    """`version_event`'s record."""
+    return record(version_event().SerializeToString())
 
 
 def file_number() -> int:

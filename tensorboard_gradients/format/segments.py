@@ -17,6 +17,9 @@ TensorBoard's loaders and this package's reader read a run's event files in name
 read a writer's segments one after another, as one file (`precedes` tells which came first).
 Each segment is a whole event file: it starts with the version record and describes its tags
 again (`starts_new_file` tells the owner when), so a loader reads any one of them right.
+Every `segment_index.INDEX_SEGMENTS` segments, and at ``close``, their index goes up too, an
+object of its own that a reader locates their records from without downloading them
+(`segment_index`).
 
 Credentials and the endpoint come from each store's standard places (see `storage`); messages
 show a URL without its credentials.
@@ -45,7 +48,7 @@ import time
 import weakref
 from typing import Callable, Optional
 
-from tensorboard_gradients.format import event_files, storage, write_queue
+from tensorboard_gradients.format import event_files, segment_index, storage, write_queue
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +98,20 @@ def event_writer(directory: str, strict: bool, on_due, on_lost):
 class _Segment:
     def __init__(self, url: str):
         self.url = url
-        self.data = bytearray(event_files.version_record())
+        self.data = bytearray()
+        self.entries = []  # its records' `segment_index.Entry`
         self.steps = set()  # the steps of its events, for counting them when given up
         self.opened = time.monotonic()
         self.due = False  # SEGMENT_SECONDS old (its timer fired)
+        self._append(event_files.version_event().SerializeToString())
+
+    def add(self, event):
+        self._append(event.SerializeToString())
+        self.steps.add(int(event.step))
+
+    def _append(self, data: bytes):
+        self.entries.append(segment_index.entry(len(self.data), data))
+        self.data += event_files.record(data)
 
 
 class SegmentWriter:
@@ -129,6 +142,8 @@ class SegmentWriter:
         self._filling = None  # the segment being filled
         self._sealed = collections.deque()  # ended, not yet uploaded, oldest first
         self._sealed_bytes = 0
+        # (name, size, index entries) of the segments uploaded since the last index object
+        self._unindexed = []
         self._fresh = False  # a segment ended since the last upload failed: try again
         self._timer = None
         self._lock = threading.Lock()  # the segments
@@ -150,13 +165,12 @@ class SegmentWriter:
     def write(self, *events):
         """Adds the events' records to the segment being filled, and ends it when it is due
         (`SEGMENT_BYTES`, `SEGMENT_SECONDS`); `upload` uploads it. Never touches the store."""
-        data = event_files.records(*events)
         with self._lock:
             if self._filling is None:
                 self._filling = self._new_segment()
             segment = self._filling
-            segment.data += data
-            segment.steps.update(int(e.step) for e in events)
+            for event in events:
+                segment.add(event)
             if (len(segment.data) >= SEGMENT_BYTES or segment.due
                     or time.monotonic() - segment.opened >= SEGMENT_SECONDS):
                 self._seal()
@@ -194,16 +208,19 @@ class SegmentWriter:
         self._sealed_bytes += len(segment.data)
         self._fresh = True
 
-    def upload(self, force: bool = False):
+    def upload(self, force: bool = False, index: bool = False):
         """Uploads the ended segments, oldest first, stopping at the first that fails (see the
-        module). After a failure, only a newly ended segment (or ``force``) tries again, so an
-        outage costs one try per segment, not one per write.
+        module), then every `segment_index.INDEX_SEGMENTS` segments their index (``index``:
+        also that of fewer). After a failure, only a newly ended segment (or ``force``) tries
+        again, so an outage costs one try per segment, not one per write.
 
         Raises:
           OSError: an upload failed and the writer is ``strict``.
         """
         with self._upload_lock:
             self._upload(force)
+            if index:
+                self._upload_index()
 
     def _upload(self, force: bool, closing: bool = False):
         while True:
@@ -219,10 +236,31 @@ class SegmentWriter:
             with self._lock:
                 self._sealed.popleft()
                 self._sealed_bytes -= len(segment.data)
+            self._unindexed.append((posixpath.basename(segment.url), len(segment.data),
+                                    segment.entries))
+            if len(self._unindexed) >= segment_index.INDEX_SEGMENTS:
+                self._upload_index()
             if self.failing is not None:
                 self.failing = None
                 logger.warning("tensorboard-gradients uploads to %s again",
                                storage.shown(self.logdir))
+
+    def _upload_index(self):
+        """Uploads the index of the segments uploaded since the last one (`segment_index`;
+        hold the upload lock). One that fails is not tried again: readers read those segments
+        from their own bytes."""
+        if not self._unindexed:
+            return
+        url = storage.join(self.logdir, segment_index.index_name(self._unindexed[0][0]))
+        blob = segment_index.encode(self._unindexed)
+        self._unindexed = []
+        fs, path = storage.filesystem(url)
+        try:
+            with storage.errors_named(url, writing=True):
+                fs.pipe_file(path, blob)
+        except OSError as error:
+            logger.info("tensorboard-gradients could not upload %s (%s): readers read its "
+                        "segments whole", storage.shown(url), error)
 
     def _put(self, segment: _Segment):
         fs, path = storage.filesystem(segment.url)
@@ -258,6 +296,7 @@ class SegmentWriter:
         self.seal()
         with self._upload_lock:
             self._upload(force=True, closing=True)
+            self._upload_index()
             with self._lock:
                 lost = list(self._sealed)
                 self._sealed.clear()
@@ -272,7 +311,7 @@ def _upload_at_exit():
     for writer in list(_LIVE):
         try:
             writer.seal()
-            writer.upload(force=True)
+            writer.upload(force=True, index=True)
         except OSError:
             pass  # strict: nobody is left to raise it to; the error was the store's
 

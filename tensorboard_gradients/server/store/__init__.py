@@ -15,7 +15,8 @@ nothing inside it (`tests/test_architecture.py` holds the wall):
 Inside, one concern per module: `source` (the interface), `registry`, `local` (a local
 logdir's tags, read from their event files) over `local_tag` (one tag's steps located, read back
 and digested as the run grows, in the background for long runs), `event_scan` (every record of a
-run's files located from its first bytes and its checksum verified; damage per run), `damage`
+run's files located and verified; damage per run) over `file_scan` (one file's records,
+from its bytes or a bucket segment's index), `damage`
 (the sentences that say what was left out), `provider` (TensorBoard's data provider, for what
 only it can read) with `decode_guard`, `cache` (what is kept, by bytes) and `traffic`
 (background work pausing while requests are answered). Every thread and lock of the plugin

@@ -19,7 +19,10 @@ A scan reads a big record's first bytes only (`event_files.skim_records`), which
 and tag; its data checksum is verified afterwards, inline while few bytes wait for it, else in a
 background thread that yields to requests (`traffic.REQUESTS`). So a long run's first answer
 does not wait for its 5 GB to be read: until verified, a damaged big record's step is located
-(reading it back finds it damaged) and not yet counted as damage.
+(reading it back finds it damaged) and not yet counted as damage. In a bucket, a segment its
+writer indexed (`format.segment_index`) is located from its index, without a byte of it read,
+and verified in the background (`file_scan`): a bucket run's first answer does not wait for
+its download.
 """
 
 import dataclasses
@@ -31,39 +34,17 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, metadata, storage
-from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
-from tensorboard_gradients.server.store import traffic
+from tensorboard_gradients.format import event_files, segment_index, storage
+from tensorboard_gradients.server.store import file_scan, traffic
 from tensorboard_gradients.server.store.damage import NO_DAMAGE, RunDamage, counted
-from tensorboard_gradients.server.store.source import parsed_content
 
 logger = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass
-class _FileScan:
-    """What the records of one event file told so far; the next scan resumes at `offset`."""
-
-    size: int = -1
-    version: object = None  # `storage.FileState.version`: a local file's mtime
-    offset: int = 0
-    damaged_steps: Dict[str, set] = dataclasses.field(default_factory=dict)  # tag -> steps
-    # tag -> {step: why} of intact records whose tensor is not what the tag's metadata says (a
-    # "bomb" declaring terabytes, a string tensor): never located, counted as damage.
-    refused: Dict[str, dict] = dataclasses.field(default_factory=dict)
-    unreadable: int = 0  # records failing their checksum that do not parse either
-    broken_at: Optional[int] = None  # a record length failing its checksum: nothing after it
-    # This plugin's tags in this file and the other tags (by their first value with plugin
-    # metadata), and per tag its points: [(step, wall_time, offset, value index)].
-    ours: set = dataclasses.field(default_factory=set)
-    others: set = dataclasses.field(default_factory=set)
-    points: Dict[str, list] = dataclasses.field(default_factory=dict)
-    contents: Dict[str, bytes] = dataclasses.field(default_factory=dict)  # first metadata
-    # Offsets of the records located from their first bytes whose data checksum is not verified
-    # yet, in file order, and how many data bytes they hold.
-    unverified: list = dataclasses.field(default_factory=list)
-    unverified_bytes: int = 0
-    revision: int = 0  # bumped when a verification took points back
+# Unverified bytes a scan verifies before it returns (a short run's, or a long run's latest
+# steps); more are verified in the background, `VERIFY_RECORDS` at a time (~45 MB for 1,000
+# variables).
+VERIFY_INLINE_BYTES = 64 * 1024 * 1024
+VERIFY_RECORDS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +68,7 @@ class RunLook:
                  number):
         self._checker = checker
         self.run, self.directory = run, directory
-        self._files = files  # (name, path, its _FileScan or why it cannot be checked)
+        self._files = files  # (name, path, its file_scan.FileScan or why it cannot be checked)
         self._skipped = skipped
         self.number = number  # equal numbers: the files held the same
         self._by_tag = None  # tag -> the (path, scan) holding points of it
@@ -95,7 +76,7 @@ class RunLook:
 
     def _scans(self):
         return [(name, path, scan) for name, path, scan in self._files
-                if isinstance(scan, _FileScan)]
+                if isinstance(scan, file_scan.FileScan)]
 
     def located(self, tag: str) -> Located:
         """Where the points of ``tag`` lie in the run's intact records (built once per look)."""
@@ -142,7 +123,7 @@ class RunLook:
         steps, refused, messages = {}, {}, list(self._skipped)
         with self._checker._lock:
             for name, _, scan in self._files:
-                if not isinstance(scan, _FileScan):
+                if not isinstance(scan, file_scan.FileScan):
                     messages.append(scan)
                     continue
                 for tag, tag_steps in scan.damaged_steps.items():
@@ -183,13 +164,18 @@ class EventFileIntegrity:
         except OSError as error:  # a bucket that does not answer: TensorBoard's loader reads it
             self._root, self.unreadable = None, str(error)
             logger.warning("tensorboard-gradients cannot read the logdir itself: %s", error)
-        self._files: Dict[str, _FileScan] = {}
+        self._files: Dict[str, file_scan.FileScan] = {}
         self._located = {}  # (run directory, tag) -> (the look it was built from, Located)
         self._signatures = {}  # run directory -> (what its files held at the last look, look)
         self._lock = threading.Lock()
         self._verifier = None  # the thread verifying checksums in the background
         self._looks = itertools.count(1)  # numbers each new look at a run (`Located.look`)
         self._not_regular = set()  # (directory, name) of non-regular files logged once
+        # A bucket's segment indexes (`segment_index`): path -> (FileState, {segment path:
+        # (size, entries)}, empty when it cannot be used), and the segments whose index proved
+        # wrong (read from their own bytes since).
+        self._indexes = {}
+        self._index_refused = set()
 
     def look(self, run: str) -> Optional["RunLook"]:
         """One look at the run's event files, each scanned (its new bytes) once: where its tags'
@@ -198,19 +184,24 @@ class EventFileIntegrity:
         directory = self._directory(run)
         if directory is None:
             return None
-        regular, special = storage.event_listing(directory, event_files.is_event_file)
+        remote = storage.is_url(directory)
+        regular, special = storage.event_listing(
+            directory, file_scan.listed_in_bucket if remote else event_files.is_event_file)
         files = []
         with self._lock:
+            indexed = self._indexed(regular) if remote else {}
             for name, path, state in regular:
+                if segment_index.is_index_name(name):
+                    continue
                 try:
-                    files.append((name, path, self._scanned(path, state)))
+                    files.append((name, path, self._scanned(path, state, indexed.get(path))))
                 except FileNotFoundError:
                     continue  # deleted since it was listed
                 except OSError as error:
                     files.append((name, path, f"{name} cannot be checked: "
                                               f"{error.strerror or error}"))
             signature = tuple((path, scan.size, scan.version, scan.offset, scan.revision)
-                              for _, path, scan in files if isinstance(scan, _FileScan))
+                              for _, path, scan in files if isinstance(scan, file_scan.FileScan))
             last = self._signatures.get(directory)
             if last is None or last[0] != signature:  # what the files hold changed: a new look
                 last = (signature, next(self._looks))
@@ -274,34 +265,60 @@ class EventFileIntegrity:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
         return None if self._root is None else storage.run_directory(self._root, run)
 
-    def _scanned(self, path: str, state: storage.FileState) -> _FileScan:
+    def _indexed(self, listed) -> Dict[str, tuple]:
+        """``{segment path: (size, index entries)}`` from the segment indexes among ``listed``
+        (hold the lock): each read once; one that cannot be read or decoded is logged and not
+        used (its segments are read from their own bytes)."""
+        indexed = {}
+        for name, path, state in listed:
+            if not segment_index.is_index_name(name):
+                continue
+            cached = self._indexes.get(path)
+            if cached is None or cached[0] != state:
+                cached = (state, file_scan.read_index(path, state.size))
+                self._indexes[path] = cached
+            indexed.update(cached[1])
+        return indexed
+
+    def _scanned(self, path: str, state: storage.FileState,
+                 indexed: Optional[tuple] = None) -> file_scan.FileScan:
         scan = self._files.get(path)
-        if scan is not None and (scan.size, scan.version) == state:
+        if scan is not None and scan.index_wrong:
+            logger.warning("tensorboard-gradients: the segment index of %s does not match it: "
+                           "read from its own bytes", storage.shown(path))
+            self._index_refused.add(path)
+            scan = file_scan.FileScan(revision=scan.revision + 1)
+        elif scan is not None and (scan.size, scan.version) == state:
             if scan.unverified:
                 self._start_verifier()  # again, if it stopped (the file was unreadable)
             return scan
-        if scan is None or state.size <= scan.size:  # new, shrunk or rewritten in place
-            scan = _FileScan()
-        if scan.broken_at is None:
-            _scan_records(path, scan, state.size)
+        elif scan is None or state.size <= scan.size:  # new, shrunk or rewritten in place
+            scan = file_scan.FileScan()
+            if (indexed is not None and indexed[0] == state.size
+                    and path not in self._index_refused):
+                file_scan.scan_index(indexed[1], scan, state.size)
+        if scan.broken_at is None and scan.offset < state.size:
+            file_scan.scan_records(path, scan, state.size)
         # Only once scanned: a read that failed half way resumes at the last record it read.
         scan.size, scan.version = state
         self._files[path] = scan
-        if scan.unverified_bytes <= VERIFY_INLINE_BYTES:
+        # A segment located from its index is verified in the background: inline, a bucket
+        # run's first answer would wait for all of its segments to download.
+        if scan.unverified_bytes <= VERIFY_INLINE_BYTES and not scan.expected:
             self._verify(path, scan)
         if scan.unverified:
             self._start_verifier()
         return scan
 
-    def _verify(self, path: str, scan: _FileScan):
+    def _verify(self, path: str, scan: file_scan.FileScan):
         """Verifies the unverified records of ``path`` now (hold the lock); left unverified, to
         try again later, when the file cannot be read now (an ``OSError``)."""
         try:
-            taken = _verified(path, scan.unverified)
+            taken = file_scan.verified(path, scan.unverified, scan.expected)
         except OSError as error:
             logger.info("tensorboard-gradients will verify %s later: %s", path, error)
             return
-        _settle(scan, taken, len(scan.unverified))
+        file_scan.settle(scan, taken, scan.unverified)
 
     def _start_verifier(self):
         """Starts verifying in the background unless a verifier runs (hold the lock)."""
@@ -337,7 +354,7 @@ class EventFileIntegrity:
                         return
                 path, scan, offsets = job
                 try:
-                    taken = _verified(path, offsets)
+                    taken = file_scan.verified(path, offsets, scan.expected)
                 except OSError as error:
                     logger.info("tensorboard-gradients will verify %s later: %s", path, error)
                     with self._lock:
@@ -345,7 +362,7 @@ class EventFileIntegrity:
                     return
                 with self._lock:
                     if self._files.get(path) is scan and scan.unverified[:1] == offsets[:1]:
-                        _settle(scan, taken, len(offsets))
+                        file_scan.settle(scan, taken, offsets)
         except BaseException:
             with self._lock:
                 self._verifier = None
@@ -378,166 +395,3 @@ def prescan(logdir: str) -> bool:
 
 _SHARED: Dict[Optional[str], EventFileIntegrity] = {}
 _SHARED_LOCK = threading.Lock()
-
-
-def _scan_records(path: str, scan: _FileScan, size: int):
-    """Reads ``path`` from ``scan.offset`` to ``size``, noting where this plugin's points lie and
-    the records failing their checksum; a record still being written is left for the next
-    scan. A big record that is one tensor value of a tag already known is located from its
-    first bytes and left to verify (``scan.unverified``); any other is read whole."""
-    framing = event_files.ReadDamage()
-    with event_files.open_regular_file(path) as file:
-        for skimmed in event_files.skim_records(file, scan.offset, size, framing):
-            record = skimmed.record
-            if record is None:
-                data_at = skimmed.data_offset
-                values = event_files.tensor_values(
-                    skimmed.head, skimmed.length,
-                    lambda at, count: storage.read_at(file, data_at + at, count))
-                # Tags already known (a new one is known by its metadata: read whole).
-                if values is not None and all(tag in scan.ours or tag in scan.others
-                                              for tag in values[2]):
-                    wall_time, step, tags = values
-                    for index, tag in enumerate(tags):
-                        if tag in scan.ours:
-                            scan.points.setdefault(tag, []).append(
-                                (step, wall_time, skimmed.offset, index))
-                    scan.unverified.append(skimmed.offset)
-                    scan.unverified_bytes += skimmed.length
-                    scan.offset = skimmed.end
-                    continue
-                (record,) = event_files.records_at(file, (skimmed.offset,))
-                if record is None:
-                    break  # truncated while being read: the next scan resumes here
-            if record is not None:
-                if record.intact:
-                    _note_points(record.data, skimmed.offset, scan)
-                else:
-                    _note_damaged_record(record.data, scan)
-            scan.offset = skimmed.end
-    scan.broken_at = framing.framing_broken_at
-
-
-def _verified(path: str, offsets) -> list:
-    """What verifying the records at ``offsets`` of ``path`` takes back: ``(offset, damage)``
-    for each that fails its checksum (``damage``: its data), no longer reads back whole (the
-    file was cut or replaced: None) or holds an event that does not parse (False: no damage,
-    as a scan reading it whole noted nothing of it). Reads one record at a time.
-
-    Raises:
-      OSError: the file cannot be read now.
-    """
-    taken = []
-    if not offsets:
-        return taken
-    with event_files.open_regular_file(path) as file:
-        for offset, record in zip(offsets, event_files.records_at(file, offsets)):
-            if record is None or not record.intact:
-                taken.append((offset, None if record is None else record.data))
-            elif event_files.parse_event(record.data) is None:
-                taken.append((offset, False))
-    return taken
-
-
-def _settle(scan: _FileScan, taken, count: int):
-    """The first ``count`` unverified records of ``scan`` verified: what `_verified` found
-    taken back (`_take_back`), and they are verified no more."""
-    _take_back(scan, taken)
-    del scan.unverified[:count]
-    if not scan.unverified:
-        scan.unverified_bytes = 0
-
-
-def _take_back(scan: _FileScan, taken):
-    """Takes the points of the records `_verified` took back out of ``scan`` and counts their
-    damage, as if the scan had read them whole."""
-    if not taken:
-        return
-    offsets = {offset for offset, _ in taken}
-    for tag, points in scan.points.items():
-        scan.points[tag] = [point for point in points if point[2] not in offsets]
-    for _, damage in taken:
-        if damage is None:
-            scan.unreadable += 1
-        elif damage is not False:
-            _note_damaged_record(damage, scan)
-    scan.revision += 1
-
-
-# Unverified bytes a scan verifies before it returns (a short run's, or a long run's latest
-# steps); more are verified in the background, `VERIFY_RECORDS` at a time (~45 MB for 1,000
-# variables).
-VERIFY_INLINE_BYTES = 64 * 1024 * 1024
-VERIFY_RECORDS = 200
-
-
-def _note_points(record: bytes, offset: int, scan: _FileScan):
-    """Notes where the values of this plugin's tags in an intact record lie. A tag's first
-    value with plugin metadata says whose it is; tensors logged under it before that (their
-    metadata record was damaged) are kept too, as the other readers keep them."""
-    event = event_files.parse_event(record)
-    if event is None:
-        return
-    for index, value in enumerate(event.summary.value):
-        tag = value.tag
-        if tag in _LOSS_SCALARS and tag not in scan.ours and not (
-                value.metadata.plugin_data.plugin_name in _OURS):
-            # A run's own loss scalar: the loss where no monitor logged it (read as a scalar,
-            # `reader.scalar_value`, never as one of this plugin's tensors).
-            scan.points.setdefault(tag, []).append(
-                (int(event.step), float(event.wall_time), offset, index))
-            continue
-        if tag in scan.others:
-            continue
-        if tag not in scan.ours:
-            plugin_data = value.metadata.plugin_data
-            if plugin_data.plugin_name in _OURS:
-                scan.ours.add(tag)
-                scan.contents[tag] = plugin_data.content
-            elif plugin_data.plugin_name or not value.HasField("tensor"):
-                scan.others.add(tag)
-                scan.points.pop(tag, None)
-                continue
-        refusal = _refusal(value, scan.contents.get(tag))
-        if refusal is not None:
-            scan.refused.setdefault(tag, {})[int(event.step)] = refusal
-            continue
-        scan.points.setdefault(tag, []).append(
-            (int(event.step), float(event.wall_time), offset, index))
-
-
-def _refusal(value, content: Optional[bytes]) -> Optional[str]:
-    """Why a logged value of one of this plugin's tags (first metadata ``content``) is refused
-    before it is decoded, or None (`series.check_tensor`: the decode guard's rule)."""
-    expected = _expected_shape(content)
-    if expected is None:
-        return None
-    try:
-        check_tensor(value.tensor, expected)
-    except DamagedPointError as error:
-        return str(error)
-    return None
-
-
-def _expected_shape(content: Optional[bytes]):
-    """The shape a tag's logged tensors must have, None when its metadata does not say (the
-    writer's digests, metadata that does not parse: reported with the tag)."""
-    parsed = None if content is None else parsed_content(content).parsed
-    if parsed is None or parsed.kind not in (metadata.KIND_STATS, metadata.KIND_HISTOGRAMS,
-                                             metadata.KIND_EPOCHS, metadata.KIND_LOSS):
-        return None
-    return expected_shape(parsed)
-
-
-# This plugin's tags: its statistics and the writer's digests of them (`format.digest_feed`).
-_OURS = (metadata.PLUGIN_NAME, metadata.DIGEST_PLUGIN_NAME)
-_LOSS_SCALARS = frozenset(metadata.LOSS_SCALARS)
-
-
-def _note_damaged_record(record: bytes, scan: _FileScan):
-    event = event_files.parse_event(record)
-    if event is None:
-        scan.unreadable += 1
-        return
-    for value in event.summary.value:
-        scan.damaged_steps.setdefault(value.tag, set()).add(int(event.step))
