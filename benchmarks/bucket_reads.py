@@ -27,7 +27,7 @@ import time
 
 import _common
 import long_run
-from tensorboard_gradients.format import storage
+from tensorboard_gradients.format import event_files, segments, storage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -107,6 +107,29 @@ def _diagnose(logdir, planted, environment, timeout):
     return seconds, len(long_run.missed_in_alerts(alerts, planted))
 
 
+def write_as_segments(run_dir, url):
+    """The run's events written to ``url`` as a writer to a bucket writes them: segments that
+    each describe their tags again, and their indexes (`format.segments`), uploaded as they
+    end."""
+    writer = segments.SegmentWriter(url)
+    metadata_of, described = {}, set()
+    for name in sorted(os.listdir(run_dir)):
+        for event in event_files.read_events(os.path.join(run_dir, name)):
+            if event.HasField("file_version"):
+                continue  # each segment starts with its own
+            if writer.starts_new_file:
+                described = set()
+            for value in event.summary.value:
+                if value.HasField("metadata"):
+                    metadata_of.setdefault(value.tag, value.metadata)
+                elif value.tag in metadata_of and value.tag not in described:
+                    value.metadata.CopyFrom(metadata_of[value.tag])
+                described.add(value.tag)
+            writer.write(event)
+            writer.upload()
+    writer.close()
+
+
 def measure(logdir, planted, settings, environment, upload_new):
     """One row: the CLI, the first heatmap, the refresh (``upload_new()`` makes the appended
     steps visible at ``logdir``)."""
@@ -153,10 +176,13 @@ def collect(settings):
         rows.append(measure(local_root, planted, settings, environment, add_locally))
         print(json.dumps(rows[-1]), flush=True)
         for scheme in settings["schemes"]:
-            start = time.perf_counter()
-            url = stores.upload(os.path.dirname(run_dir), scheme, PREFIX)
-            upload_s = time.perf_counter() - start
             fs = stores.filesystem(scheme)
+            if not fs.exists(object_stores.BUCKET):
+                fs.mkdir(object_stores.BUCKET)
+            url = f"{scheme}://{object_stores.BUCKET}/{PREFIX}"
+            start = time.perf_counter()
+            write_as_segments(run_dir, f"{url}/{long_run.RUN}")
+            upload_s = time.perf_counter() - start
 
             def add_to_bucket(fs=fs):
                 fs.put_file(os.path.join(appended, new_file),

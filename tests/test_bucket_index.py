@@ -4,6 +4,7 @@ the indexes, not the segments, and finds what the segments' own bytes tell; the 
 verified afterwards, and an index that does not match its segments, or does not decode, is not
 trusted."""
 
+import io
 import logging
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_the_writer_indexes_its_segments_four_at_a_time(stores, runs):
     for name in indexes:
         covered.update(segment_index.decode(fs.cat_file(f"{BUCKET}/indexed/run/{name}")))
     assert sorted(covered) == segment_names
-    assert all(size == found[name] for name, (size, _) in covered.items())
+    assert all(index.size == found[name] for name, index in covered.items())
     # Small beside the run: the index keeps no tensor's payload.
     assert sum(found[name] for name in indexes) < 0.1 * sum(map(found.get, segment_names))
 
@@ -154,19 +155,19 @@ def test_an_index_that_does_not_match_its_segment_is_found_out(stores, runs, mon
     url = f"gs://{BUCKET}/tampered"
     copy(stores, runs[1], url)
     fs = stores.filesystem("gs")
-    name = min(name for name in listing_of(url) if segment_index.is_index_name(name))
-    indexed = segment_index.decode(fs.cat_file(f"{BUCKET}/tampered/run/{name}"))
-    # One step's record, told as another step: the step is in the head the index keeps.
-    segment, (size, entries) = sorted(indexed.items())[1]
-    at = next(i for i, entry in enumerate(entries) if not entry.whole)
-    entry = entries[at]
-    (start, head), *rest = entry.kept
-    step_at = 10  # wall time (key + 8 bytes), then the step's key and its varint
-    told = bytearray(head)
-    told[step_at] ^= 0x01
-    entries[at] = entry._replace(kept=((start, bytes(told)), *rest))
-    fs.pipe_file(f"{BUCKET}/tampered/run/{name}", segment_index.encode(
-        [(n, s, e) for n, (s, e) in sorted(indexed.items())]))
+    segment = sorted(name for name in listing_of(url) if "tfevents" in name)[1]
+    path = f"{BUCKET}/tampered/run/{segment}"
+    # One step's record rewritten (its checksums too) as another step's: the index, written
+    # before, still tells the first.
+    data = fs.cat_file(path)
+    records = list(event_files.iter_records(io.BytesIO(data), 0, len(data),
+                                            event_files.ReadDamage()))
+    changed = bytearray(records[5].data)
+    changed[10] ^= 1  # the step's first byte, after the wall time's key and 8 bytes
+    framed = b"".join(event_files.record(bytes(changed) if i == 5 else record.data)
+                      for i, record in enumerate(records))
+    assert len(framed) == len(data)
+    fs.pipe_file(path, framed)
     truth, expected = from_bytes(url, monkeypatch)
     checker, located, _ = unverified_look(url, monkeypatch)
     assert not np.array_equal(located.steps, expected.steps)  # the index was what it read

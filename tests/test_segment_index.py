@@ -5,6 +5,7 @@ past its bytes."""
 
 import glob
 import os
+import struct
 import zlib
 
 import numpy as np
@@ -39,75 +40,118 @@ def records(tmp_path_factory):
             file, 0, os.path.getsize(path), event_files.ReadDamage())]
 
 
-def test_an_entry_tells_a_reader_what_its_record_does(records):
-    elided = 0
+def indexed(records):
+    """``(index of records as one segment, [(offset, data)])``, through the writer's side."""
+    built, placed, offset = segment_index.Builder(), [], 0
     for data in records:
-        entry = segment_index.entry(0, data)
-        kept = sum(len(fragment) for _, fragment in entry.kept)
-        elided += len(data) - kept
-        original, filled = event_files.parse_event(data), event_files.parse_event(entry.filled())
-        # The same event but for the payloads of its tensors, zeros of the same length.
-        for value in original.summary.value:
-            value.tensor.tensor_content = bytes(len(value.tensor.tensor_content))
-        assert filled == original
-        # What a scan reads from a record's first bytes, read from the entry alone.
-        whole = event_files.tensor_values(data, len(data), None)
-        if not entry.whole:
-            assert event_files.tensor_values(entry.head, entry.length, entry.read) == whole
-        assert entry.expected().matches(data)
-    assert elided > 0.8 * sum(map(len, records))  # what the index leaves out: the payloads
-
-
-def test_an_entry_is_refused_by_a_record_that_differs_where_it_kept_bytes(records):
-    data = next(d for d in records if len(segment_index.entry(0, d).kept) > 1)
-    expected = segment_index.entry(0, data).expected()
-    start, count = expected.spans[0]
-    changed = bytearray(data)
-    changed[start + count - 1] ^= 1  # in the kept head: another step, tag or length
-    assert not expected.matches(bytes(changed))
-    assert not expected.matches(data + b"\0")
-    payload = expected.spans[0][1] + 8  # inside the first elided payload: not the index's
-    changed = bytearray(data)
-    changed[payload] ^= 1
-    assert expected.matches(bytes(changed))
-
-
-def test_an_index_reads_back_as_written(records):
-    entries, offset = [], 0
-    for data in records:
-        entries.append(segment_index.entry(offset, data))
+        built.add(offset, data)
+        placed.append((offset, data))
         offset += len(event_files.record(data))
-    blob = segment_index.encode([(SEGMENT, offset, entries), (SEGMENT.replace("s0", "s1"), 0, [])])
-    decoded = segment_index.decode(blob)
-    assert decoded == {SEGMENT: (offset, entries), SEGMENT.replace("s0", "s1"): (0, [])}
-    # Small beside the segment: its payloads are what it leaves out.
-    assert len(blob) < 0.1 * offset
+    [(name, index)] = segment_index.decode(segment_index.encode([(SEGMENT, offset, built)])).items()
+    assert name == SEGMENT and index.size == offset
+    return index, placed
 
 
-def _blob(raw: bytes) -> bytes:
-    return segment_index.MAGIC + zlib.compress(raw)
+def test_an_index_tells_a_reader_what_each_record_does(records):
+    index, placed = indexed(records)
+    entries = {entry.offset: entry for entry in index.entries}
+    steps = dict(zip(index.offsets.tolist(), zip(index.wall_times.tolist(),
+                                                  index.steps.tolist(), index.tag_sets.tolist())))
+    assert len(steps) + len(entries) == len(records) and len(steps) > 0.9 * len(records)
+    for offset, data in placed:
+        values = event_files.tensor_values(data, len(data), None)
+        if offset in steps:  # what a scan reads from the first bytes of a record
+            wall_time, step, tag_set = steps[offset]
+            assert values == (wall_time, step, index.tags[tag_set])
+        else:  # the rest parses as the record, but for its payloads: zeros of their length
+            original = event_files.parse_event(data)
+            for value in original.summary.value:
+                value.tensor.tensor_content = bytes(len(value.tensor.tensor_content))
+                value.tensor.string_val[:] = [bytes(len(s)) for s in value.tensor.string_val]
+            assert event_files.parse_event(entries[offset].filled()) == original
+        assert index.matches(offset, data)
+
+
+def test_a_record_that_differs_from_its_index_is_found_out(records):
+    index, placed = indexed(records)
+    plain = dict(placed)[int(index.offsets[5])]
+    changed = bytearray(plain)
+    changed[10] ^= 1  # the step's first byte (after the wall time's key and 8 bytes)
+    assert not index.matches(int(index.offsets[5]), bytes(changed))
+    assert not index.matches(int(index.offsets[5]), plain + b"\0")
+    changed = bytearray(plain)
+    changed[-8] ^= 1  # in a tensor's payload: not what the index vouches for
+    assert index.matches(int(index.offsets[5]), bytes(changed))
+    entry = next(e for e in index.entries if len(e.kept) > 1)
+    data = dict(placed)[entry.offset]
+    start, head = entry.kept[0]
+    changed = bytearray(data)
+    changed[start + len(head) - 1] ^= 1  # in the bytes the index kept
+    assert not index.matches(entry.offset, bytes(changed))
+    changed = bytearray(data)
+    changed[len(head) + 8] ^= 1  # in the first elided payload
+    assert index.matches(entry.offset, bytes(changed))
+    assert not index.matches(entry.offset + 1, data)  # no record there
+
+
+def test_an_index_is_small_beside_its_segment(records):
+    built = segment_index.Builder()
+    for data in records:
+        built.add(0, data)
+    size = sum(len(event_files.record(data)) for data in records)
+    assert len(segment_index.encode([(SEGMENT, size, built)])) < 0.05 * size
+
+
+def _blob(*segments) -> bytes:
+    return segment_index.MAGIC + zlib.compress(struct.pack("<I", len(segments)) + b"".join(segments))
+
+
+def _string(text):
+    return struct.pack("<H", len(text.encode())) + text.encode()
+
+
+def _segment(name=SEGMENT, size=1000, tags=(("t",),), rows=(), entries=()):
+    """A segment of an index, byte by byte: ``rows`` of (offset, length, step, wall time, tag
+    set), ``entries`` of (offset, length, [(start, bytes)])."""
+    parts = [_string(name), struct.pack("<Q", size), struct.pack("<I", len(tags))]
+    for tag_set in tags:
+        parts += [struct.pack("<H", len(tag_set))] + [_string(tag) for tag in tag_set]
+    parts.append(struct.pack("<I", len(rows)))
+    for column, fmt in zip(zip(*rows) if rows else [()] * 5, "QQqdH"):
+        parts.append(b"".join(struct.pack("<" + fmt, value) for value in column))
+    parts.append(struct.pack("<I", len(entries)))
+    for offset, length, kept in entries:
+        parts += [struct.pack("<QQI", offset, length, len(kept))]
+        for start, fragment in kept:
+            parts += [struct.pack("<QI", start, len(fragment)), fragment]
+    return b"".join(parts)
+
+
+def test_a_crafted_index_of_the_format_decodes():  # the crafting below is the format
+    [(name, index)] = segment_index.decode(_blob(_segment(
+        rows=[(0, 10, 3, 1.5, 0), (30, 10, 4, 2.5, 0)], entries=[(14, 8, [(0, b"ab")])]))).items()
+    assert name == SEGMENT and index.steps.tolist() == [3, 4] and index.tags == (("t",),)
+    assert index.entries == (segment_index.Entry(14, 8, ((0, b"ab"),)),)
 
 
 @pytest.mark.parametrize("why, blob", [
     ("another format", b"PK\x03\x04" + bytes(100)),
     ("not zlib", segment_index.MAGIC + b"not compressed"),
-    ("cut", _blob((1).to_bytes(4, "little") + (5).to_bytes(2, "little") + b"even")),
-    ("a path for a name",
-     _blob((1).to_bytes(4, "little") + (len("../" + SEGMENT)).to_bytes(2, "little")
-           + ("../" + SEGMENT).encode() + (10).to_bytes(8, "little") + bytes(4))),
-    ("not a segment's name",
-     _blob((1).to_bytes(4, "little") + (9).to_bytes(2, "little") + b"notes.txt"
-           + (10).to_bytes(8, "little") + bytes(4))),
-    ("a record past its segment",
-     _blob((1).to_bytes(4, "little") + len(SEGMENT).to_bytes(2, "little") + SEGMENT.encode()
-           + (10).to_bytes(8, "little") + (1).to_bytes(4, "little")
-           + (8).to_bytes(8, "little") + (5).to_bytes(8, "little") + bytes(4))),
-    ("a fragment past its record",
-     _blob((1).to_bytes(4, "little") + len(SEGMENT).to_bytes(2, "little") + SEGMENT.encode()
-           + (100).to_bytes(8, "little") + (1).to_bytes(4, "little")
-           + (0).to_bytes(8, "little") + (5).to_bytes(8, "little") + (1).to_bytes(4, "little")
-           + (3).to_bytes(8, "little") + (4).to_bytes(4, "little") + b"abcd")),
-    ("bytes after the last segment", _blob(bytes(4) + b"more")),
+    ("cut", _blob(_segment())[:-3]),
+    ("a path for a name", _blob(_segment(name="../" + SEGMENT))),
+    ("not a segment's name", _blob(_segment(name="notes.txt"))),
+    ("a record past its segment", _blob(_segment(rows=[(995, 10, 0, 0.0, 0)]))),
+    ("a length past everything", _blob(_segment(rows=[(8, 2 ** 64 - 4, 0, 0.0, 0)]))),
+    ("an entry past its segment", _blob(_segment(entries=[(995, 10, [])]))),
+    ("a fragment past its record", _blob(_segment(entries=[(0, 5, [(3, b"abcd")])]))),
+    ("fragments out of order", _blob(_segment(entries=[(0, 9, [(4, b"ab"), (0, b"cd")])]))),
+    ("records out of order", _blob(_segment(rows=[(30, 10, 0, 0.0, 0), (0, 10, 1, 0.0, 0)]))),
+    ("a record twice", _blob(_segment(rows=[(0, 10, 0, 0.0, 0)], entries=[(0, 10, [])]))),
+    ("no such tag set", _blob(_segment(rows=[(0, 10, 0, 0.0, 1)]))),
+    ("a negative step", _blob(_segment(rows=[(0, 10, -1, 0.0, 0)]))),
+    ("a segment twice", _blob(_segment(), _segment())),
+    ("bytes after the last segment",
+     segment_index.MAGIC + zlib.compress(struct.pack("<I", 1) + _segment() + b"more")),
 ])
 def test_a_cut_or_crafted_index_is_refused(why, blob):
     with pytest.raises(ValueError):
@@ -117,12 +161,14 @@ def test_a_cut_or_crafted_index_is_refused(why, blob):
 def test_an_index_that_inflates_past_the_limit_is_refused(monkeypatch):
     monkeypatch.setattr(segment_index, "MAX_INDEX_BYTES", 1 << 20)
     with pytest.raises(ValueError, match="larger"):
-        segment_index.decode(_blob(bytes(4) + bytes(2 << 20)))
+        segment_index.decode(segment_index.MAGIC + zlib.compress(bytes(2 << 20)))
 
 
 def test_every_cut_of_a_real_index_is_refused(records):
-    blob = segment_index.encode([(SEGMENT, 1 << 30, [segment_index.entry(0, d)
-                                                      for d in records[:50]])])
+    built = segment_index.Builder()
+    for offset, data in enumerate(records[:50]):
+        built.add(offset, data)
+    blob = segment_index.encode([(SEGMENT, 1 << 30, built)])
     for cut in range(len(segment_index.MAGIC), len(blob), max(1, len(blob) // 200)):
         with pytest.raises(ValueError):
             segment_index.decode(blob[:cut])

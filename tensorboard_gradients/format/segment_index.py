@@ -2,37 +2,46 @@
 downloading them.
 
 Locating a run's steps means reading the first bytes of every record (`event_files.skim_records`).
-From a local disk that is a fraction of the run; from a bucket a record's first bytes come in its
+From a local disk that is a fraction of the run; from a bucket a record's first bytes come in their
 block, so locating a 1,000-variable x 100,000-step run downloads all of it (4.7 GB, ~20 s from a
 local emulator) before the first answer. So the `segments.SegmentWriter` also uploads, every
 `INDEX_SEGMENTS` segments and at ``close``, an index object of the segments it uploaded since the
-last one: per record its offset, its length and its bytes less the payloads of its tensors
-(`tensor_content_spans`: what locating a record never reads). A 1,000-variable run's index is
-about 1% of its statistics once compressed.
+last one. Per segment it holds each record's offset and length, and:
 
-An index changes nothing a reader concludes: a reader (`server.store.event_scan`) runs on the kept
-bytes, the payloads filled with zeros, the same code it runs on the records read from the file,
-and verifies afterwards, as for records located from their first bytes, that the segment's bytes
-are those the index kept (`Entry.crc`); a segment whose index does not match is read from its own
-bytes. A run without an index (written before, or by another writer; an index upload that
-failed) is read from its segments, as before.
+* for a record of tensor values only (every step's statistics: what `event_files.tensor_values`
+  reads from a record's first bytes), what a scan reads there: its step, wall time and tags, in
+  columns;
+* for any other record (the first value of each tag, with its metadata; a scalar), its bytes
+  less the payloads of its tensors (`tensor_content_spans`: what a scan never reads): `Entry`.
 
-Format (version 1): `MAGIC`, then a zlib stream of: the number of segments; per segment its
-name (length-prefixed UTF-8, a name in the index's directory), its size in bytes and its
-records; per record its offset, its data length and its kept fragments (start, bytes), all
-integers little-endian (`_U32`, `_U64`).
+An index changes nothing a reader concludes (`server.store.file_scan`): it notes what a scan of
+the segment's bytes would note (an `Entry`'s payloads read as zeros), then verifies in the
+background, as for records located from their first bytes, that each record is what the index
+says (`SegmentIndex.matches`: the same step, wall time and tags, or the same kept bytes); a
+segment whose index does not match is read from its own bytes. A run without an index (written
+before, or by another writer; an index upload that failed) is read from its segments.
+
+Format (version 1): `MAGIC`, then a zlib stream of: the number of segments; per segment its name
+(a name in the index's directory), its size, its tag sets, its columns of tensor-value records
+(offset, length, step, wall time, tag set) and its other records (offset, length, kept fragments:
+start and bytes); integers little-endian, strings length-prefixed UTF-8.
 """
 
+import dataclasses
 import struct
 import zlib
 from typing import Dict, Iterator, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from tensorboard_gradients.format import event_files
 
 # Segments per index object: 16 segments are 8 MiB-128 MiB of records (`segments.SEGMENT_BYTES`,
 # 30 s each at most), so the segments no index covers yet, read from their own bytes, stay a few
 # seconds' download, and a run of 100,000 steps has tens of index objects, not thousands.
 INDEX_SEGMENTS = 16
-# Tensor payloads shorter than this are kept: a loss, a scalar (an index entry costs ~12 bytes per
-# fragment, so eliding a few bytes saves nothing).
+# Payloads shorter than this are kept: a loss, a scalar (a fragment costs 12 bytes, so eliding a
+# few bytes saves nothing).
 ELIDED_MIN_BYTES = 64
 MAGIC = b"tensorboard-gradients segment index 1\n"
 # An index object's name: ``gradients-index.`` and its first segment's name less its leading
@@ -41,37 +50,23 @@ MAGIC = b"tensorboard-gradients segment index 1\n"
 _PREFIX = "gradients-index."
 _SEGMENT_PREFIX = "events.out.tfevents."
 # The most an index object may hold, compressed and decoded: a crafted object cannot make a
-# reader allocate more (a real one holds ~1% of its 16 segments' 128 MiB at most).
+# reader allocate more (a real one holds ~2% of its 16 segments' 128 MiB at most).
 MAX_INDEX_BYTES = 256 << 20
 
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
+# The columns of tensor-value records, in their order in the format.
+_COLUMNS = (("offsets", "<u8"), ("lengths", "<u8"), ("steps", "<i8"), ("wall_times", "<f8"),
+            ("tag_sets", "<u2"))
 
 
 class Entry(NamedTuple):
-    """One record of a segment as its index holds it: ``offset`` of its frame in the segment,
-    ``length`` of its data, and ``kept``: ``(start, bytes)`` fragments of the data, in order,
-    the rest being tensor payloads."""
+    """A record that is not tensor values only, as its index keeps it: ``offset`` of its frame
+    in the segment, ``length`` of its data, and ``kept``: ``(start, bytes)`` fragments of the
+    data, in order, the rest being tensor payloads."""
 
     offset: int
     length: int
     kept: Tuple[Tuple[int, bytes], ...]
-
-    def read(self, at: int, count: int) -> bytes:
-        """Up to ``count`` kept bytes of the data from ``at`` (fewer where a payload starts,
-        none inside one): `event_files.tensor_values`' ``read_at``."""
-        for start, fragment in self.kept:
-            if start <= at < start + len(fragment):
-                return fragment[at - start:at - start + count]
-        return b""
-
-    @property
-    def head(self) -> bytes:
-        """The kept bytes from the data's start."""
-        return self.kept[0][1] if self.kept and self.kept[0][0] == 0 else b""
-
-    @property
-    def whole(self) -> bool:
-        return len(self.head) == self.length
 
     def filled(self) -> bytes:
         """The data with every payload's bytes zero: it parses as the record does, with the
@@ -81,36 +76,14 @@ class Entry(NamedTuple):
             data[start:start + len(fragment)] = fragment
         return bytes(data)
 
-    def expected(self) -> "Expected":
-        """What the record's bytes must be for this entry to be right, without its bytes."""
-        return Expected(self.length, tuple((start, len(fragment)) for start, fragment in self.kept),
-                        _kept_crc(self.length, self.kept))
-
-
-class Expected(NamedTuple):
-    """A record's data length, where an `Entry` kept bytes of it (start, count) and their
-    checksum: what a reader checks a segment's record against (`matches`)."""
-
-    length: int
-    spans: Tuple[Tuple[int, int], ...]
-    crc: int
-
     def matches(self, data: bytes) -> bool:
-        """Whether a record's ``data`` holds the bytes its index entry kept, where it kept them."""
-        return len(data) == self.length and _kept_crc(
-            self.length, ((start, data[start:start + count]) for start, count in self.spans)
-        ) == self.crc
-
-
-def _kept_crc(length: int, fragments) -> int:
-    crc = zlib.crc32(_U64.pack(length))
-    for start, fragment in fragments:
-        crc = zlib.crc32(fragment, zlib.crc32(_U64.pack(start), crc))
-    return crc
+        """Whether a record's ``data`` holds the bytes this entry kept, where it kept them."""
+        return len(data) == self.length and all(
+            data[start:start + len(fragment)] == fragment for start, fragment in self.kept)
 
 
 def entry(offset: int, data: bytes) -> Entry:
-    """The index entry of the record of ``data`` at ``offset`` (the writer's side)."""
+    """``data`` (a record's) at ``offset`` less the payloads of its tensors."""
     kept, at = [], 0
     for start, end in tensor_content_spans(data):
         if end - start >= ELIDED_MIN_BYTES:
@@ -118,6 +91,71 @@ def entry(offset: int, data: bytes) -> Entry:
             at = end
     kept.append((at, data[at:]))
     return Entry(offset, len(data), tuple((s, f) for s, f in kept if f))
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentIndex:
+    """One segment as its index describes it: ``size`` in bytes; per tensor-value record (in
+    offset order) its ``offsets``, ``lengths``, ``steps``, ``wall_times`` and ``tag_sets``
+    (positions in ``tags``, each the tags of a record's values in order); and its other records
+    (`Entry`, in offset order)."""
+
+    size: int
+    tags: Tuple[Tuple[str, ...], ...]
+    offsets: np.ndarray
+    lengths: np.ndarray
+    steps: np.ndarray
+    wall_times: np.ndarray
+    tag_sets: np.ndarray
+    entries: Tuple[Entry, ...]
+
+    def matches(self, offset: int, data: bytes) -> bool:
+        """Whether the record at ``offset``, whose data is ``data``, is what this index says."""
+        at = int(np.searchsorted(self.offsets, offset))
+        if at < len(self.offsets) and self.offsets[at] == offset:
+            return event_files.tensor_values(data, len(data), None) == (
+                float(self.wall_times[at]), int(self.steps[at]), self.tags[self.tag_sets[at]])
+        return any(e.offset == offset and e.matches(data) for e in self.entries)
+
+
+class Builder:
+    """A segment's index as its writer adds records (`add`), for `encode`."""
+
+    def __init__(self):
+        self._tags: Dict[Tuple[str, ...], int] = {}
+        self._rows: List[tuple] = []  # the columns of tensor-value records
+        self._entries: List[Entry] = []
+
+    def add(self, offset: int, data: bytes):
+        """The record of ``data`` (a serialized event) at ``offset`` of the segment."""
+        values = event_files.tensor_values(data, len(data), None)
+        if values is None:
+            self._entries.append(entry(offset, data))
+            return
+        wall_time, step, tags = values
+        tag_set = self._tags.setdefault(tags, len(self._tags))
+        self._rows.append((offset, len(data), step, wall_time, tag_set))
+
+    def encoded(self, name: str, size: int) -> bytes:
+        parts = [_string(name), _U64.pack(size), _U32.pack(len(self._tags))]
+        for tags in self._tags:  # in the order of their numbers
+            parts += [_U16.pack(len(tags))] + [_string(tag) for tag in tags]
+        columns = list(zip(*self._rows)) or [()] * len(_COLUMNS)
+        parts.append(_U32.pack(len(self._rows)))
+        parts += [np.asarray(column, dtype).tobytes()
+                  for column, (_, dtype) in zip(columns, _COLUMNS)]
+        parts.append(_U32.pack(len(self._entries)))
+        for record in self._entries:
+            parts += [_U64.pack(record.offset), _U64.pack(record.length),
+                      _U32.pack(len(record.kept))]
+            for start, fragment in record.kept:
+                parts += [_U64.pack(start), _U32.pack(len(fragment)), fragment]
+        return b"".join(parts)
+
+
+def _string(text: str) -> bytes:
+    encoded = text.encode("utf-8")
+    return _U16.pack(len(encoded)) + encoded
 
 
 def index_name(first_segment: str) -> str:
@@ -129,22 +167,15 @@ def is_index_name(name: str) -> bool:
     return name.startswith(_PREFIX) and "tfevents" not in name
 
 
-def encode(segments: Sequence[Tuple[str, int, Sequence[Entry]]]) -> bytes:
-    """An index object of ``segments``: ``(name, size, entries)`` each."""
-    parts = [_U32.pack(len(segments))]
-    for name, size, entries in segments:
-        encoded = name.encode("utf-8")
-        parts += [_U16.pack(len(encoded)), encoded, _U64.pack(size), _U32.pack(len(entries))]
-        for record in entries:
-            parts += [_U64.pack(record.offset), _U64.pack(record.length),
-                      _U32.pack(len(record.kept))]
-            for start, fragment in record.kept:
-                parts += [_U64.pack(start), _U32.pack(len(fragment)), fragment]
+def encode(segments: Sequence[Tuple[str, int, Builder]]) -> bytes:
+    """An index object of ``segments``: ``(name, size, its Builder)`` each."""
+    parts = [_U32.pack(len(segments))] + [built.encoded(name, size)
+                                          for name, size, built in segments]
     return MAGIC + zlib.compress(b"".join(parts), 1)
 
 
-def decode(blob: bytes) -> Dict[str, Tuple[int, List[Entry]]]:
-    """``{segment name: (size, entries)}`` of an index object.
+def decode(blob: bytes) -> Dict[str, SegmentIndex]:
+    """``{segment name: SegmentIndex}`` of an index object.
 
     Raises:
       ValueError: not an index of this version, or not whole (cut, crafted): whoever reads it
@@ -162,30 +193,44 @@ def decode(blob: bytes) -> Dict[str, Tuple[int, List[Entry]]]:
     reader = _Reader(data)
     segments = {}
     for _ in range(reader.take(_U32)):
-        name = reader.bytes(reader.take(_U16)).decode("utf-8", "strict")
-        size, count = reader.take(_U64), reader.take(_U32)
-        entries = [_read_entry(reader, size) for _ in range(count)]
+        name = reader.string()
         if "/" in name or name in segments or not name.startswith(_SEGMENT_PREFIX):
             raise ValueError(f"a segment index names {name!r}")
-        segments[name] = (size, entries)
+        segments[name] = _segment(reader)
     if reader.at != len(data):
         raise ValueError("a segment index with bytes after its last segment")
     return segments
 
 
-def _read_entry(reader: "_Reader", size: int) -> Entry:
-    offset, length = reader.take(_U64), reader.take(_U64)
-    if offset + length > size:
-        raise ValueError("a segment index places a record past its segment's end")
-    kept, end = [], 0
+def _segment(reader: "_Reader") -> SegmentIndex:
+    size = reader.take(_U64)
+    tags = tuple(tuple(reader.string() for _ in range(reader.take(_U16)))
+                 for _ in range(reader.take(_U32)))
+    count = reader.take(_U32)
+    columns = {name: np.frombuffer(reader.bytes(count * np.dtype(dtype).itemsize), dtype)
+               for name, dtype in _COLUMNS}
+    entries = []
     for _ in range(reader.take(_U32)):
-        start = reader.take(_U64)
-        fragment = reader.bytes(reader.take(_U32))
-        if start < end or start + len(fragment) > length:
-            raise ValueError("a segment index holds fragments out of their record")
-        kept.append((start, fragment))
-        end = start + len(fragment)
-    return Entry(offset, length, tuple(kept))
+        offset, length = reader.take(_U64), reader.take(_U64)
+        kept, end = [], 0
+        for _ in range(reader.take(_U32)):
+            start = reader.take(_U64)
+            fragment = reader.bytes(reader.take(_U32))
+            if start < end or start + len(fragment) > length:
+                raise ValueError("a segment index holds fragments out of their record")
+            kept.append((start, fragment))
+            end = start + len(fragment)
+        entries.append(Entry(offset, length, tuple(kept)))
+    offsets, lengths = columns["offsets"], columns["lengths"]
+    entry_offsets = np.array([e.offset for e in entries], np.uint64)
+    entry_ends = np.array([e.offset + e.length for e in entries], object)
+    if ((lengths > size).any() or (offsets > size - lengths).any() or (entry_ends > size).any()
+            or (np.diff(offsets.astype(np.int64)) <= 0).any()
+            or (np.diff(entry_offsets.astype(np.int64)) <= 0).any()
+            or (columns["tag_sets"] >= max(len(tags), 1)).any() or (columns["steps"] < 0).any()
+            or len(np.intersect1d(offsets, entry_offsets))):
+        raise ValueError("a segment index places records out of their segment or order")
+    return SegmentIndex(size, tags, entries=tuple(entries), **columns)
 
 
 class _Reader:
@@ -196,6 +241,9 @@ class _Reader:
         (value,) = layout.unpack_from(self.bytes(layout.size))
         return value
 
+    def string(self) -> str:
+        return self.bytes(self.take(_U16)).decode("utf-8", "strict")
+
     def bytes(self, count: int) -> bytes:
         if self.at + count > len(self.data):
             raise ValueError("a segment index ends inside a record")
@@ -205,8 +253,9 @@ class _Reader:
 
 
 def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
-    """``(start, end)`` of the ``tensor_content`` payload of every summary value's tensor in
-    the serialized `Event` ``data``, in order (none when it does not parse as one)."""
+    """``(start, end)`` of the payloads of every summary value's tensor in the serialized
+    `Event` ``data`` (its ``tensor_content``, each of its ``string_val``: a digest record's), in
+    order (none when it does not parse as one)."""
     spans = []
     try:
         for number, start, end in _fields(data, 0, len(data)):
@@ -218,14 +267,16 @@ def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
                 for field, field_start, field_end in _fields(data, value_start, value_end):
                     if field == _VALUE_TENSOR and field_end is not None:
                         spans += [(s, e) for n, s, e in _fields(data, field_start, field_end)
-                                  if n == _TENSOR_CONTENT and e is not None]
+                                  if n in _PAYLOADS and e is not None]
     except ValueError:
         return []
     return spans
 
 
-# Field numbers: Event.summary, Summary.value, Summary.Value.tensor, TensorProto.tensor_content.
-_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR, _TENSOR_CONTENT = 5, 1, 8, 4
+# Field numbers: Event.summary, Summary.value, Summary.Value.tensor; TensorProto.tensor_content
+# and string_val.
+_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR = 5, 1, 8
+_PAYLOADS = (4, 8)
 
 
 def _fields(data: bytes, at: int, end: int) -> Iterator[Tuple[int, int, object]]:

@@ -99,7 +99,7 @@ class _Segment:
     def __init__(self, url: str):
         self.url = url
         self.data = bytearray()
-        self.entries = []  # its records' `segment_index.Entry`
+        self.index = segment_index.Builder()
         self.steps = set()  # the steps of its events, for counting them when given up
         self.opened = time.monotonic()
         self.due = False  # SEGMENT_SECONDS old (its timer fired)
@@ -110,7 +110,7 @@ class _Segment:
         self.steps.add(int(event.step))
 
     def _append(self, data: bytes):
-        self.entries.append(segment_index.entry(len(self.data), data))
+        self.index.add(len(self.data), data)
         self.data += event_files.record(data)
 
 
@@ -142,7 +142,7 @@ class SegmentWriter:
         self._filling = None  # the segment being filled
         self._sealed = collections.deque()  # ended, not yet uploaded, oldest first
         self._sealed_bytes = 0
-        # (name, size, index entries) of the segments uploaded since the last index object
+        # (name, size, `segment_index.Builder`) of the segments uploaded since the last index
         self._unindexed = []
         self._fresh = False  # a segment ended since the last upload failed: try again
         self._timer = None
@@ -237,7 +237,7 @@ class SegmentWriter:
                 self._sealed.popleft()
                 self._sealed_bytes -= len(segment.data)
             self._unindexed.append((posixpath.basename(segment.url), len(segment.data),
-                                    segment.entries))
+                                    segment.index))
             if len(self._unindexed) >= segment_index.INDEX_SEGMENTS:
                 self._upload_index()
             if self.failing is not None:

@@ -171,9 +171,8 @@ class EventFileIntegrity:
         self._verifier = None  # the thread verifying checksums in the background
         self._looks = itertools.count(1)  # numbers each new look at a run (`Located.look`)
         self._not_regular = set()  # (directory, name) of non-regular files logged once
-        # A bucket's segment indexes (`segment_index`): path -> (FileState, {segment path:
-        # (size, entries)}, empty when it cannot be used), and the segments whose index proved
-        # wrong (read from their own bytes since).
+        # A bucket's segment indexes read (`segment_index`): path -> its FileState then; and
+        # the segments whose index proved wrong (read from their own bytes since).
         self._indexes = {}
         self._index_refused = set()
 
@@ -265,23 +264,20 @@ class EventFileIntegrity:
         """The run's directory, if it lies inside the logdir (run names are relative paths)."""
         return None if self._root is None else storage.run_directory(self._root, run)
 
-    def _indexed(self, listed) -> Dict[str, tuple]:
-        """``{segment path: (size, index entries)}`` from the segment indexes among ``listed``
-        (hold the lock): each read once; one that cannot be read or decoded is logged and not
-        used (its segments are read from their own bytes)."""
+    def _indexed(self, listed) -> Dict[str, segment_index.SegmentIndex]:
+        """``{segment path: its SegmentIndex}`` from the segment indexes among ``listed`` not
+        read before (hold the lock): an index is uploaded after its segments, so they are new
+        in the same look (a segment scanned already needs none). One that cannot be read or
+        decoded is logged and not used (its segments are read from their own bytes)."""
         indexed = {}
         for name, path, state in listed:
-            if not segment_index.is_index_name(name):
-                continue
-            cached = self._indexes.get(path)
-            if cached is None or cached[0] != state:
-                cached = (state, file_scan.read_index(path, state.size))
-                self._indexes[path] = cached
-            indexed.update(cached[1])
+            if segment_index.is_index_name(name) and self._indexes.get(path) != state:
+                self._indexes[path] = state
+                indexed.update(file_scan.read_index(path, state.size))
         return indexed
 
     def _scanned(self, path: str, state: storage.FileState,
-                 indexed: Optional[tuple] = None) -> file_scan.FileScan:
+                 indexed: Optional[segment_index.SegmentIndex] = None) -> file_scan.FileScan:
         scan = self._files.get(path)
         if scan is not None and scan.index_wrong:
             logger.warning("tensorboard-gradients: the segment index of %s does not match it: "
@@ -294,9 +290,10 @@ class EventFileIntegrity:
             return scan
         elif scan is None or state.size <= scan.size:  # new, shrunk or rewritten in place
             scan = file_scan.FileScan()
-            if (indexed is not None and indexed[0] == state.size
-                    and path not in self._index_refused):
-                file_scan.scan_index(indexed[1], scan, state.size)
+            if (indexed is not None and indexed.size == state.size
+                    and path not in self._index_refused
+                    and not file_scan.scan_index(indexed, scan)):
+                scan = file_scan.FileScan()  # a tag its index cannot tell: read it whole
         if scan.broken_at is None and scan.offset < state.size:
             file_scan.scan_records(path, scan, state.size)
         # Only once scanned: a read that failed half way resumes at the last record it read.
@@ -304,7 +301,7 @@ class EventFileIntegrity:
         self._files[path] = scan
         # A segment located from its index is verified in the background: inline, a bucket
         # run's first answer would wait for all of its segments to download.
-        if scan.unverified_bytes <= VERIFY_INLINE_BYTES and not scan.expected:
+        if scan.unverified_bytes <= VERIFY_INLINE_BYTES and scan.index is None:
             self._verify(path, scan)
         if scan.unverified:
             self._start_verifier()
@@ -314,7 +311,7 @@ class EventFileIntegrity:
         """Verifies the unverified records of ``path`` now (hold the lock); left unverified, to
         try again later, when the file cannot be read now (an ``OSError``)."""
         try:
-            taken = file_scan.verified(path, scan.unverified, scan.expected)
+            taken = file_scan.verified(path, scan.unverified, scan.index)
         except OSError as error:
             logger.info("tensorboard-gradients will verify %s later: %s", path, error)
             return
@@ -347,14 +344,14 @@ class EventFileIntegrity:
             while True:
                 traffic.REQUESTS.wait_until_idle()
                 with self._lock:
-                    job = next(((path, scan, scan.unverified[:VERIFY_RECORDS])
+                    job = next(((path, scan, scan.unverified[:VERIFY_RECORDS], scan.index)
                                 for path, scan in self._files.items() if scan.unverified), None)
                     if job is None:
                         self._verifier = None
                         return
-                path, scan, offsets = job
+                path, scan, offsets, index = job
                 try:
-                    taken = file_scan.verified(path, offsets, scan.expected)
+                    taken = file_scan.verified(path, offsets, index)
                 except OSError as error:
                     logger.info("tensorboard-gradients will verify %s later: %s", path, error)
                     with self._lock:

@@ -10,8 +10,11 @@ before they are ever decoded.
 """
 
 import dataclasses
+import itertools
 import logging
 from typing import Dict, Optional, Tuple
+
+import numpy as np
 
 from tensorboard_gradients.format import event_files, metadata, segment_index, storage
 from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
@@ -44,10 +47,10 @@ class FileScan:
     unverified: list = dataclasses.field(default_factory=list)
     unverified_bytes: int = 0
     revision: int = 0  # bumped when a verification took points back
-    # Offsets of the unverified records located from a segment index, and what their bytes must
-    # be (`segment_index.Expected`); True once a record was found otherwise: the file is then
-    # read from its own bytes.
-    expected: Dict[int, object] = dataclasses.field(default_factory=dict)
+    # The segment index the file was located from (`segment_index.SegmentIndex`: what its
+    # records must be) while records are unverified; `index_wrong` once a record was found
+    # otherwise: the file is then read from its own bytes.
+    index: Optional[segment_index.SegmentIndex] = None
     index_wrong: bool = False
 
 
@@ -89,30 +92,53 @@ def scan_records(path: str, scan: FileScan, size: int):
     scan.broken_at = framing.framing_broken_at
 
 
-def scan_index(entries, scan: FileScan, size: int):
-    """Notes what ``entries`` (a segment's `segment_index` entries) say its records hold, as
-    `scan_records` would note it from the segment's bytes (the payloads a scan never reads are
-    zeros here), each record left to verify against its bytes."""
-    for entry in entries:
-        values = (None if entry.whole
-                  else event_files.tensor_values(entry.head, entry.length, entry.read))
-        if values is not None and all(tag in scan.ours or tag in scan.others
-                                      for tag in values[2]):
-            wall_time, step, tags = values
-            for index, tag in enumerate(tags):
-                if tag in scan.ours:
-                    scan.points.setdefault(tag, []).append((step, wall_time, entry.offset, index))
-        else:
+def scan_index(index: segment_index.SegmentIndex, scan: FileScan) -> bool:
+    """Notes what a segment's index says its records hold, as `scan_records` would note it from
+    the segment's bytes (an entry's payloads, which a scan never reads, are zeros here), every
+    record left to verify against its bytes. False, noting nothing more, when a record holds a
+    tag its segment did not describe before it (a scan would read it whole): read the segment."""
+    entry_offsets = [entry.offset for entry in index.entries]
+    stops = np.searchsorted(index.offsets, entry_offsets).tolist() + [len(index.offsets)]
+    start = 0
+    for stop, entry in zip(stops, index.entries + (None,)):
+        if not _note_values(index, start, stop, scan):
+            return False
+        start = stop
+        if entry is not None:
             _note_points(entry.filled(), entry.offset, scan)
-        scan.unverified.append(entry.offset)
-        scan.unverified_bytes += entry.length
-        scan.expected[entry.offset] = entry.expected()
-    scan.offset = size
+    scan.unverified = sorted(index.offsets.tolist() + entry_offsets)
+    scan.unverified_bytes = int(index.lengths.sum()) + sum(e.length for e in index.entries)
+    scan.index, scan.offset = index, index.size
+    return True
+
+
+def _note_values(index: segment_index.SegmentIndex, start: int, stop: int,
+                 scan: FileScan) -> bool:
+    """`scan_index` for the tensor-value records ``start:stop`` of ``index``, between two
+    other records: their tags are known or not for all of them alike."""
+    tag_sets = index.tag_sets[start:stop]
+    kinds = np.unique(tag_sets).tolist()
+    found = {}
+    for tag_set in kinds:
+        tags = index.tags[tag_set]
+        if not all(tag in scan.ours or tag in scan.others for tag in tags):
+            return False
+        chosen = np.flatnonzero(tag_sets == tag_set) + start
+        columns = (index.steps[chosen].tolist(), index.wall_times[chosen].tolist(),
+                   index.offsets[chosen].tolist())
+        for position, tag in enumerate(tags):
+            if tag in scan.ours:
+                found.setdefault(tag, []).extend(zip(*columns, itertools.repeat(position)))
+    for tag, points in found.items():
+        if len(kinds) > 1:
+            points.sort(key=lambda point: point[2])  # file order, as a scan notes them
+        scan.points.setdefault(tag, []).extend(points)
+    return True
 
 
 def read_index(path: str, size: int) -> dict:
-    """``{segment path: (size, entries)}`` of the segment index at ``path``; empty (logged)
-    when it cannot be read or decoded."""
+    """``{segment path: SegmentIndex}`` of the segment index at ``path``; empty (logged) when it
+    cannot be read or decoded."""
     directory = path.rsplit("/", 1)[0]
     try:
         if size > segment_index.MAX_INDEX_BYTES:
@@ -131,13 +157,13 @@ def listed_in_bucket(name: str) -> bool:
     return event_files.is_event_file(name) or segment_index.is_index_name(name)
 
 
-def verified(path: str, offsets, expected) -> Tuple[list, bool]:
+def verified(path: str, offsets, index) -> Tuple[list, bool]:
     """What verifying the records at ``offsets`` of ``path`` takes back: ``(offset, damage)``
     for each that fails its checksum (``damage``: its data), no longer reads back whole (the
     file was cut or replaced: None) or holds an event that does not parse (False: no damage,
-    as a scan reading it whole noted nothing of it); and whether one located from a segment
-    index (``expected``: offset -> `segment_index.Expected`) holds other bytes than the index
-    said. Reads one record at a time.
+    as a scan reading it whole noted nothing of it); and whether one is not what the segment
+    ``index`` it was located from says (None: located from the file's bytes). Reads one record
+    at a time.
 
     Raises:
       OSError: the file cannot be read now.
@@ -151,7 +177,7 @@ def verified(path: str, offsets, expected) -> Tuple[list, bool]:
                 taken.append((offset, None if record is None else record.data))
             elif event_files.parse_event(record.data) is None:
                 taken.append((offset, False))
-            elif offset in expected and not expected[offset].matches(record.data):
+            elif index is not None and not index.matches(offset, record.data):
                 index_wrong = True
     return taken, index_wrong
 
@@ -163,14 +189,11 @@ def settle(scan: FileScan, verified: Tuple[list, bool], offsets):
     taken, index_wrong = verified
     _take_back(scan, taken)
     del scan.unverified[:len(offsets)]
-    for offset in offsets:
-        scan.expected.pop(offset, None)
     if index_wrong:
         scan.index_wrong = True
         scan.unverified.clear()
-        scan.expected.clear()
     if not scan.unverified:
-        scan.unverified_bytes = 0
+        scan.unverified_bytes, scan.index = 0, None
 
 
 def _take_back(scan: FileScan, taken):

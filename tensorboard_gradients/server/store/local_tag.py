@@ -443,9 +443,15 @@ def _covers(digest, located) -> bool:
     rows = digest.rows
     if len(located.steps) < rows or not (located.steps[:rows] == digest.steps()).all():
         return False
-    return all((path == file and offset < record_offset) or segments.precedes(path, file)
-               for start, end, file, record_offset in digest.sources
-               for path, offset, _ in located.locations[start:end])
+    for start, end, file, record_offset in digest.sources:
+        last_offsets = {}  # per file of these steps, the last offset (a long run's: a few files)
+        for path, offset, _ in located.locations[start:end]:
+            if last_offsets.get(path, -1) < offset:
+                last_offsets[path] = offset
+        if not all((path == file and offset < record_offset) or segments.precedes(path, file)
+                   for path, offset in last_offsets.items()):
+            return False
+    return True
 
 
 def _same_loss(old, new, last_step) -> bool:
