@@ -100,7 +100,8 @@ def server(command, port: str, what: str, env=None):
 def running_stores():
     """Starts both servers; yields `Stores`, with their variables set in ``os.environ``."""
     s3_port, gcs_port = free_ports(2)
-    gcs_command = [os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator"),
+    # The emulator less a bug that cut an upload ending in a carriage return (`gcs_emulator`).
+    gcs_command = [sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"),
                    "start", "--host=127.0.0.1", f"--port={gcs_port}", "--in-memory"]
     stores = Stores(s3_port, gcs_port)
     saved = {key: os.environ.get(key) for key in stores.environment}

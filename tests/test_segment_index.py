@@ -63,12 +63,17 @@ def test_an_index_tells_a_reader_what_each_record_does(records):
         if offset in steps:  # what a scan reads from the first bytes of a record
             wall_time, step, tag_set = steps[offset]
             assert values == (wall_time, step, index.tags[tag_set])
-        else:  # the rest parses as the record, but for its payloads: zeros of their length
+        else:  # the rest parses as the record, but for its payloads: empty, their lengths told
             original = event_files.parse_event(data)
+            compacted, lengths = entries[offset].compacted()
+            told = [len(value.tensor.tensor_content) for value in original.summary.value]
+            if lengths:
+                assert [n or 0 for n in lengths] == told
             for value in original.summary.value:
-                value.tensor.tensor_content = bytes(len(value.tensor.tensor_content))
-                value.tensor.string_val[:] = [bytes(len(s)) for s in value.tensor.string_val]
-            assert event_files.parse_event(entries[offset].filled()) == original
+                value.tensor.tensor_content = b""
+                value.tensor.string_val[:] = [b""] * len(value.tensor.string_val)
+            if lengths:
+                assert event_files.parse_event(compacted) == original
         assert index.matches(offset, data)
 
 
@@ -177,3 +182,31 @@ def test_every_cut_of_a_real_index_is_refused(records):
 def test_bytes_that_are_not_an_event_have_no_payloads():
     assert segment_index.tensor_content_spans(b"\xff\xff\xff") == []
     assert segment_index.entry(7, b"\x0f garbage").kept == ((0, b"\x0f garbage"),)
+
+
+@pytest.mark.parametrize("values", [1200, 1199, 0])
+def test_a_tensor_left_out_is_checked_as_the_record_would_be(values):
+    """A reader refuses a tensor its metadata does not describe (`series.check_tensor`) from an
+    index entry as from the record: the content left out, its length told."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+    from tensorboard_gradients.format.series import DamagedPointError, check_tensor
+
+    tensor = tensor_pb2.TensorProto(
+        dtype=1, tensor_content=np.ones(values, np.float32).tobytes() if values else b"",
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=30),
+                 tensor_shape_pb2.TensorShapeProto.Dim(size=40)]))
+    data = event_pb2.Event(step=7, summary=summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(tag="t", tensor=tensor)])).SerializeToString()
+    compacted, lengths = segment_index.entry(0, data).compacted()
+    [value] = event_files.parse_event(compacted).summary.value
+
+    def refusal(*args):
+        try:
+            check_tensor(*args)
+        except DamagedPointError as error:
+            return str(error)
+    original = refusal(tensor, (30, 40))
+    assert refusal(value.tensor, (30, 40), lengths[0] if lengths else None) == original
+    assert (original is None) == (values == 1200) and (lengths != ()) == (values > 0)

@@ -30,7 +30,7 @@ start and bytes); integers little-endian, strings length-prefixed UTF-8.
 import dataclasses
 import struct
 import zlib
-from typing import Dict, Iterator, List, NamedTuple, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,13 +68,14 @@ class Entry(NamedTuple):
     length: int
     kept: Tuple[Tuple[int, bytes], ...]
 
-    def filled(self) -> bytes:
-        """The data with every payload's bytes zero: it parses as the record does, with the
-        same tags, metadata, steps, dtypes and shapes."""
-        data = bytearray(self.length)
-        for start, fragment in self.kept:
-            data[start:start + len(fragment)] = fragment
-        return bytes(data)
+    def compacted(self) -> Tuple[bytes, Tuple[Optional[int], ...]]:
+        """The record's event with every payload it left out empty (it parses with the same
+        tags, metadata, steps, dtypes and shapes), and per summary value the length of the
+        tensor content left out (None where none was)."""
+        if len(self.kept) == 1 and self.kept[0][0] == 0 and len(self.kept[0][1]) == self.length:
+            return self.kept[0][1], ()  # nothing left out
+        lengths = []
+        return bytes(_compacted(_Sparse(self.kept), 0, self.length, 0, lengths)), tuple(lengths)
 
     def matches(self, data: bytes) -> bool:
         """Whether a record's ``data`` holds the bytes this entry kept, where it kept them."""
@@ -277,6 +278,78 @@ def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
 # and string_val.
 _EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR = 5, 1, 8
 _PAYLOADS = (4, 8)
+
+
+class _Sparse:
+    """The kept bytes of a record, indexed as the record: a byte left out raises ValueError."""
+
+    def __init__(self, kept):
+        self._kept = kept
+
+    def __getitem__(self, key):
+        at = key.start if isinstance(key, slice) else key
+        for start, fragment in self._kept:
+            if start <= at < start + len(fragment):
+                if isinstance(key, slice):
+                    if key.stop > start + len(fragment):
+                        break
+                    return fragment[key.start - start:key.stop - start]
+                return fragment[at - start]
+        raise ValueError("a byte the index left out")
+
+
+# The messages on the way from an Event to its tensors' payloads, by depth: Event.summary,
+# Summary.value, Summary.Value.tensor.
+_PATH = (5, 1, 8)
+
+
+def _compacted(data, at: int, end: int, depth: int, lengths: list) -> bytearray:
+    """The message ``data[at:end]`` (at ``depth`` on `_PATH`) with its tensors' payloads empty;
+    each Summary.Value's left-out tensor content length appended to ``lengths``."""
+    out = bytearray()
+    while at < end:
+        field_start = at
+        key, at = _varint(data, at, end)
+        wire_type, number = key & 7, key >> 3
+        if wire_type != 2:
+            at = _skipped(data, at, end, wire_type)
+            out += data[field_start:at]
+            continue
+        size, payload = _varint(data, at, end)
+        at = payload + size
+        if depth == 1 and number == _SUMMARY_VALUE:
+            lengths.append(None)
+        if depth < len(_PATH) and number == _PATH[depth]:
+            inner = _compacted(data, payload, at, depth + 1, lengths)
+        elif depth == len(_PATH) and number in _PAYLOADS:
+            if number == _PAYLOADS[0] and lengths:
+                lengths[-1] = size
+            inner = b""
+        else:
+            out += data[field_start:at]
+            continue
+        out += _key_and_length(key, len(inner)) + inner
+    if at != end:
+        raise ValueError("a field past its message's end")
+    return out
+
+
+def _skipped(data, at: int, end: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _varint(data, at, end)[1]
+    if wire_type in (1, 5):
+        return at + (8 if wire_type == 1 else 4)
+    raise ValueError("not a protobuf message")
+
+
+def _key_and_length(key: int, length: int) -> bytes:
+    out = bytearray()
+    for value in (key, length):
+        while value >= 0x80:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
 
 
 def _fields(data: bytes, at: int, end: int) -> Iterator[Tuple[int, int, object]]:

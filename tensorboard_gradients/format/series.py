@@ -172,13 +172,14 @@ _FLOAT_DTYPES = {
 }
 
 
-def check_tensor(tensor, expected: Tuple[int, ...]) -> None:
+def check_tensor(tensor, expected: Tuple[int, ...], content_length: Optional[int] = None) -> None:
     """`DamagedPointError` unless the `TensorProto` is a float matrix of exactly ``expected``
-    shape (the checks of `decode_tensor`, without decoding)."""
-    _checked(tensor, expected)
+    shape (the checks of `decode_tensor`, without decoding). ``content_length``: the length of
+    its ``tensor_content`` where the content itself was left out (`segment_index`)."""
+    _checked(tensor, expected, content_length)
 
 
-def _checked(tensor, expected):
+def _checked(tensor, expected, content_length=None):
     """(numpy dtype, the field holding the values, the packed content bytes) of a tensor that
     passes the checks of `decode_tensor` (the content is read once: each read copies it)."""
     shape = tuple([d.size for d in tensor.tensor_shape.dim])
@@ -190,9 +191,10 @@ def _checked(tensor, expected):
     dtype, field = _FLOAT_DTYPES[tensor.dtype]
     count = math.prod(expected)
     content = tensor.tensor_content
-    if content:
-        if len(content) != count * np.dtype(dtype).itemsize:
-            raise DamagedPointError(f"{len(content)} content bytes for {count} "
+    length = len(content) if content_length is None else content_length
+    if length:
+        if length != count * np.dtype(dtype).itemsize:
+            raise DamagedPointError(f"{length} content bytes for {count} "
                                     f"{np.dtype(dtype).name} values")
     elif len(getattr(tensor, field)) not in (1, count):
         raise DamagedPointError(f"{len(getattr(tensor, field))} values for {count} entries")

@@ -85,7 +85,7 @@ def scan_records(path: str, scan: FileScan, size: int):
                     break  # truncated while being read: the next scan resumes here
             if record is not None:
                 if record.intact:
-                    _note_points(record.data, skimmed.offset, scan)
+                    _note_points(record.data, (), skimmed.offset, scan)
                 else:
                     _note_damaged_record(record.data, scan)
             scan.offset = skimmed.end
@@ -105,7 +105,7 @@ def scan_index(index: segment_index.SegmentIndex, scan: FileScan) -> bool:
             return False
         start = stop
         if entry is not None:
-            _note_points(entry.filled(), entry.offset, scan)
+            _note_points(*entry.compacted(), entry.offset, scan)
     scan.unverified = sorted(index.offsets.tolist() + entry_offsets)
     scan.unverified_bytes = int(index.lengths.sum()) + sum(e.length for e in index.entries)
     scan.index, scan.offset = index, index.size
@@ -212,10 +212,12 @@ def _take_back(scan: FileScan, taken):
     scan.revision += 1
 
 
-def _note_points(record: bytes, offset: int, scan: FileScan):
+def _note_points(record: bytes, content_lengths, offset: int, scan: FileScan):
     """Notes where the values of this plugin's tags in an intact record lie. A tag's first
     value with plugin metadata says whose it is; tensors logged under it before that (their
-    metadata record was damaged) are kept too, as the other readers keep them."""
+    metadata record was damaged) are kept too, as the other readers keep them.
+    ``content_lengths``: per value, the length of a tensor content its segment index left out
+    of ``record`` (`segment_index.Entry.compacted`; empty: the record as it is)."""
     event = event_files.parse_event(record)
     if event is None:
         return
@@ -239,7 +241,8 @@ def _note_points(record: bytes, offset: int, scan: FileScan):
                 scan.others.add(tag)
                 scan.points.pop(tag, None)
                 continue
-        refusal = _refusal(value, scan.contents.get(tag))
+        refusal = _refusal(value, scan.contents.get(tag),
+                           content_lengths[index] if index < len(content_lengths) else None)
         if refusal is not None:
             scan.refused.setdefault(tag, {})[int(event.step)] = refusal
             continue
@@ -247,14 +250,15 @@ def _note_points(record: bytes, offset: int, scan: FileScan):
             (int(event.step), float(event.wall_time), offset, index))
 
 
-def _refusal(value, content: Optional[bytes]) -> Optional[str]:
-    """Why a logged value of one of this plugin's tags (first metadata ``content``) is refused
-    before it is decoded, or None (`series.check_tensor`: the decode guard's rule)."""
+def _refusal(value, content: Optional[bytes], content_length: Optional[int]) -> Optional[str]:
+    """Why a logged value of one of this plugin's tags (first metadata ``content``; its tensor
+    content left out, ``content_length`` long, or None) is refused before it is decoded, or
+    None (`series.check_tensor`: the decode guard's rule)."""
     expected = _expected_shape(content)
     if expected is None:
         return None
     try:
-        check_tensor(value.tensor, expected)
+        check_tensor(value.tensor, expected, content_length)
     except DamagedPointError as error:
         return str(error)
     return None
