@@ -210,3 +210,13 @@ def test_a_tensor_left_out_is_checked_as_the_record_would_be(values):
     original = refusal(tensor, (30, 40))
     assert refusal(value.tensor, (30, 40), lengths[0] if lengths else None) == original
     assert (original is None) == (values == 1200) and (lengths != ()) == (values > 0)
+
+
+def test_an_entry_whose_kept_bytes_are_no_event_cannot_be_compacted(records):
+    """A crafted index's entry leaving out bytes that are not a payload: a reader reads that
+    segment from its bytes instead (`file_scan.scan_index`)."""
+    data = next(d for d in records if len(segment_index.entry(0, d).kept) > 1)
+    entry = segment_index.entry(0, data)
+    (start, head), *rest = entry.kept
+    with pytest.raises(ValueError):
+        entry._replace(kept=((start, head[:5]), *rest)).compacted()

@@ -407,10 +407,10 @@ def tensor_values(head: bytes, length: int,
         if head[0] != _WALL_TIME_KEY or head[9] != _STEP_KEY:
             return None
         wall_time = _DOUBLE.unpack_from(head, 1)[0]
-        step, at = _varint(head, 10)
+        step, at = varint(head, 10)
         if head[at] != _SUMMARY_KEY:
             return None
-        size, at = _varint(head, at + 1)
+        size, at = varint(head, at + 1)
         if at + size != length:
             return None
         tags = []
@@ -434,16 +434,16 @@ def _tensor_value(data: bytes, at: int) -> Tuple[Optional[str], int]:
     try:
         if data[at] != _VALUE_KEY:
             return None, 0
-        size, at = _varint(data, at + 1)
+        size, at = varint(data, at + 1)
         end = at + size
         if data[at] != _TAG_KEY:
             return None, 0
-        size, at = _varint(data, at + 1)
+        size, at = varint(data, at + 1)
         tag = data[at:at + size]
         at += size
         if len(tag) != size or data[at] != _TENSOR_KEY:
             return None, 0
-        size, at = _varint(data, at + 1)
+        size, at = varint(data, at + 1)
         if at + size != end:  # the tensor ends the value: no metadata after it
             return None, 0
         return tag.decode(), end
@@ -451,7 +451,7 @@ def _tensor_value(data: bytes, at: int) -> Tuple[Optional[str], int]:
         return None, 0
 
 
-def _varint(data: bytes, at: int) -> Tuple[int, int]:
+def varint(data: bytes, at: int) -> Tuple[int, int]:
     """The base-128 varint at ``at`` and the offset after it; ValueError for one of 9 bytes or
     more (a negative step: parsed whole), IndexError past ``data``. Steps and lengths under
     2 ** 21 (three bytes) take no loop: a scan decodes five per record."""

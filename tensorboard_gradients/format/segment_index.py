@@ -378,13 +378,12 @@ def _fields(data: bytes, at: int, end: int) -> Iterator[Tuple[int, int, object]]
             raise ValueError("a field past its message's end")
 
 
-def _varint(data: bytes, at: int, end: int) -> Tuple[int, int]:
-    value = shift = 0
-    while at < end and shift < 64:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    raise ValueError("a varint past its message's end")
+def _varint(data, at: int, end: int) -> Tuple[int, int]:
+    """`event_files.varint` within ``data[:end]``, ValueError past it."""
+    try:
+        value, after = event_files.varint(data, at)
+    except IndexError:
+        after = end + 1
+    if after > end:
+        raise ValueError("a varint past its message's end")
+    return value, after

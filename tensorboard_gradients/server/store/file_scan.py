@@ -105,7 +105,11 @@ def scan_index(index: segment_index.SegmentIndex, scan: FileScan) -> bool:
             return False
         start = stop
         if entry is not None:
-            _note_points(*entry.compacted(), entry.offset, scan)
+            try:
+                compacted = entry.compacted()
+            except ValueError:  # a crafted index's bytes that are no event
+                return False
+            _note_points(*compacted, entry.offset, scan)
     scan.unverified = sorted(index.offsets.tolist() + entry_offsets)
     scan.unverified_bytes = int(index.lengths.sum()) + sum(e.length for e in index.entries)
     scan.index, scan.offset = index, index.size
