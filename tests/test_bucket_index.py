@@ -6,14 +6,15 @@ trusted."""
 
 import io
 import logging
+import os
 
 import numpy as np
 import pytest
 
 from object_stores import BUCKET, running_stores
-from tensorboard_gradients.format import event_files, segment_index, segments, storage
+from tensorboard_gradients.format import event_files, run_tags, segment_index, segments, storage
 from tensorboard_gradients.format.writer import GradientWriter
-from tensorboard_gradients.server.store import event_scan, file_scan
+from tensorboard_gradients.server.store import event_scan
 
 NAMES = [f"block{i}/dense/kernel" for i in range(40)]
 STEPS = 1100
@@ -81,7 +82,7 @@ def unverified_look(url, monkeypatch):
 def from_bytes(url, monkeypatch):
     """What a scan of ``url``'s run finds from the segments' own bytes (no index), verified."""
     with monkeypatch.context() as patched:
-        patched.setattr(file_scan, "listed_in_bucket", event_files.is_event_file)
+        patched.setattr(segment_index, "listed_in_bucket", event_files.is_event_file)
         checker = event_scan.EventFileIntegrity(url)
         located = checker.located("run", "gradients")
         assert checker.wait_until_verified(60)
@@ -198,3 +199,15 @@ def test_the_emulator_keeps_every_byte_of_an_upload(stores, last_byte):
     data = bytes(range(256)) * 40 + last_byte
     fs.pipe_file(f"{BUCKET}/last-byte", data)
     assert fs.cat_file(f"{BUCKET}/last-byte") == data
+
+
+def test_a_restarted_job_reads_the_runs_tags_from_its_indexes(runs, monkeypatch):
+    """A writer joining a bucket run (`run_tags`) learns the tags there from the indexes, which
+    keep every record carrying metadata, without downloading the segments."""
+    local, url = runs
+    monkeypatch.setattr(storage, "BLOCKS", storage.BlockCache(256 << 20))
+    found = run_tags.tags_in_run(url + "/run", "gradients")
+    assert found == run_tags.tags_in_run(os.path.join(local, "run"), "gradients")
+    assert [tag for tag, _ in found] == ["gradients"]
+    segment_bytes = sum(size for name, size in listing_of(url).items() if "tfevents" in name)
+    assert storage.BLOCKS.fetched_bytes < 0.1 * segment_bytes

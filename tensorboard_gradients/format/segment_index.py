@@ -34,7 +34,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files
+from tensorboard_gradients.format import event_files, storage
 
 # Segments per index object: 16 segments are 8 MiB-128 MiB of records (`segments.SEGMENT_BYTES`,
 # 30 s each at most), so the segments no index covers yet, read from their own bytes, stay a few
@@ -201,6 +201,40 @@ def decode(blob: bytes) -> Dict[str, SegmentIndex]:
     if reader.at != len(data):
         raise ValueError("a segment index with bytes after its last segment")
     return segments
+
+
+def read(path: str, size: int) -> Dict[str, SegmentIndex]:
+    """``{segment path: SegmentIndex}`` of the index object at ``path`` (``size`` bytes: listed).
+
+    Raises:
+      OSError: it cannot be read; ValueError: it is not an index (`decode`), or larger than
+        `MAX_INDEX_BYTES`.
+    """
+    if size > MAX_INDEX_BYTES:
+        raise ValueError(f"larger than {MAX_INDEX_BYTES} bytes")
+    with event_files.open_regular_file(path) as file:
+        segments = decode(storage.read_at(file, 0, size))
+    directory = path.rsplit("/", 1)[0]
+    return {storage.join(directory, name): index for name, index in segments.items()}
+
+
+def in_listing(listed) -> Dict[str, SegmentIndex]:
+    """``{segment path: SegmentIndex}`` of the index objects among ``listed`` (``(name, path,
+    FileState)``, `storage.event_listing` with `listed_in_bucket`); those that cannot be read
+    are passed over (their segments are read from their bytes)."""
+    indexed = {}
+    for name, path, state in listed:
+        if is_index_name(name):
+            try:
+                indexed.update(read(path, state.size))
+            except (OSError, ValueError):
+                continue
+    return indexed
+
+
+def listed_in_bucket(name: str) -> bool:
+    """Event files and their segment indexes: what a reader of a bucket lists."""
+    return event_files.is_event_file(name) or is_index_name(name)
 
 
 def _segment(reader: "_Reader") -> SegmentIndex:

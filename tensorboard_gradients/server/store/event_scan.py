@@ -185,7 +185,7 @@ class EventFileIntegrity:
             return None
         remote = storage.is_url(directory)
         regular, special = storage.event_listing(
-            directory, file_scan.listed_in_bucket if remote else event_files.is_event_file)
+            directory, segment_index.listed_in_bucket if remote else event_files.is_event_file)
         files = []
         with self._lock:
             indexed = self._indexed(regular) if remote else {}

@@ -141,24 +141,14 @@ def _note_values(index: segment_index.SegmentIndex, start: int, stop: int,
 
 
 def read_index(path: str, size: int) -> dict:
-    """``{segment path: SegmentIndex}`` of the segment index at ``path``; empty (logged) when it
-    cannot be read or decoded."""
-    directory = path.rsplit("/", 1)[0]
+    """``{segment path: SegmentIndex}`` of the segment index at ``path`` (`segment_index.read`);
+    empty (logged) when it cannot be read or decoded."""
     try:
-        if size > segment_index.MAX_INDEX_BYTES:
-            raise ValueError(f"larger than {segment_index.MAX_INDEX_BYTES} bytes")
-        with event_files.open_regular_file(path) as file:
-            segments = segment_index.decode(storage.read_at(file, 0, size))
+        return segment_index.read(path, size)
     except (OSError, ValueError) as error:
         logger.warning("tensorboard-gradients does not use %s (%s): its segments are read "
                        "whole", storage.shown(path), error)
         return {}
-    return {storage.join(directory, name): indexed for name, indexed in segments.items()}
-
-
-def listed_in_bucket(name: str) -> bool:
-    """Event files and their segment indexes."""
-    return event_files.is_event_file(name) or segment_index.is_index_name(name)
 
 
 def verified(path: str, offsets, index) -> Tuple[list, bool]:
