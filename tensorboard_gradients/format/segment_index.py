@@ -15,9 +15,9 @@ last one. Per segment it holds each record's offset and length, and:
   less the payloads of its tensors (`tensor_content_spans`: what a scan never reads): `Entry`.
 
 An index changes nothing a reader concludes (`server.store.file_scan`): it notes what a scan of
-the segment's bytes would note (an `Entry`'s payloads read as zeros), then verifies in the
-background, as for records located from their first bytes, that each record is what the index
-says (`SegmentIndex.matches`: the same step, wall time and tags, or the same kept bytes); a
+the segment's bytes would note (an `Entry` read with its payloads empty, their lengths told:
+`Entry.compacted`), then verifies in the background, as for records located from their first
+bytes, that each record is what the index says (`SegmentIndex.matches`: the same step, wall time and tags, or the same kept bytes); a
 segment whose index does not match is read from its own bytes. A run without an index (written
 before, or by another writer; an index upload that failed) is read from its segments.
 
@@ -218,17 +218,17 @@ def read(path: str, size: int) -> Dict[str, SegmentIndex]:
     return {storage.join(directory, name): index for name, index in segments.items()}
 
 
-def in_listing(listed) -> Dict[str, SegmentIndex]:
+def in_listing(listed, unusable=lambda path, error: None) -> Dict[str, SegmentIndex]:
     """``{segment path: SegmentIndex}`` of the index objects among ``listed`` (``(name, path,
-    FileState)``, `storage.event_listing` with `listed_in_bucket`); those that cannot be read
-    are passed over (their segments are read from their bytes)."""
+    FileState)``, `storage.event_listing` with `listed_in_bucket`); one that cannot be read is
+    passed over (its segments are read from their bytes), told to ``unusable(path, error)``."""
     indexed = {}
     for name, path, state in listed:
         if is_index_name(name):
             try:
                 indexed.update(read(path, state.size))
-            except (OSError, ValueError):
-                continue
+            except (OSError, ValueError) as error:
+                unusable(path, error)
     return indexed
 
 
@@ -292,26 +292,29 @@ def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
     `Event` ``data`` (its ``tensor_content``, each of its ``string_val``: a digest record's), in
     order (none when it does not parse as one)."""
     spans = []
-    try:
-        for number, start, end in _fields(data, 0, len(data)):
-            if number != _EVENT_SUMMARY or end is None:
+
+    def walk(at, end, depth):
+        for number, _, _, payload, field_end in _fields(data, at, end):
+            if payload is None:
                 continue
-            for value_number, value_start, value_end in _fields(data, start, end):
-                if value_number != _SUMMARY_VALUE or value_end is None:
-                    continue
-                for field, field_start, field_end in _fields(data, value_start, value_end):
-                    if field == _VALUE_TENSOR and field_end is not None:
-                        spans += [(s, e) for n, s, e in _fields(data, field_start, field_end)
-                                  if n in _PAYLOADS and e is not None]
+            if depth < len(_PATH) and number == _PATH[depth]:
+                walk(payload, field_end, depth + 1)
+            elif depth == len(_PATH) and number in _PAYLOADS:
+                spans.append((payload, field_end))
+    try:
+        walk(0, len(data), 0)
     except ValueError:
         return []
     return spans
 
 
-# Field numbers: Event.summary, Summary.value, Summary.Value.tensor; TensorProto.tensor_content
-# and string_val.
+# The messages on the way from an Event to its tensors' payloads, by depth (field numbers):
+# Event.summary, Summary.value, Summary.Value.tensor; and the payloads, TensorProto's
+# tensor_content and string_val.
 _EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR = 5, 1, 8
-_PAYLOADS = (4, 8)
+_PATH = (_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR)
+_TENSOR_CONTENT, _STRING_VAL = 4, 8
+_PAYLOADS = (_TENSOR_CONTENT, _STRING_VAL)
 
 
 class _Sparse:
@@ -332,48 +335,24 @@ class _Sparse:
         raise ValueError("a byte the index left out")
 
 
-# The messages on the way from an Event to its tensors' payloads, by depth: Event.summary,
-# Summary.value, Summary.Value.tensor.
-_PATH = (5, 1, 8)
-
-
 def _compacted(data, at: int, end: int, depth: int, lengths: list) -> bytearray:
     """The message ``data[at:end]`` (at ``depth`` on `_PATH`) with its tensors' payloads empty;
     each Summary.Value's left-out tensor content length appended to ``lengths``."""
     out = bytearray()
-    while at < end:
-        field_start = at
-        key, at = _varint(data, at, end)
-        wire_type, number = key & 7, key >> 3
-        if wire_type != 2:
-            at = _skipped(data, at, end, wire_type)
-            out += data[field_start:at]
-            continue
-        size, payload = _varint(data, at, end)
-        at = payload + size
-        if depth == 1 and number == _SUMMARY_VALUE:
+    for number, key, field_start, payload, field_end in _fields(data, at, end):
+        if payload is not None and depth == 1 and number == _SUMMARY_VALUE:
             lengths.append(None)
-        if depth < len(_PATH) and number == _PATH[depth]:
-            inner = _compacted(data, payload, at, depth + 1, lengths)
-        elif depth == len(_PATH) and number in _PAYLOADS:
-            if number == _PAYLOADS[0] and lengths:
-                lengths[-1] = size
+        if payload is not None and depth < len(_PATH) and number == _PATH[depth]:
+            inner = _compacted(data, payload, field_end, depth + 1, lengths)
+        elif payload is not None and depth == len(_PATH) and number in _PAYLOADS:
+            if number == _TENSOR_CONTENT and lengths:
+                lengths[-1] = field_end - payload
             inner = b""
         else:
-            out += data[field_start:at]
+            out += data[field_start:field_end]
             continue
         out += _key_and_length(key, len(inner)) + inner
-    if at != end:
-        raise ValueError("a field past its message's end")
     return out
-
-
-def _skipped(data, at: int, end: int, wire_type: int) -> int:
-    if wire_type == 0:
-        return _varint(data, at, end)[1]
-    if wire_type in (1, 5):
-        return at + (8 if wire_type == 1 else 4)
-    raise ValueError("not a protobuf message")
 
 
 def _key_and_length(key: int, length: int) -> bytes:
@@ -386,30 +365,30 @@ def _key_and_length(key: int, length: int) -> bytes:
     return bytes(out)
 
 
-def _fields(data: bytes, at: int, end: int) -> Iterator[Tuple[int, int, object]]:
-    """``(field number, start, end)`` of each field of the message in ``data[at:end]``; start
-    and end bound a length-delimited field's payload (``end`` None for the other wire types).
+def _fields(data, at: int, end: int) -> Iterator[Tuple[int, int, int, Optional[int], int]]:
+    """``(field number, key, start, payload start, end)`` of each field of the message in
+    ``data[at:end]``; the payload start of a length-delimited field only (None for the other
+    wire types).
 
     Raises:
       ValueError: bytes that are not a message.
     """
     while at < end:
+        start = at
         key, at = _varint(data, at, end)
-        wire_type, number = key & 7, key >> 3
+        wire_type, payload = key & 7, None
         if wire_type == 0:
             _, at = _varint(data, at, end)
-            yield number, at, None
         elif wire_type == 1 or wire_type == 5:
             at += 8 if wire_type == 1 else 4
-            yield number, at, None
         elif wire_type == 2:
-            size, at = _varint(data, at, end)
-            yield number, at, at + size
-            at += size
+            size, payload = _varint(data, at, end)
+            at = payload + size
         else:
             raise ValueError("not a protobuf message")
         if at > end:
             raise ValueError("a field past its message's end")
+        yield key >> 3, key, start, payload, at
 
 
 def _varint(data, at: int, end: int) -> Tuple[int, int]:

@@ -269,12 +269,10 @@ class EventFileIntegrity:
         read before (hold the lock): an index is uploaded after its segments, so they are new
         in the same look (a segment scanned already needs none). One that cannot be read or
         decoded is logged and not used (its segments are read from their own bytes)."""
-        indexed = {}
-        for name, path, state in listed:
-            if segment_index.is_index_name(name) and self._indexes.get(path) != state:
-                self._indexes[path] = state
-                indexed.update(file_scan.read_index(path, state.size))
-        return indexed
+        new = [(name, path, state) for name, path, state in listed
+               if segment_index.is_index_name(name) and self._indexes.get(path) != state]
+        self._indexes.update((path, state) for _, path, state in new)
+        return segment_index.in_listing(new, file_scan.index_unusable)
 
     def _scanned(self, path: str, state: storage.FileState,
                  indexed: Optional[segment_index.SegmentIndex] = None) -> file_scan.FileScan:

@@ -140,15 +140,11 @@ def _note_values(index: segment_index.SegmentIndex, start: int, stop: int,
     return True
 
 
-def read_index(path: str, size: int) -> dict:
-    """``{segment path: SegmentIndex}`` of the segment index at ``path`` (`segment_index.read`);
-    empty (logged) when it cannot be read or decoded."""
-    try:
-        return segment_index.read(path, size)
-    except (OSError, ValueError) as error:
-        logger.warning("tensorboard-gradients does not use %s (%s): its segments are read "
-                       "whole", storage.shown(path), error)
-        return {}
+def index_unusable(path: str, error: Exception):
+    """Logs that the segment index at ``path`` cannot be read or decoded
+    (`segment_index.in_listing`)."""
+    logger.warning("tensorboard-gradients does not use %s (%s): its segments are read whole",
+                   storage.shown(path), error)
 
 
 def verified(path: str, offsets, index) -> Tuple[list, bool]:
