@@ -12,7 +12,7 @@ indexes, `format.segments`), then, for the directory and each bucket, measures:
 * the plugin (TensorBoard's WSGI app in this process, the plugin reading the logdir itself, as
   in a real TensorBoard): the first overview heatmap (4,000 columns) from nothing read, its
   answer while the long run is still being read ("partial") and until it is complete, with the
-  bytes fetched from the store meanwhile (`storage.BLOCKS.fetched_bytes`);
+  bytes fetched from the store meanwhile (`storage.DOWNLOADED.value`);
 * the refresh: 1,000 steps appended as a new event file (a new object in the bucket, as a
   restarted job or a new segment writes), then the time until a heatmap holds them and the
   bytes fetched for it: in proportion to the new steps, not the whole run.
@@ -46,7 +46,7 @@ directory, and from moto's S3 server and a GCS emulator, both on loopback, where
 as a writer to a bucket writes it (segments of 8 MiB, indexed 16 at a time): the CLI's `diagnose`,
 the plugin's first overview heatmap from nothing read (4,000 columns; the plugin reads the logdir
 itself, in TensorBoard's WSGI app in this process), and the refresh once 1,000 steps are
-appended as a new object. Bytes fetched: what the plugin downloaded (`storage.BLOCKS.fetched_bytes`)."""
+appended as a new object. Bytes fetched: what the plugin downloaded (`storage.DOWNLOADED.value`)."""
 
 HOW_TO_READ = """\
 How to read this: seconds, and MB fetched from the store (the directory's reads are not
@@ -140,16 +140,16 @@ def measure(logdir, planted, settings, environment, upload_new):
                                                           settings["timeout"])
     steps = settings["steps"]
     client = _app(logdir)
-    fetched = storage.BLOCKS.fetched_bytes
+    fetched = storage.DOWNLOADED.value
     row["first_s"], row["complete_s"], heatmap = _until_complete(client, settings, steps - 1)
-    row["first_mb"] = (storage.BLOCKS.fetched_bytes - fetched) / 1e6
+    row["first_mb"] = (storage.DOWNLOADED.value - fetched) / 1e6
     row["heatmap_missed"] = len(long_run.missed_in_heatmap(heatmap, planted))
-    fetched = storage.BLOCKS.fetched_bytes
+    fetched = storage.DOWNLOADED.value
     start = time.perf_counter()
     upload_new()
     _, row["refresh_s"], _ = _until_complete(client, settings, steps + settings["append_steps"] - 1)
     row["refresh_s"] = time.perf_counter() - start
-    row["refresh_mb"] = (storage.BLOCKS.fetched_bytes - fetched) / 1e6
+    row["refresh_mb"] = (storage.DOWNLOADED.value - fetched) / 1e6
     return row
 
 

@@ -11,6 +11,7 @@ parts are cut exactly at their boundaries; anything else goes to the emulator's 
 """
 
 import base64
+import http.server
 import json
 import re
 import sys
@@ -51,7 +52,17 @@ def _part(chunk: bytes):
         body[:-len(newline)]
 
 
+class _Server(http.server.HTTPServer):
+    """The emulator's server, listening with room for a reader's concurrent requests: the
+    standard library's backlog of 5 drops further connections' SYNs on loopback, each then
+    retried by TCP a second later (`storage.read_ranges` asks a store for dozens of ranges at
+    once, as GCS serves them)."""
+
+    request_queue_size = 128
+
+
 server._read_data = _read_data
+server.server.HTTPServer = _Server
 
 if __name__ == "__main__":
     sys.exit(main())

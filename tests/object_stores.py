@@ -121,6 +121,15 @@ def running_stores():
                     os.environ[key] = value
 
 
+@contextlib.contextmanager
+def stores_with_buckets():
+    """`running_stores`, with the bucket made in each (`BUCKET`)."""
+    with running_stores() as started:
+        for scheme in SCHEMES:
+            started.filesystem(scheme).mkdir(BUCKET)
+        yield started
+
+
 def _forget_filesystems():
     """Drops the fsspec filesystems this process made: each keeps the endpoint it was made with
     (another test module's servers, stopped since), and fsspec hands out the same one again."""

@@ -73,10 +73,11 @@ def unverified_look(url, monkeypatch):
     """A fresh scan of ``url``'s run with nothing verified yet (as a first answer sees it),
     and the bytes downloaded for it (a fresh block cache: nothing read before counts)."""
     monkeypatch.setattr(storage, "BLOCKS", storage.BlockCache(256 << 20))
+    monkeypatch.setattr(storage, "DOWNLOADED", storage.ByteCounter())
     checker = event_scan.EventFileIntegrity(url)
     monkeypatch.setattr(checker, "_start_verifier", lambda: None)
     located = checker.located("run", "gradients")
-    return checker, located, storage.BLOCKS.fetched_bytes
+    return checker, located, storage.DOWNLOADED.value
 
 
 def from_bytes(url, monkeypatch):
@@ -131,7 +132,7 @@ def test_a_run_is_located_from_its_indexes_without_downloading_its_segments(runs
     # Verified afterwards against the segments' bytes: nothing taken back, nothing damaged.
     assert_same_located(verified(checker), expected)
     assert checker.run("run") == truth.run("run")
-    assert storage.BLOCKS.fetched_bytes >= segment_bytes
+    assert storage.DOWNLOADED.value >= segment_bytes
 
 
 def listing_of(url):
@@ -206,8 +207,9 @@ def test_a_restarted_job_reads_the_runs_tags_from_its_indexes(runs, monkeypatch)
     keep every record carrying metadata, without downloading the segments."""
     local, url = runs
     monkeypatch.setattr(storage, "BLOCKS", storage.BlockCache(256 << 20))
+    monkeypatch.setattr(storage, "DOWNLOADED", storage.ByteCounter())
     found = run_tags.tags_in_run(url + "/run", "gradients")
     assert found == run_tags.tags_in_run(os.path.join(local, "run"), "gradients")
     assert [tag for tag, _ in found] == ["gradients"]
     segment_bytes = sum(size for name, size in listing_of(url).items() if "tfevents" in name)
-    assert storage.BLOCKS.fetched_bytes < 0.1 * segment_bytes
+    assert storage.DOWNLOADED.value < 0.1 * segment_bytes

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from object_stores import BUCKET, SCHEMES, SECRET, running_stores
+from object_stores import BUCKET, SCHEMES, SECRET, stores_with_buckets
 from processes import free_ports
 from tensorboard_gradients.format import event_files, metadata, reader, segments
 from test_long_runs_served import _get, _plugin_busy
@@ -32,9 +32,7 @@ CHILD_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def stores():
-    with running_stores() as started:
-        for scheme in SCHEMES:
-            started.filesystem(scheme).mkdir(BUCKET)
+    with stores_with_buckets() as started:
         yield started
 
 

@@ -12,7 +12,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.util import tensor_util
 
 import tensorboard_gradients as tg
-from tensorboard_gradients.format import columns, event_files, metadata, reader, statistics
+from tensorboard_gradients.format import columns, event_files, metadata, reader, statistics, wire
 from tensorboard_gradients.format.layout import Layout, unique_names
 
 from conftest import reference_stats, stat_tolerances
@@ -228,7 +228,7 @@ def _random_event(rng):
 
 
 def test_a_skimmed_record_says_only_what_parsing_it_whole_says(tmp_path):
-    """`event_files.tensor_values` reads an event's first bytes by hand: for 3,000 random
+    """`wire.tensor_values` reads an event's first bytes by hand: for 3,000 random
     events and every cut of their first bytes it either declines (None) or names the step,
     wall time and tags that protobuf's parser gives, and it names them for every event of
     tensor values without metadata. `skim_records` frames the file as `iter_records` does,
@@ -244,7 +244,7 @@ def test_a_skimmed_record_says_only_what_parsing_it_whole_says(tmp_path):
             and value.tag for value in values))
         simple += bool(is_simple)
         for cut in (len(data), 600, 64, 17, 5, 0):
-            found = event_files.tensor_values(
+            found = wire.tensor_values(
                 data[:cut], len(data), lambda at, count: data[at:at + count])
             if found is not None:
                 assert found == (event.wall_time, event.step, tuple(v.tag for v in values))

@@ -24,6 +24,7 @@ import pytest
 import tensorboard_gradients as tg
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import digest
+from tensorboard_gradients.format import digest_feed
 from tensorboard_gradients.server import answers
 from tensorboard_gradients.server.store import local_tag, traffic
 
@@ -115,6 +116,20 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_c
     with _plugin_busy(client, monkeypatch, written) as fed:
         _assert_routes_answer_as_the_run_read_whole(client, monkeypatch)
         assert (fed == []) == written  # the writer's digest answers: no step judged again
+
+
+def test_a_writers_digest_of_many_records_is_read_back_whole(tmp_path, plugin_client,
+                                                             monkeypatch):
+    """A record every 50 steps, blocks merged after 1,024 steps: the blocks are read back from
+    the last record that wrote them all on, in rounds of reads back from the latest
+    (`LocalTag._records`), and the routes answer as the run read whole."""
+    monkeypatch.setattr(digest_feed, "EVERY_STEPS", 50)
+    monkeypatch.setattr(digest, "MAX_BLOCKS", 64)
+    _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)
+    client = plugin_client(str(tmp_path))
+    with _plugin_busy(client, monkeypatch) as fed:
+        _assert_routes_answer_as_the_run_read_whole(client, monkeypatch)
+        assert fed == []  # the writer's digest answered
 
 
 def test_a_loss_written_after_its_step_is_judged_in_the_writers_digest(tmp_path, plugin_client,

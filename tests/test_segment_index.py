@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tensorboard_gradients.format import event_files, segment_index
+from tensorboard_gradients.format import event_files, segment_index, wire
 from tensorboard_gradients.format.writer import GradientWriter
 
 SEGMENT = "events.out.tfevents.1796490604.host.1.0.s00000000.gradients"
@@ -59,7 +59,7 @@ def test_an_index_tells_a_reader_what_each_record_does(records):
                                                   index.steps.tolist(), index.tag_sets.tolist())))
     assert len(steps) + len(entries) == len(records) and len(steps) > 0.9 * len(records)
     for offset, data in placed:
-        values = event_files.tensor_values(data, len(data), None)
+        values = wire.tensor_values(data, len(data), None)
         if offset in steps:  # what a scan reads from the first bytes of a record
             wall_time, step, tag_set = steps[offset]
             assert values == (wall_time, step, index.tags[tag_set])

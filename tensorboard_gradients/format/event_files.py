@@ -17,7 +17,7 @@ import stat
 import struct
 import threading
 import time
-from typing import BinaryIO, Iterator, NamedTuple, Optional, Tuple
+from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from tensorboard.compat.proto import event_pb2
 
@@ -247,7 +247,13 @@ def events_at(file: BinaryIO, offsets) -> Iterator[Optional["event_pb2.Event"]]:
     """The event of the intact record at each of ``offsets`` of an open event file, or None for
     one that no longer reads back (the file was replaced or damaged since it was located)."""
     for record in records_at(file, offsets):
-        yield parse_event(record.data) if record is not None and record.intact else None
+        yield event_of(record)
+
+
+def event_of(record: Optional["Record"]) -> Optional["event_pb2.Event"]:
+    """The event of an intact record; None for a damaged one, one that does not parse, or
+    None."""
+    return parse_event(record.data) if record is not None and record.intact else None
 
 
 def records_at(file: BinaryIO, offsets) -> Iterator[Optional["Record"]]:
@@ -263,6 +269,51 @@ def records_at(file: BinaryIO, offsets) -> Iterator[Optional["Record"]]:
         whole = isinstance(record, Record)
         position = record.end if whole else None
         yield record if whole else None
+
+
+# A record located in a bucket's object (`records_located`) is fetched with this many bytes
+# first: its header, and the whole of most records (a step of 1,000 variables' statistics is
+# ~50 KB); the rest of a longer one (a digest record: megabytes) in a second round of requests.
+FIRST_FETCH_BYTES = 64 * 1024
+
+
+def records_located(locations) -> List[Union[Optional["Record"], OSError]]:
+    """The `Record` at each ``(path, offset)`` of ``locations`` (a bucket's objects), None
+    where none reads back whole (as `records_at`), or the `OSError` naming the object where it
+    could not be read. All are fetched together (`storage.read_ranges`: concurrent requests,
+    nearby records in one), in two rounds: the first `FIRST_FETCH_BYTES` of each, then the
+    data and checksum of the longer ones; never a request per record and object in turn, nor
+    a download of the blocks around a record."""
+    records = storage.read_ranges([(path, offset, offset + FIRST_FETCH_BYTES)
+                                   for path, offset in locations], max_gap=FIRST_FETCH_BYTES)
+    rests = []  # (order, offset, length) of the records longer than their first bytes
+    for order, ((_, offset), first) in enumerate(zip(locations, records)):
+        if isinstance(first, OSError):
+            continue
+        length = _checked_length(first[:_HEADER.size]) if len(first) >= _HEADER.size else None
+        whole = None if length is None else _HEADER.size + length + _FOOTER.size
+        if whole is not None and len(first) == FIRST_FETCH_BYTES < whole:
+            rests.append((order, offset, length))
+            continue
+        records[order] = None if whole is None or len(first) < whole else _checked_record(
+            offset, first[_HEADER.size:whole - _FOOTER.size], first[whole - _FOOTER.size:whole])
+    wanted = [(locations[order][0], offset + at, offset + at + count)
+              for order, offset, length in rests
+              for at, count in ((_HEADER.size, length), (_HEADER.size + length, _FOOTER.size))]
+    fetched = iter(storage.read_ranges(wanted, max_gap=None))  # each record's data uncopied
+    for order, offset, length in rests:
+        data, footer = next(fetched), next(fetched)
+        error = next((part for part in (data, footer) if isinstance(part, OSError)), None)
+        records[order] = error or (
+            _checked_record(offset, data, footer)
+            if len(data) == length and len(footer) == _FOOTER.size else None)
+    return records
+
+
+def _checked_record(offset: int, data: bytes, footer: bytes) -> "Record":
+    """The `Record` at ``offset`` of ``data`` (whole) and its ``footer``."""
+    return Record(offset + _HEADER.size + len(data) + _FOOTER.size, data,
+                  _masked_crc32c(data) == _FOOTER.unpack(footer)[0])
 
 
 def parse_event(data: bytes) -> Optional["event_pb2.Event"]:
@@ -391,97 +442,6 @@ SKIM_BYTES = 4096
 SKIM_HEAD_BYTES = 512
 
 
-def tensor_values(head: bytes, length: int,
-                  read_at) -> Optional[Tuple[float, int, Tuple[str, ...]]]:
-    """``(wall_time, step, tags)`` of an `Event` of ``length`` bytes from its first bytes
-    ``head``, when the event is summary values that each hold a tag and a tensor and nothing
-    else (no plugin metadata: a tag's later values): how every long run's steps are written.
-    ``read_at(offset, count)`` reads ``count`` bytes of the event's data from ``offset``, for the
-    values after the first. None for any other event, or when the bytes read are too few to
-    tell: then parse it whole (`parse_event`).
-
-    Reads the protobuf wire format by hand, accepting only the one layout that proto
-    serializers write for such an event (fields in number order) and checking that the lengths
-    account for every byte, so it never says what `parse_event` would not."""
-    try:
-        if head[0] != _WALL_TIME_KEY or head[9] != _STEP_KEY:
-            return None
-        wall_time = _DOUBLE.unpack_from(head, 1)[0]
-        step, at = varint(head, 10)
-        if head[at] != _SUMMARY_KEY:
-            return None
-        size, at = varint(head, at + 1)
-        if at + size != length:
-            return None
-        tags = []
-        while at < length:
-            tag, end = _tensor_value(head, at)
-            if tag is None and len(head) < length:  # the value may lie past the bytes read
-                tag, end = _tensor_value(read_at(at, SKIM_HEAD_BYTES), 0)
-                end += at
-            if tag is None:
-                return None
-            tags.append(tag)
-            at = end
-        return (wall_time, step, tuple(tags)) if at == length and tags else None
-    except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
-        return None
-
-
-def _tensor_value(data: bytes, at: int) -> Tuple[Optional[str], int]:
-    """(tag, offset after it) of the `Summary.value` field at ``at`` of ``data`` when it holds a
-    tag and a tensor only; (None, 0) otherwise, or when ``data`` ends before telling."""
-    try:
-        if data[at] != _VALUE_KEY:
-            return None, 0
-        size, at = varint(data, at + 1)
-        end = at + size
-        if data[at] != _TAG_KEY:
-            return None, 0
-        size, at = varint(data, at + 1)
-        tag = data[at:at + size]
-        at += size
-        if len(tag) != size or data[at] != _TENSOR_KEY:
-            return None, 0
-        size, at = varint(data, at + 1)
-        if at + size != end:  # the tensor ends the value: no metadata after it
-            return None, 0
-        return tag.decode(), end
-    except IndexError:
-        return None, 0
-
-
-def varint(data: bytes, at: int) -> Tuple[int, int]:
-    """The base-128 varint at ``at`` and the offset after it; ValueError for one of 9 bytes or
-    more (a negative step: parsed whole), IndexError past ``data``. Steps and lengths under
-    2 ** 21 (three bytes) take no loop: a scan decodes five per record."""
-    first = data[at]
-    if first < 0x80:
-        return first, at + 1
-    second = data[at + 1]
-    if second < 0x80:
-        return (first & 0x7F) | second << 7, at + 2
-    third = data[at + 2]
-    if third < 0x80:
-        return (first & 0x7F) | (second & 0x7F) << 7 | third << 14, at + 3
-    value, shift, at = (first & 0x7F) | (second & 0x7F) << 7 | (third & 0x7F) << 14, 21, at + 3
-    while shift < 63:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    raise ValueError("a varint too long to be a length or a non-negative step")
-
-
-# Protobuf keys ((field number << 3) | wire type) of `Event` (wall_time = 1, a double; step =
-# 2, a varint; summary = 5), `Summary` (value = 1) and `Summary.Value` (tag = 1, tensor = 8).
-_WALL_TIME_KEY, _STEP_KEY, _SUMMARY_KEY = 0x09, 0x10, 0x2A
-_VALUE_KEY, _TAG_KEY, _TENSOR_KEY = 0x0A, 0x0A, 0x42
-_DOUBLE = struct.Struct("<d")
-
-
 def _checked_length(header: bytes) -> Optional[int]:
     """The data length a record's header gives, or None when its checksum fails or it exceeds
     `MAX_RECORD_BYTES` (the framing is broken)."""
@@ -511,4 +471,4 @@ def _record_at(file: BinaryIO, offset: int, size: int):
     footer = file.read(_FOOTER.size)
     if len(data) != length or len(footer) != _FOOTER.size:
         return None
-    return Record(end, data, _masked_crc32c(data) == _FOOTER.unpack(footer)[0])
+    return _checked_record(offset, data, footer)

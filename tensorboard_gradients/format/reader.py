@@ -334,19 +334,40 @@ def located_rows(run, tag, parsed, located, start: int, stop: int, report) -> Gr
 def located_events(points, location):
     """Per event file, its ``points`` in record order and an iterator of each one's event
     (None where its record no longer reads back), ``location(point)`` being ``(path, record
-    offset, value index)``: ``(path, points, events)``. The iterator opens the file and raises
-    `OSError` where it stops reading."""
+    offset, value index)``: ``(path, points, events)``. The iterator raises `OSError` where it
+    stops reading."""
+    for path, in_file, records in located_records(points, location):
+        yield path, in_file, map(event_files.event_of, records)
+
+
+def located_records(points, location):
+    """`located_events` with each point's `event_files.Record` (None where it no longer reads
+    back whole) in place of its event. A local file is read when its iterator is; the records
+    in a bucket are all fetched at once first (`event_files.records_located`)."""
     by_file = collections.defaultdict(list)
     for point in points:
         by_file[location(point)[0]].append(point)
-    for path, in_file in by_file.items():
+    for in_file in by_file.values():
         in_file.sort(key=lambda point: location(point)[1])
-        yield path, in_file, _events_in(path, [location(point)[1] for point in in_file])
+    remote = [(path, location(point)[1]) for path, in_file in by_file.items()
+              if storage.is_url(path) for point in in_file]
+    fetched = iter(event_files.records_located(remote) if remote else ())
+    for path, in_file in by_file.items():
+        offsets = [location(point)[1] for point in in_file]
+        yield path, in_file, (_fetched([next(fetched) for _ in offsets])
+                              if storage.is_url(path) else _records_in(path, offsets))
 
 
-def _events_in(path, offsets):
+def _records_in(path, offsets):
     with event_files.open_regular_file(path) as file:
-        yield from event_files.events_at(file, offsets)
+        yield from event_files.records_at(file, offsets)
+
+
+def _fetched(records):
+    for record in records:
+        if isinstance(record, OSError):
+            raise record
+        yield record
 
 
 def scalar_value(value) -> Optional[float]:

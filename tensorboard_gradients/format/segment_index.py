@@ -8,7 +8,7 @@ local emulator) before the first answer. So the `segments.SegmentWriter` also up
 `INDEX_SEGMENTS` segments and at ``close``, an index object of the segments it uploaded since the
 last one. Per segment it holds each record's offset and length, and:
 
-* for a record of tensor values only (every step's statistics: what `event_files.tensor_values`
+* for a record of tensor values only (every step's statistics: what `wire.tensor_values`
   reads from a record's first bytes), what a scan reads there: its step, wall time and tags, in
   columns;
 * for any other record (the first value of each tag, with its metadata; a scalar), its bytes
@@ -30,11 +30,11 @@ start and bytes); integers little-endian, strings length-prefixed UTF-8.
 import dataclasses
 import struct
 import zlib
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, storage
+from tensorboard_gradients.format import event_files, storage, wire
 
 # Segments per index object: 16 segments are 8 MiB-128 MiB of records (`segments.SEGMENT_BYTES`,
 # 30 s each at most), so the segments no index covers yet, read from their own bytes, stay a few
@@ -114,7 +114,7 @@ class SegmentIndex:
         """Whether the record at ``offset``, whose data is ``data``, is what this index says."""
         at = int(np.searchsorted(self.offsets, offset))
         if at < len(self.offsets) and self.offsets[at] == offset:
-            return event_files.tensor_values(data, len(data), None) == (
+            return wire.tensor_values(data, len(data), None) == (
                 float(self.wall_times[at]), int(self.steps[at]), self.tags[self.tag_sets[at]])
         return any(e.offset == offset and e.matches(data) for e in self.entries)
 
@@ -129,7 +129,7 @@ class Builder:
 
     def add(self, offset: int, data: bytes):
         """The record of ``data`` (a serialized event) at ``offset`` of the segment."""
-        values = event_files.tensor_values(data, len(data), None)
+        values = wire.tensor_values(data, len(data), None)
         if values is None:
             self._entries.append(entry(offset, data))
             return
@@ -203,32 +203,30 @@ def decode(blob: bytes) -> Dict[str, SegmentIndex]:
     return segments
 
 
-def read(path: str, size: int) -> Dict[str, SegmentIndex]:
-    """``{segment path: SegmentIndex}`` of the index object at ``path`` (``size`` bytes: listed).
-
-    Raises:
-      OSError: it cannot be read; ValueError: it is not an index (`decode`), or larger than
-        `MAX_INDEX_BYTES`.
-    """
-    if size > MAX_INDEX_BYTES:
-        raise ValueError(f"larger than {MAX_INDEX_BYTES} bytes")
-    with event_files.open_regular_file(path) as file:
-        segments = decode(storage.read_at(file, 0, size))
-    directory = path.rsplit("/", 1)[0]
-    return {storage.join(directory, name): index for name, index in segments.items()}
-
-
 def in_listing(listed, unusable=lambda path, error: None) -> Dict[str, SegmentIndex]:
     """``{segment path: SegmentIndex}`` of the index objects among ``listed`` (``(name, path,
-    FileState)``, `storage.event_listing` with `listed_in_bucket`); one that cannot be read is
-    passed over (its segments are read from their bytes), told to ``unusable(path, error)``."""
-    indexed = {}
+    FileState)``, `storage.event_listing` with `listed_in_bucket`), read together
+    (`storage.read_ranges`: a bucket's in concurrent requests). One that cannot be read, is
+    not an index (`decode`) or is larger than `MAX_INDEX_BYTES` is passed over (its segments are
+    read from their bytes), told to ``unusable(path, error)``."""
+    wanted, indexed = [], {}
     for name, path, state in listed:
-        if is_index_name(name):
-            try:
-                indexed.update(read(path, state.size))
-            except (OSError, ValueError) as error:
-                unusable(path, error)
+        if not is_index_name(name):
+            continue
+        if state.size > MAX_INDEX_BYTES:
+            unusable(path, ValueError(f"larger than {MAX_INDEX_BYTES} bytes"))
+        else:
+            wanted.append((path, 0, state.size))
+    for (path, _, _), data in zip(wanted, storage.read_ranges(wanted)):
+        try:
+            if isinstance(data, OSError):
+                raise data
+            segments = decode(data)
+        except (OSError, ValueError) as error:
+            unusable(path, error)
+            continue
+        directory = path.rsplit("/", 1)[0]
+        indexed.update((storage.join(directory, name), index) for name, index in segments.items())
     return indexed
 
 
@@ -294,7 +292,7 @@ def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
     spans = []
 
     def walk(at, end, depth):
-        for number, _, _, payload, field_end in _fields(data, at, end):
+        for number, _, _, payload, field_end in wire.message_fields(data, at, end):
             if payload is None:
                 continue
             if depth < len(_PATH) and number == _PATH[depth]:
@@ -339,7 +337,8 @@ def _compacted(data, at: int, end: int, depth: int, lengths: list) -> bytearray:
     """The message ``data[at:end]`` (at ``depth`` on `_PATH`) with its tensors' payloads empty;
     each Summary.Value's left-out tensor content length appended to ``lengths``."""
     out = bytearray()
-    for number, key, field_start, payload, field_end in _fields(data, at, end):
+    for number, key, field_start, payload, field_end in wire.message_fields(data, at,
+                                                                                   end):
         if payload is not None and depth == 1 and number == _SUMMARY_VALUE:
             lengths.append(None)
         if payload is not None and depth < len(_PATH) and number == _PATH[depth]:
@@ -363,40 +362,3 @@ def _key_and_length(key: int, length: int) -> bytes:
             value >>= 7
         out.append(value)
     return bytes(out)
-
-
-def _fields(data, at: int, end: int) -> Iterator[Tuple[int, int, int, Optional[int], int]]:
-    """``(field number, key, start, payload start, end)`` of each field of the message in
-    ``data[at:end]``; the payload start of a length-delimited field only (None for the other
-    wire types).
-
-    Raises:
-      ValueError: bytes that are not a message.
-    """
-    while at < end:
-        start = at
-        key, at = _varint(data, at, end)
-        wire_type, payload = key & 7, None
-        if wire_type == 0:
-            _, at = _varint(data, at, end)
-        elif wire_type == 1 or wire_type == 5:
-            at += 8 if wire_type == 1 else 4
-        elif wire_type == 2:
-            size, payload = _varint(data, at, end)
-            at = payload + size
-        else:
-            raise ValueError("not a protobuf message")
-        if at > end:
-            raise ValueError("a field past its message's end")
-        yield key >> 3, key, start, payload, at
-
-
-def _varint(data, at: int, end: int) -> Tuple[int, int]:
-    """`event_files.varint` within ``data[:end]``, ValueError past it."""
-    try:
-        value, after = event_files.varint(data, at)
-    except IndexError:
-        after = end + 1
-    if after > end:
-        raise ValueError("a varint past its message's end")
-    return value, after

@@ -25,7 +25,7 @@ import os
 import posixpath
 import re
 import threading
-from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple
+from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +266,97 @@ def open_remote(url: str) -> BinaryIO:
     return _RemoteFile(url, fs, path, int(info.get("size") or 0), _version(info))
 
 
+def read_ranges(ranges: Sequence[Tuple[str, int, int]],
+                max_gap: Optional[int] = 0) -> List[Union[bytes, OSError]]:
+    """The bytes ``[start, stop)`` of each ``(path, start, stop)`` of ``ranges`` (fewer at a
+    file's end), or the error naming its path where it could not be read (as `errors_named`
+    raises it). A bucket's ranges are fetched in concurrent requests (fsspec's ``cat_ranges``),
+    without asking each object's state first, those of one object at most ``max_gap`` bytes
+    apart in one request of up to `MERGED_BYTES` (None: a request each, whose bytes are not
+    copied out of a longer answer): a reader of records scattered over many objects (a
+    digest's, a segment's indexes) waits for about one request, not one per record and
+    object. A local file is read with ``pread`` (opened as `event_files.open_regular_file`
+    opens it)."""
+    results: List[Union[bytes, OSError]] = [b""] * len(ranges)
+    by_filesystem = collections.defaultdict(list)  # id(fs) -> [(fs, order, path in fs)]
+    for order, (path, start, stop) in enumerate(ranges):
+        if not is_url(path):
+            results[order] = _read_local(path, start, stop)
+            continue
+        try:
+            fs, in_fs = filesystem(path)
+        except StorageError as error:
+            results[order] = error
+            continue
+        by_filesystem[id(fs)].append((fs, order, in_fs))
+    for wanted in by_filesystem.values():
+        _fetch(wanted[0][0], [(order, in_fs, *ranges[order]) for _, order, in_fs in wanted],
+               max_gap, results)
+    return results
+
+
+def _fetch(fs, wanted, max_gap: Optional[int], results: list):
+    """Fetches ``wanted`` (``(order, path in fs, url, start, stop)``) from ``fs`` into
+    ``results[order]`` (`read_ranges`)."""
+    from fsspec.utils import merge_offset_ranges
+
+    paths = [in_fs for _, in_fs, _, _, _ in wanted]
+    starts = [start for _, _, _, start, _ in wanted]
+    stops = [max(start, stop) for _, _, _, start, stop in wanted]
+    merged = ((paths, starts, stops) if max_gap is None else
+              merge_offset_ranges(paths, starts, stops, max_gap=max_gap, max_block=MERGED_BYTES))
+    try:
+        fetched = fs.cat_ranges(*map(list, merged), on_error="return")
+    except Exception as error:  # noqa: BLE001 - each store raises its own kinds
+        fetched = [error] * len(merged[0])
+    DOWNLOADED.add(sum(len(data) for data in fetched if isinstance(data, bytes)))
+    if max_gap is None:
+        covering = [(start, data) for start, data in zip(starts, fetched)]
+    else:
+        extents = collections.defaultdict(list)  # path in fs -> [(start, stop, data)]
+        for path, start, stop, data in zip(*merged, fetched):
+            extents[path].append((start, stop, data))
+        covering = [next((extent_start, data) for extent_start, extent_stop, data
+                         in extents[in_fs] if extent_start <= start and stop <= extent_stop)
+                    for in_fs, start, stop in zip(paths, starts, stops)]
+    for (order, _, url, start, stop), (extent_start, data) in zip(wanted, covering):
+        if isinstance(data, BaseException):
+            data = _named_error(data, url)
+        elif extent_start != start or len(data) > stop - start:
+            data = data[start - extent_start:stop - extent_start]
+        results[order] = data
+
+
+# The most bytes `read_ranges` asks for in one request when it merges ranges: requests of a few
+# MB keep a store's connections busy in parallel; one of hundreds would be read alone.
+MERGED_BYTES = 8 * 1024 * 1024
+
+
+def _read_local(path: str, start: int, stop: int) -> Union[bytes, OSError]:
+    from tensorboard_gradients.format.event_files import open_regular_file
+
+    try:
+        with open_regular_file(path) as file:
+            return os.pread(file.fileno(), max(stop - start, 0), start)
+    except OSError as error:
+        return error
+
+
+class ByteCounter:
+    def __init__(self):
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, count: int):
+        with self._lock:
+            self.value += count
+
+
+# The bytes this process downloaded from stores (`BlockCache` blocks and `read_ranges`), for the
+# benchmarks and tests that check what a read costs.
+DOWNLOADED = ByteCounter()
+
+
 class BlockCache:
     """The blocks of remote objects read lately, shared by every open file of the process.
 
@@ -273,12 +364,11 @@ class BlockCache:
     verification, the steps read back): on a local disk the operating system's page cache
     serves the later reads, from a bucket each would download it again. Blocks are keyed by the
     object's version, so a rewritten object is read anew; the least recently used go first once
-    they hold more than ``limit_bytes``. ``fetched_bytes`` counts what was downloaded.
+    they hold more than ``limit_bytes``.
     """
 
     def __init__(self, limit_bytes: int):
         self._limit = limit_bytes
-        self.fetched_bytes = 0
         self._blocks = collections.OrderedDict()  # (url, version, index) -> bytes
         self._bytes = 0
         self._lock = threading.Lock()
@@ -291,8 +381,8 @@ class BlockCache:
                 self._blocks.move_to_end(key)
                 return data
         data = self.fetch(file, index)  # outside the lock: readers never wait in line
+        DOWNLOADED.add(len(data))
         with self._lock:
-            self.fetched_bytes += len(data)
             if key not in self._blocks:
                 self._blocks[key] = data
                 self._bytes += len(data)
@@ -408,16 +498,22 @@ def errors_named(url: str, writing: bool = False):
     except (StorageError, NotARegularFileError):
         raise
     except Exception as error:  # noqa: BLE001 - each store raises its own kinds
-        reason, where = _reason(error), shown(url)
-        if isinstance(error, FileNotFoundError):
-            raise FileNotFoundError(
-                f"cannot write {where!r}: no such bucket ({reason})" if writing
-                else f"no such log directory or file: {where!r} ({reason})") from None
-        if isinstance(error, PermissionError):
-            raise PermissionError(f"permission denied {'writing' if writing else 'reading'} "
-                                  f"{where!r} ({reason})") from None
-        raise StorageError(f"cannot {'write' if writing else 'read'} {where!r}: {reason}") \
-            from None
+        raise _named_error(error, url, writing) from None
+
+
+def _named_error(error: BaseException, url: str, writing: bool = False) -> OSError:
+    """What `errors_named` raises for ``error``, raised while reading (``writing``: uploading)
+    ``url``."""
+    if isinstance(error, StorageError):
+        return error
+    reason, where = _reason(error), shown(url)
+    if isinstance(error, FileNotFoundError):
+        return FileNotFoundError(f"cannot write {where!r}: no such bucket ({reason})" if writing
+                                 else f"no such log directory or file: {where!r} ({reason})")
+    if isinstance(error, PermissionError):
+        return PermissionError(f"permission denied {'writing' if writing else 'reading'} "
+                               f"{where!r} ({reason})")
+    return StorageError(f"cannot {'write' if writing else 'read'} {where!r}: {reason}")
 
 
 def _reason(error: BaseException) -> str:

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, metadata, segment_index, storage
+from tensorboard_gradients.format import event_files, metadata, segment_index, storage, wire
 from tensorboard_gradients.format.series import DamagedPointError, check_tensor, expected_shape
 from tensorboard_gradients.server.store.source import parsed_content
 
@@ -65,7 +65,7 @@ def scan_records(path: str, scan: FileScan, size: int):
             record = skimmed.record
             if record is None:
                 data_at = skimmed.data_offset
-                values = event_files.tensor_values(
+                values = wire.tensor_values(
                     skimmed.head, skimmed.length,
                     lambda at, count: storage.read_at(file, data_at + at, count))
                 # Tags already known (a new one is known by its metadata: read whole).

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from tensorboard_gradients import analysis
-from tensorboard_gradients.format import metadata, reader, segments
+from tensorboard_gradients.format import metadata, reader, segments, wire
 from tensorboard_gradients.format.series import GradientSeries, series_from_points, with_loss
 from tensorboard_gradients.analysis.digest import MAX_BLOCKS, Digest, chained
 from tensorboard_gradients.server.store import traffic
@@ -280,14 +280,21 @@ class LocalTag:
         records = records[:chained(records, _DEFAULTS)]
         by_step = dict(zip(records_at.steps.tolist(), records))
         tag = metadata.digest_blocks_tag(self.tag)
-        for step, location in zip(reversed(blocks_at.steps.tolist()),
-                                  reversed(blocks_at.locations)):
-            if step in by_step:
-                (payload,) = self._payloads((location,), tag)
+        latest_first = [(step, location) for step, location in
+                        zip(reversed(blocks_at.steps.tolist()), reversed(blocks_at.locations))
+                        if step in by_step]
+        # Read back in batches of twice the size each time: a few rounds of requests to a
+        # bucket, not one per record, and at most twice the records needed.
+        start, count = 0, 1
+        while start < len(latest_first):
+            batch = latest_first[start:start + count]
+            for (step, _), payload in zip(batch, self._payloads(
+                    [location for _, location in batch], tag)):
                 blocks = metadata.decode_digest(payload)
                 by_step[step].update(blocks)
                 if int(blocks["first_block"]) == 0:
-                    break
+                    return records
+            start, count = start + count, 2 * count
         return records
 
     @staticmethod
@@ -295,12 +302,11 @@ class LocalTag:
         """The content of the digest value of ``tag`` at each of ``locations`` (``(path,
         offset, value index)``), in their order."""
         payloads = [None] * len(locations)
-        for _, points, events in reader.located_events(enumerate(locations),
-                                                       lambda point: point[1]):
-            for (order, (_, _, index)), event in zip(points, events):
-                value = None if event is None else event.summary.value[index]
-                if value is not None and value.tag == tag and value.tensor.string_val:
-                    payloads[order] = value.tensor.string_val[0]
+        for _, points, records in reader.located_records(enumerate(locations),
+                                                         lambda point: point[1]):
+            for (order, (_, _, index)), record in zip(points, records):
+                if record is not None and record.intact:
+                    payloads[order] = wire.string_value(record.data, index, tag)
         if any(payload is None for payload in payloads):
             raise ValueError("a digest record no longer reads back")
         return payloads
