@@ -9,7 +9,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 
 from object_stores import BUCKET, SCHEMES, stores_with_buckets
-from tensorboard_gradients.format import event_files, storage, wire
+from tensorboard_gradients.format import event_files, reader, storage, wire
 from tensorboard_gradients.format.event_files import FIRST_FETCH_BYTES
 
 # Record data lengths around the first fetch (a record's header and footer take 16 bytes): one
@@ -148,3 +148,45 @@ def test_a_string_value_is_what_a_parse_of_the_event_says(data, index, tag):
 def test_bytes_that_are_no_event_have_no_string_value():
     assert wire.string_value(b"\xff\xff\xff", 0, "a") is None
     assert wire.string_value(b"", 0, "a") is None
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_records_read_a_few_at_a_time_are_those_of_each_file(stores, tmp_path, scheme,
+                                                            monkeypatch):
+    """`reader.located_records` fetches a bucket's records a few at a time, the next few while
+    these are read; a reader that leaves a file's records half read gets the next file's."""
+    monkeypatch.setattr(reader, "RECORDS_PER_FETCH", 3)
+    data, offsets = event_file_bytes()
+    fs = stores.filesystem(scheme)
+    for name in ("a", "b"):
+        fs.pipe_file(f"{BUCKET}/few/{name}", data)
+    local = tmp_path / "events"
+    local.write_bytes(data)
+    with open(local, "rb") as file:
+        expected = list(event_files.records_at(file, offsets))
+    url = f"{scheme}://{BUCKET}/few"
+    points = [(f"{url}/{name}", offset) for name in ("a", "b") for offset in offsets]
+    files = reader.located_records(points, lambda point: (*point, 0))
+    path, in_file, records = next(files)
+    assert path == f"{url}/a" and in_file == points[:len(offsets)]
+    assert [next(records), next(records)] == expected[:2]  # left half read
+    path, in_file, records = next(files)
+    assert path == f"{url}/b" and list(records) == expected
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_an_object_read_in_order_is_fetched_ahead(stores, scheme, monkeypatch):
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(storage, "BLOCKS", storage.BlockCache(1 << 20))
+    data = bytes(range(256)) * 40  # 11 blocks
+    stores.filesystem(scheme).pipe_file(f"{BUCKET}/ahead/object", data)
+    asked = []
+    real = storage.BlockCache.fetch
+    monkeypatch.setattr(storage.BlockCache, "fetch",
+                        staticmethod(lambda file, index: asked.append(index) or real(file, index)))
+    with storage.open_remote(f"{scheme}://{BUCKET}/ahead/object") as file:
+        read = [file.read(700) for _ in range(15)]
+    assert b"".join(read) == data
+    # The reader asked the first two blocks; from the second on, the next ones came ahead (one
+    # still on its way when needed is waited for, not asked again).
+    assert asked == [0, 1]

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import logging
 import os
+import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -342,32 +343,77 @@ def located_events(points, location):
 
 def located_records(points, location):
     """`located_events` with each point's `event_files.Record` (None where it no longer reads
-    back whole) in place of its event. A local file is read when its iterator is; the records
-    in a bucket are all fetched at once first (`event_files.records_located`)."""
+    back whole) in place of its event. A local file is read as its iterator is; the records in
+    a bucket are fetched `RECORDS_PER_FETCH` at a time (`event_files.records_located`: a
+    round of concurrent requests each)."""
     by_file = collections.defaultdict(list)
     for point in points:
         by_file[location(point)[0]].append(point)
     for in_file in by_file.values():
         in_file.sort(key=lambda point: location(point)[1])
-    remote = [(path, location(point)[1]) for path, in_file in by_file.items()
-              if storage.is_url(path) for point in in_file]
-    fetched = iter(event_files.records_located(remote) if remote else ())
+    remote = _Fetched([(path, location(point)[1]) for path, in_file in by_file.items()
+                       if storage.is_url(path) for point in in_file])
+    first = 0  # the position in ``remote`` of the next remote file's first record
     for path, in_file in by_file.items():
         offsets = [location(point)[1] for point in in_file]
-        yield path, in_file, (_fetched([next(fetched) for _ in offsets])
-                              if storage.is_url(path) else _records_in(path, offsets))
+        if storage.is_url(path):
+            yield path, in_file, remote.records(first, len(offsets))
+            first += len(offsets)
+        else:
+            yield path, in_file, _records_in(path, offsets)
+
+
+# Records fetched from a bucket at a time (`located_records`): all of a long run's digest
+# records (~100 of up to a few MB) in one round of requests, while a read of many steps holds
+# ~6 MB of 1,000 variables' statistics at a time, not the run.
+RECORDS_PER_FETCH = 128
+
+
+class _Fetched:
+    """The records at ``locations`` (``(path, offset)`` in a bucket), fetched
+    `RECORDS_PER_FETCH` at a time as they are read, from wherever a reader asks; the next
+    ones are fetched while a reader goes through these (a thread of their own, which a
+    reader that stops reading leaves to end by itself)."""
+
+    def __init__(self, locations):
+        self._locations, self._start, self._records = locations, 0, []
+        self._next = None  # (start, thread, [records]) of the next records being fetched
+
+    def records(self, first: int, count: int):
+        """The records at positions ``first`` to ``first + count``; raises the `OSError` of
+        the first that could not be read."""
+        for position in range(first, first + count):
+            if not self._start <= position < self._start + len(self._records):
+                self._start, self._records = position, self._fetched(position)
+                self._fetch_next(position + len(self._records))
+            record = self._records[position - self._start]
+            if isinstance(record, OSError):
+                raise record
+            yield record
+
+    def _fetched(self, start: int) -> list:
+        if self._next is not None and self._next[0] == start:
+            _, thread, fetched = self._next
+            thread.join()
+            if fetched:
+                return fetched[0]
+        return event_files.records_located(self._locations[start:start + RECORDS_PER_FETCH])
+
+    def _fetch_next(self, start: int):
+        self._next = None
+        if start >= len(self._locations):
+            return
+        fetched = []
+        thread = threading.Thread(target=lambda: fetched.append(event_files.records_located(
+            self._locations[start:start + RECORDS_PER_FETCH])), daemon=True,
+            name="tensorboard-gradients fetch ahead")
+        thread.start()
+        self._next = (start, thread, fetched)
 
 
 def _records_in(path, offsets):
     with event_files.open_regular_file(path) as file:
         yield from event_files.records_at(file, offsets)
-
-
-def _fetched(records):
-    for record in records:
-        if isinstance(record, OSError):
-            raise record
-        yield record
 
 
 def scalar_value(value) -> Optional[float]:
