@@ -120,9 +120,9 @@ def test_every_route_answers_a_long_run_as_the_run_read_whole(tmp_path, plugin_c
 
 def test_a_writers_digest_of_many_records_is_read_back_whole(tmp_path, plugin_client,
                                                              monkeypatch):
-    """A record every 50 steps, blocks merged after 1,024 steps: the blocks are read back from
-    the last record that wrote them all on, in rounds of reads back from the latest
-    (`LocalTag._records`), and the routes answer as the run read whole."""
+    """A record every 50 steps, blocks merged after 1,024 steps: the blocks are taken from the
+    last record that wrote them all on (`LocalTag._records`), and the routes answer as the run
+    read whole."""
     monkeypatch.setattr(digest_feed, "EVERY_STEPS", 50)
     monkeypatch.setattr(digest, "MAX_BLOCKS", 64)
     _write(tmp_path / "run", 0, STEPS, seed=1, digest=True)

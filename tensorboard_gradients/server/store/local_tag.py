@@ -273,43 +273,48 @@ class LocalTag:
         """The writer's records (decoded) at ``written`` (the records and their blocks
         located), those of the writer of the first step (a restarted job's follow), with the
         blocks read from the last record that wrote them all on
-        (`analysis.digest.BLOCK_ARRAYS`)."""
+        (`analysis.digest.BLOCK_ARRAYS`). A record and its blocks are values of one event
+        (`GradientWriter.write_digest`): each event is read once, for both."""
         records_at, blocks_at = written
-        records = [metadata.decode_digest(payload) for payload in
-                   self._payloads(records_at.locations, metadata.digest_tag(self.tag))]
+        events = self._events(records_at.locations + blocks_at.locations)
+        tag = metadata.digest_tag(self.tag)
+        records = [metadata.decode_digest(self._payload(events, location, tag))
+                   for location in records_at.locations]
         records = records[:chained(records, _DEFAULTS)]
         by_step = dict(zip(records_at.steps.tolist(), records))
         tag = metadata.digest_blocks_tag(self.tag)
-        latest_first = [(step, location) for step, location in
-                        zip(reversed(blocks_at.steps.tolist()), reversed(blocks_at.locations))
-                        if step in by_step]
-        # Read back in batches of twice the size each time: a few rounds of requests to a
-        # bucket, not one per record, and at most twice the records needed.
-        start, count = 0, 1
-        while start < len(latest_first):
-            batch = latest_first[start:start + count]
-            for (step, _), payload in zip(batch, self._payloads(
-                    [location for _, location in batch], tag)):
-                blocks = metadata.decode_digest(payload)
+        for step, location in zip(reversed(blocks_at.steps.tolist()),
+                                  reversed(blocks_at.locations)):
+            if step in by_step:
+                blocks = metadata.decode_digest(self._payload(events, location, tag))
                 by_step[step].update(blocks)
                 if int(blocks["first_block"]) == 0:
-                    return records
-            start, count = start + count, 2 * count
+                    break
         return records
 
     @staticmethod
-    def _payloads(locations, tag):
-        """The content of the digest value of ``tag`` at each of ``locations`` (``(path,
-        offset, value index)``), in their order."""
-        payloads = [None] * len(locations)
-        for _, points, records in reader.located_records(enumerate(locations),
-                                                         lambda point: point[1]):
-            for (order, (_, _, index)), record in zip(points, records):
+    def _events(locations):
+        """``{(path, offset): event bytes}`` of the intact records at ``locations`` (``(path,
+        offset, value index)``), each record read once (from a bucket: together,
+        `reader.located_records`)."""
+        places = sorted({(path, offset) for path, offset, _ in locations})
+        events = {}
+        for _, in_file, records in reader.located_records(places, lambda place: (*place, 0)):
+            for place, record in zip(in_file, records):
                 if record is not None and record.intact:
-                    payloads[order] = wire.string_value(record.data, index, tag)
-        if any(payload is None for payload in payloads):
+                    events[place] = record.data
+        return events
+
+    @staticmethod
+    def _payload(events, location, tag):
+        """The content of the digest value of ``tag`` at ``location`` (``(path, offset, value
+        index)``) of ``events`` (`_events`)."""
+        path, offset, index = location
+        data = events.get((path, offset))
+        payload = None if data is None else wire.string_value(data, index, tag)
+        if payload is None:
             raise ValueError("a digest record no longer reads back")
-        return payloads
+        return payload
 
     def digest(self, thresholds: analysis.Thresholds, background: bool = False) -> Digest:
         """The digest under ``thresholds``, fed up to the last step (thresholds other than the
