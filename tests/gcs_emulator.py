@@ -55,7 +55,7 @@ def _part(chunk: bytes):
 class _Server(http.server.HTTPServer):
     """The emulator's server, listening with room for a reader's concurrent requests: the
     standard library's backlog of 5 drops further connections' SYNs on loopback, each then
-    retried by TCP a second later (`storage.read_ranges` asks a store for dozens of ranges at
+    retried by TCP a second later (`ranges.read_ranges` asks a store for dozens of ranges at
     once, as GCS serves them)."""
 
     request_queue_size = 128

@@ -1,4 +1,4 @@
-"""Records read where they lie in a bucket's objects (issue 37): `storage.read_ranges` fetches
+"""Records read where they lie in a bucket's objects (issue 37): `ranges.read_ranges` fetches
 byte ranges of many objects together, `event_files.records_located` the records at given offsets,
 exactly as `event_files.records_at` reads them from the same file on disk; and
 `wire.string_value` takes a digest record's payload as a parse of the event would. Against
@@ -9,7 +9,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 
 from object_stores import BUCKET, SCHEMES, stores_with_buckets
-from tensorboard_gradients.format import event_files, reader, storage, wire
+from tensorboard_gradients.format import event_files, ranges, reader, storage, wire
 from tensorboard_gradients.format.event_files import FIRST_FETCH_BYTES
 
 # Record data lengths around the first fetch (a record's header and footer take 16 bytes): one
@@ -90,14 +90,14 @@ def test_nearby_ranges_are_fetched_in_one_request(stores, tmp_path, scheme, monk
         return real(paths, starts, ends, **options)
 
     monkeypatch.setattr(fs, "cat_ranges", counted)
-    ranges = [(f"{url}/a", 0, 10), (f"{url}/a", 30, 40), (f"{url}/a", 5000, 5010),
+    wanted = [(f"{url}/a", 0, 10), (f"{url}/a", 30, 40), (f"{url}/a", 5000, 5010),
               (f"{url}/b", 100, 110), (f"{url}/a", len(data) - 5, len(data) + 10),
               (str(local), 7, 17)]
-    expected = [data[start:stop] for _, start, stop in ranges]
-    assert storage.read_ranges(ranges, max_gap=100) == expected
+    expected = [data[start:stop] for _, start, stop in wanted]
+    assert ranges.read_ranges(wanted, max_gap=100) == expected
     assert len(requests) == 4  # a's first two merged; the local file is read from disk
     requests.clear()
-    assert storage.read_ranges(ranges, max_gap=None) == expected
+    assert ranges.read_ranges(wanted, max_gap=None) == expected
     assert len(requests) == 5
 
 
@@ -190,3 +190,18 @@ def test_an_object_read_in_order_is_fetched_ahead(stores, scheme, monkeypatch):
     # The reader asked the first two blocks; from the second on, the next ones came ahead (one
     # still on its way when needed is waited for, not asked again).
     assert asked == [0, 1]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_records_a_scan_just_read_are_not_downloaded_again(stores, scheme, monkeypatch):
+    monkeypatch.setattr(storage, "BLOCKS", storage.BlockCache(256 << 20))
+    data, offsets = event_file_bytes()
+    stores.filesystem(scheme).pipe_file(f"{BUCKET}/scanned/events", data)
+    url = f"{scheme}://{BUCKET}/scanned/events"
+    with event_files.open_regular_file(url) as file:
+        scanned = list(event_files.iter_records(file, 0, len(data), event_files.ReadDamage()))
+    downloaded = storage.DOWNLOADED.value
+    found = event_files.records_located([(url, offset) for offset in offsets])
+    assert storage.DOWNLOADED.value == downloaded
+    assert [(r.end, bytes(r.data), r.intact) for r in found] == \
+        [(r.end, r.data, r.intact) for r in scanned]

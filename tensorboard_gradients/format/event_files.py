@@ -21,7 +21,7 @@ from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from tensorboard.compat.proto import event_pb2
 
-from tensorboard_gradients.format import storage
+from tensorboard_gradients.format import ranges, storage
 
 try:  # A C implementation when installed; TensorBoard's pure-Python table otherwise.
     from google_crc32c import value as _crc32c
@@ -280,11 +280,11 @@ FIRST_FETCH_BYTES = 64 * 1024
 def records_located(locations) -> List[Union[Optional["Record"], OSError]]:
     """The `Record` at each ``(path, offset)`` of ``locations`` (a bucket's objects), None
     where none reads back whole (as `records_at`), or the `OSError` naming the object where it
-    could not be read. All are fetched together (`storage.read_ranges`: concurrent requests,
+    could not be read. All are fetched together (`ranges.read_ranges`: concurrent requests,
     nearby records in one), in two rounds: the first `FIRST_FETCH_BYTES` of each, then the
     data and checksum of the longer ones; never a request per record and object in turn, nor
     a download of the blocks around a record."""
-    records = storage.read_ranges([(path, offset, offset + FIRST_FETCH_BYTES)
+    records = ranges.read_ranges([(path, offset, offset + FIRST_FETCH_BYTES)
                                    for path, offset in locations], max_gap=FIRST_FETCH_BYTES)
     rests = []  # (order, offset, length) of the records longer than their first bytes
     for order, ((_, offset), first) in enumerate(zip(locations, records)):
@@ -300,7 +300,7 @@ def records_located(locations) -> List[Union[Optional["Record"], OSError]]:
     wanted = [(locations[order][0], offset + at, offset + at + count)
               for order, offset, length in rests
               for at, count in ((_HEADER.size, length), (_HEADER.size + length, _FOOTER.size))]
-    fetched = iter(storage.read_ranges(wanted, max_gap=None))  # each record's data uncopied
+    fetched = iter(ranges.read_ranges(wanted, max_gap=None))  # each record's data uncopied
     for order, offset, length in rests:
         data, footer = next(fetched), next(fetched)
         error = next((part for part in (data, footer) if isinstance(part, OSError)), None)

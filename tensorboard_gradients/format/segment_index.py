@@ -34,7 +34,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tensorboard_gradients.format import event_files, storage, wire
+from tensorboard_gradients.format import event_files, ranges, storage, wire
 
 # Segments per index object: 16 segments are 8 MiB-128 MiB of records (`segments.SEGMENT_BYTES`,
 # 30 s each at most), so the segments no index covers yet, read from their own bytes, stay a few
@@ -206,7 +206,7 @@ def decode(blob: bytes) -> Dict[str, SegmentIndex]:
 def in_listing(listed, unusable=lambda path, error: None) -> Dict[str, SegmentIndex]:
     """``{segment path: SegmentIndex}`` of the index objects among ``listed`` (``(name, path,
     FileState)``, `storage.event_listing` with `listed_in_bucket`), read together
-    (`storage.read_ranges`: a bucket's in concurrent requests). One that cannot be read, is
+    (`ranges.read_ranges`: a bucket's in concurrent requests). One that cannot be read, is
     not an index (`decode`) or is larger than `MAX_INDEX_BYTES` is passed over (its segments are
     read from their bytes), told to ``unusable(path, error)``."""
     wanted, indexed = [], {}
@@ -217,7 +217,7 @@ def in_listing(listed, unusable=lambda path, error: None) -> Dict[str, SegmentIn
             unusable(path, ValueError(f"larger than {MAX_INDEX_BYTES} bytes"))
         else:
             wanted.append((path, 0, state.size))
-    for (path, _, _), data in zip(wanted, storage.read_ranges(wanted)):
+    for (path, _, _), data in zip(wanted, ranges.read_ranges(wanted)):
         try:
             if isinstance(data, OSError):
                 raise data

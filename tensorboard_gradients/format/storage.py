@@ -18,7 +18,6 @@ never left hanging on the network.
 """
 
 import asyncio
-import bisect
 import collections
 import contextlib
 import io
@@ -27,7 +26,7 @@ import os
 import posixpath
 import re
 import threading
-from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import BinaryIO, Iterator, List, NamedTuple, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -265,96 +264,9 @@ def open_remote(url: str) -> BinaryIO:
         from tensorboard_gradients.format.event_files import NotARegularFileError
 
         raise NotARegularFileError(f"{shown(url)!r} is a directory, not a regular file")
-    return _RemoteFile(url, fs, path, int(info.get("size") or 0), _version(info))
-
-
-def read_ranges(ranges: Sequence[Tuple[str, int, int]],
-                max_gap: Optional[int] = 0) -> List[Union[bytes, OSError]]:
-    """The bytes ``[start, stop)`` of each ``(path, start, stop)`` of ``ranges`` (fewer at a
-    file's end), or the error naming its path where it could not be read (as `errors_named`
-    raises it). A bucket's ranges are fetched in concurrent requests (fsspec's ``cat_ranges``),
-    without asking each object's state first, those of one object at most ``max_gap`` bytes
-    apart in one request of up to `MERGED_BYTES` (None: a request each, whose bytes are not
-    copied out of a longer answer): a reader of records scattered over many objects (a
-    digest's, a segment's indexes) waits for about one request, not one per record and
-    object. A local file is read with ``pread`` (opened as `event_files.open_regular_file`
-    opens it)."""
-    results: List[Union[bytes, OSError]] = [b""] * len(ranges)
-    by_filesystem = collections.defaultdict(list)  # id(fs) -> [(fs, order, path in fs)]
-    directories = {}  # directory URL -> (fs, its path in fs): one lookup each, not per range
-    for order, (path, start, stop) in enumerate(ranges):
-        if not is_url(path):
-            results[order] = _read_local(path, start, stop)
-            continue
-        directory, name = path.rsplit("/", 1)
-        try:
-            if directory not in directories:
-                directories[directory] = filesystem(directory)
-        except StorageError as error:
-            results[order] = error
-            continue
-        fs, in_fs = directories[directory]
-        by_filesystem[id(fs)].append((fs, order, f"{in_fs}/{name}"))
-    for wanted in by_filesystem.values():
-        _fetch(wanted[0][0], [(order, in_fs, *ranges[order]) for _, order, in_fs in wanted],
-               max_gap, results)
-    return results
-
-
-def _fetch(fs, wanted, max_gap: Optional[int], results: list):
-    """Fetches ``wanted`` (``(order, path in fs, url, start, stop)``) from ``fs`` into
-    ``results[order]`` (`read_ranges`)."""
-    from fsspec.utils import merge_offset_ranges
-
-    paths = [in_fs for _, in_fs, _, _, _ in wanted]
-    starts = [start for _, _, _, start, _ in wanted]
-    stops = [max(start, stop) for _, _, _, start, stop in wanted]
-    merged = ((paths, starts, stops) if max_gap is None else
-              merge_offset_ranges(paths, starts, stops, max_gap=max_gap, max_block=MERGED_BYTES))
-    try:
-        fetched = fs.cat_ranges(*map(list, merged), on_error="return")
-    except Exception as error:  # noqa: BLE001 - each store raises its own kinds
-        fetched = [error] * len(merged[0])
-    DOWNLOADED.add(sum(len(data) for data in fetched if isinstance(data, bytes)))
-    if max_gap is None:
-        covering = [(start, data) for start, data in zip(starts, fetched)]
-    else:
-        extents = collections.defaultdict(list)  # path in fs -> [(start, stop, data)], sorted
-        for path, start, stop, data in zip(*merged, fetched):
-            extents[path].append((start, stop, data))
-        covering = [_covering(extents[in_fs], start, stop)
-                    for in_fs, start, stop in zip(paths, starts, stops)]
-    for (order, _, url, start, stop), (extent_start, data) in zip(wanted, covering):
-        if isinstance(data, BaseException):
-            data = _named_error(data, url)
-        elif extent_start != start or len(data) > stop - start:
-            data = data[start - extent_start:stop - extent_start]
-        results[order] = data
-
-
-def _covering(extents, start: int, stop: int):
-    """``(start, data)`` of the extent of ``extents`` (sorted by start) that holds ``[start,
-    stop)``: the last to start at or before it that reaches ``stop`` (merged extents of one
-    object may overlap)."""
-    index = bisect.bisect_right(extents, start, key=lambda extent: extent[0]) - 1
-    while extents[index][1] < stop:
-        index -= 1
-    return extents[index][0], extents[index][2]
-
-
-# The most bytes `read_ranges` asks for in one request when it merges ranges: requests of a few
-# MB keep a store's connections busy in parallel; one of hundreds would be read alone.
-MERGED_BYTES = 8 * 1024 * 1024
-
-
-def _read_local(path: str, start: int, stop: int) -> Union[bytes, OSError]:
-    from tensorboard_gradients.format.event_files import open_regular_file
-
-    try:
-        with open_regular_file(path) as file:
-            return os.pread(file.fileno(), max(stop - start, 0), start)
-    except OSError as error:
-        return error
+    file = _RemoteFile(url, fs, path, int(info.get("size") or 0), _version(info))
+    BLOCKS.opened(file)
+    return file
 
 
 class ByteCounter:
@@ -367,7 +279,7 @@ class ByteCounter:
             self.value += count
 
 
-# The bytes this process downloaded from stores (`BlockCache` blocks and `read_ranges`), for the
+# The bytes this process downloaded from stores (`BlockCache` blocks and `ranges.read_ranges`), for the
 # benchmarks and tests that check what a read costs.
 DOWNLOADED = ByteCounter()
 
@@ -390,6 +302,7 @@ class BlockCache:
     def __init__(self, limit_bytes: int):
         self._limit = limit_bytes
         self._blocks = collections.OrderedDict()  # (url, version, index) -> bytes
+        self._opened = {}  # url -> (version, size) of the object as last opened
         self._ahead = {}  # (url, version, index) -> concurrent Future of a block fetched ahead
         self._bytes = 0
         self._lock = threading.Lock()
@@ -414,6 +327,27 @@ class BlockCache:
         if in_order:
             self._read_ahead(file, index)
         return data
+
+    def opened(self, file: "_RemoteFile"):
+        """Notes the object's state ``file`` was opened with: what `cached` serves."""
+        with self._lock:
+            self._opened[file.url] = (file.version, file.size)
+
+    def cached(self, url: str, start: int, stop: int) -> Optional[bytes]:
+        """Bytes ``[start, stop)`` of ``url`` as it was last opened, when its blocks are all
+        here (a scan just read them); None otherwise. A record located by that scan is read
+        back from the bytes it was located in, not downloaded again."""
+        with self._lock:
+            version, size = self._opened.get(url, (None, 0))
+            stop = min(stop, size)
+            if version is None or start >= stop:
+                return None
+            indexes = range(start // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1)
+            blocks = [self._blocks.get((url, version, index)) for index in indexes]
+        if any(block is None for block in blocks):
+            return None
+        return b"".join(block[max(start - index * BLOCK_BYTES, 0):stop - index * BLOCK_BYTES]
+                        for index, block in zip(indexes, blocks))
 
     def _keep(self, key, data: bytes):
         DOWNLOADED.add(len(data))
@@ -565,10 +499,10 @@ def errors_named(url: str, writing: bool = False):
     except (StorageError, NotARegularFileError):
         raise
     except Exception as error:  # noqa: BLE001 - each store raises its own kinds
-        raise _named_error(error, url, writing) from None
+        raise named_error(error, url, writing) from None
 
 
-def _named_error(error: BaseException, url: str, writing: bool = False) -> OSError:
+def named_error(error: BaseException, url: str, writing: bool = False) -> OSError:
     """What `errors_named` raises for ``error``, raised while reading (``writing``: uploading)
     ``url``."""
     if isinstance(error, StorageError):
