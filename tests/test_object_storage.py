@@ -256,6 +256,28 @@ def test_a_real_tensorboard_shows_the_tab_for_a_bucket(stores, local_logdir, bro
         tab.close()
 
 
+def test_a_bucket_that_stops_answering_is_logged_once_until_it_answers_again(stores, caplog,
+                                                                             monkeypatch):
+    import s3fs
+
+    from tensorboard_gradients.server.store import event_scan
+
+    checker = event_scan.EventFileIntegrity(f"s3://{BUCKET}/experiment")
+    assert checker.runs() == ["nested/broken", "torch"]
+    dead_port, = free_ports(1)
+    with monkeypatch.context() as outage:
+        outage.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{dead_port}")
+        s3fs.S3FileSystem.clear_instance_cache()  # a filesystem made earlier keeps its endpoint
+        with caplog.at_level("WARNING", logger=event_scan.__name__):
+            assert [checker.runs() for _ in range(3)] == [[], [], []]  # the tab asks again
+    s3fs.S3FileSystem.clear_instance_cache()
+    with caplog.at_level("WARNING", logger=event_scan.__name__):
+        assert checker.runs() == ["nested/broken", "torch"]
+    said = [record.getMessage() for record in caplog.records
+            if record.name == event_scan.__name__]
+    assert len(said) == 2 and "cannot list" in said[0] and "again" in said[1]
+
+
 def test_the_tab_says_why_a_bucket_that_does_not_answer_shows_nothing(stores, monkeypatch):
     import s3fs
 

@@ -175,6 +175,7 @@ class EventFileIntegrity:
         # the segments whose index proved wrong (read from their own bytes since).
         self._indexes = {}
         self._index_refused = set()
+        self._listing_failed = None  # why the logdir last could not be listed (logged once)
 
     def look(self, run: str) -> Optional["RunLook"]:
         """One look at the run's event files, each scanned (its new bytes) once: where its tags'
@@ -240,12 +241,18 @@ class EventFileIntegrity:
         if self._root is None:
             return []
         try:
-            return sorted(run for _, run, _ in storage.walk_event_directories(
+            runs = sorted(run for _, run, _ in storage.walk_event_directories(
                 self._root, event_files.is_event_file, None))
         except OSError as error:  # a bucket that does not answer now: no runs until it does
-            logger.warning("tensorboard-gradients cannot list %s: %s", storage.shown(self._root),
-                           error)
+            if str(error) != self._listing_failed:  # once, not at every request of the tab
+                logger.warning("tensorboard-gradients cannot list %s: %s",
+                               storage.shown(self._root), error)
+            self._listing_failed = str(error)
             return []
+        if self._listing_failed is not None:
+            logger.warning("tensorboard-gradients lists %s again", storage.shown(self._root))
+            self._listing_failed = None
+        return runs
 
     def _skipped(self, directory: str, special):
         """Sentences on ``special`` (``(name, what it is)`` of what ``directory`` holds named like
