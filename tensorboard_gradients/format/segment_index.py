@@ -17,8 +17,9 @@ last one. Per segment it holds each record's offset and length, and:
 An index changes nothing a reader concludes (`server.store.file_scan`): it notes what a scan of
 the segment's bytes would note (an `Entry` read with its payloads empty, their lengths told:
 `Entry.compacted`), then verifies in the background, as for records located from their first
-bytes, that each record is what the index says (`SegmentIndex.matches`: the same step, wall time and tags, or the same kept bytes); a
-segment whose index does not match is read from its own bytes. A run without an index (written
+bytes, that each record is what the index says (`SegmentIndex.matches`: the same step, wall time
+and tags, or the same kept bytes); a segment whose index does not match is read from its own
+bytes. A run without an index (written
 before, or by another writer; an index upload that failed) is read from its segments.
 
 Format (version 1): `MAGIC`, then a zlib stream of: the number of segments; per segment its name

@@ -270,6 +270,8 @@ def open_remote(url: str) -> BinaryIO:
 
 
 class ByteCounter:
+    """A count of bytes (``value``) that threads add to at once (fsspec's loop, readers)."""
+
     def __init__(self):
         self.value = 0
         self._lock = threading.Lock()
@@ -279,8 +281,8 @@ class ByteCounter:
             self.value += count
 
 
-# The bytes this process downloaded from stores (`BlockCache` blocks and `ranges.read_ranges`), for the
-# benchmarks and tests that check what a read costs.
+# The bytes this process downloaded from stores (`BlockCache` blocks and `ranges.read_ranges`),
+# for the benchmarks and tests that check what a read costs.
 DOWNLOADED = ByteCounter()
 
 
