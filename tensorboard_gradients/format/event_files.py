@@ -230,7 +230,7 @@ def read_events(path: str, damage: Optional[ReadDamage] = None) -> Iterator["eve
 def located_events(path: str, damage: Optional[ReadDamage] = None,
                    start: int = 0) -> Iterator[Tuple[int, "event_pb2.Event"]]:
     """`read_events` from offset ``start`` on, each event with the offset of its record (what
-    `events_at` reads back)."""
+    `records_at` reads back)."""
     damage = ReadDamage() if damage is None else damage
     with open_regular_file(path) as file:
         offset = start
@@ -241,13 +241,6 @@ def located_events(path: str, damage: Optional[ReadDamage] = None,
             else:
                 yield offset, event
             offset = record.end
-
-
-def events_at(file: BinaryIO, offsets) -> Iterator[Optional["event_pb2.Event"]]:
-    """The event of the intact record at each of ``offsets`` of an open event file, or None for
-    one that no longer reads back (the file was replaced or damaged since it was located)."""
-    for record in records_at(file, offsets):
-        yield event_of(record)
 
 
 def event_of(record: Optional["Record"]) -> Optional["event_pb2.Event"]:

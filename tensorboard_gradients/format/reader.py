@@ -397,18 +397,20 @@ class _Fetched:
             thread.join()
             if fetched:
                 return fetched[0]
-        return event_files.records_located(self._locations[start:start + RECORDS_PER_FETCH])
+        return self._fetch(start)
 
     def _fetch_next(self, start: int):
         self._next = None
         if start >= len(self._locations):
             return
         fetched = []
-        thread = threading.Thread(target=lambda: fetched.append(event_files.records_located(
-            self._locations[start:start + RECORDS_PER_FETCH])), daemon=True,
-            name="tensorboard-gradients fetch ahead")
+        thread = threading.Thread(target=lambda: fetched.append(self._fetch(start)),
+                                  daemon=True, name="tensorboard-gradients fetch ahead")
         thread.start()
         self._next = (start, thread, fetched)
+
+    def _fetch(self, start: int) -> list:
+        return event_files.records_located(self._locations[start:start + RECORDS_PER_FETCH])
 
 
 def _records_in(path, offsets):

@@ -310,10 +310,8 @@ def tensor_content_spans(data: bytes) -> List[Tuple[int, int]]:
 # The messages on the way from an Event to its tensors' payloads, by depth (field numbers):
 # Event.summary, Summary.value, Summary.Value.tensor; and the payloads, TensorProto's
 # tensor_content and string_val.
-_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR = 5, 1, 8
-_PATH = (_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TENSOR)
-_TENSOR_CONTENT, _STRING_VAL = 4, 8
-_PAYLOADS = (_TENSOR_CONTENT, _STRING_VAL)
+_PATH = (wire.EVENT_SUMMARY, wire.SUMMARY_VALUE, wire.VALUE_TENSOR)
+_PAYLOADS = (wire.TENSOR_CONTENT, wire.TENSOR_STRING_VAL)
 
 
 class _Sparse:
@@ -340,12 +338,12 @@ def _compacted(data, at: int, end: int, depth: int, lengths: list) -> bytearray:
     out = bytearray()
     for number, key, field_start, payload, field_end in wire.message_fields(data, at,
                                                                                    end):
-        if payload is not None and depth == 1 and number == _SUMMARY_VALUE:
+        if payload is not None and depth == 1 and number == wire.SUMMARY_VALUE:
             lengths.append(None)
         if payload is not None and depth < len(_PATH) and number == _PATH[depth]:
             inner = _compacted(data, payload, field_end, depth + 1, lengths)
         elif payload is not None and depth == len(_PATH) and number in _PAYLOADS:
-            if number == _TENSOR_CONTENT and lengths:
+            if number == wire.TENSOR_CONTENT and lengths:
                 lengths[-1] = field_end - payload
             inner = b""
         else:

@@ -370,10 +370,9 @@ class BlockCache:
             with self._lock:
                 if key in self._blocks or key in self._ahead:
                     continue
-                start = ahead * BLOCK_BYTES
-                future = asyncio.run_coroutine_threadsafe(file.fs._cat_file(
-                    file.path, start=start, end=min(start + BLOCK_BYTES, file.size)),
-                    file.fs.loop)
+                start, end = _block_span(file, ahead)
+                future = asyncio.run_coroutine_threadsafe(
+                    file.fs._cat_file(file.path, start=start, end=end), file.fs.loop)
                 self._ahead[key] = future
             future.add_done_callback(lambda done, key=key: self._landed(key, done))
 
@@ -388,10 +387,15 @@ class BlockCache:
     @staticmethod
     def fetch(file: "_RemoteFile", index: int) -> bytes:
         """Block ``index`` of ``file``, downloaded."""
-        start = index * BLOCK_BYTES
+        start, end = _block_span(file, index)
         with errors_named(file.url):
-            return file.fs.cat_file(file.path, start=start,
-                                    end=min(start + BLOCK_BYTES, file.size))
+            return file.fs.cat_file(file.path, start=start, end=end)
+
+
+def _block_span(file: "_RemoteFile", index: int) -> Tuple[int, int]:
+    """``(start, end)`` of block ``index`` of ``file``: `BLOCK_BYTES`, fewer at its end."""
+    start = index * BLOCK_BYTES
+    return start, min(start + BLOCK_BYTES, file.size)
 
 
 # How many blocks `BlockCache` fetches ahead of a reader going through an object in order: 16 MB,

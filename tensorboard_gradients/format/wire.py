@@ -115,15 +115,15 @@ def string_value(data: bytes, index: int, tag: str):
     them once, as serializers write it; parses the event otherwise (`parse_event`)."""
     view = memoryview(data)
     try:
-        (summary,) = _spans(view, 0, len(view), _EVENT_SUMMARY, single=True)
-        values = _spans(view, *summary, _SUMMARY_VALUE)
+        (summary,) = _spans(view, 0, len(view), EVENT_SUMMARY, single=True)
+        values = _spans(view, *summary, SUMMARY_VALUE)
         if index >= len(values):
             return None
-        (tag_at,) = _spans(view, *values[index], _VALUE_TAG, single=True)
+        (tag_at,) = _spans(view, *values[index], VALUE_TAG, single=True)
         if view[slice(*tag_at)] != tag.encode():
             return None
-        (tensor,) = _spans(view, *values[index], _VALUE_TENSOR, single=True)
-        strings = _spans(view, *tensor, _TENSOR_STRING_VAL)
+        (tensor,) = _spans(view, *values[index], VALUE_TENSOR, single=True)
+        strings = _spans(view, *tensor, TENSOR_STRING_VAL)
         return view[slice(*strings[0])] if strings else None
     except ValueError:  # a field twice, or bytes that do not walk: as the parser reads it
         event = parse_event(data)
@@ -132,11 +132,6 @@ def string_value(data: bytes, index: int, tag: str):
         if value is None or value.tag != tag or not value.tensor.string_val:
             return None
         return memoryview(value.tensor.string_val[0])
-
-
-# The fields on the way to a digest record's payload: Event.summary, Summary.value, its tag and
-# tensor, and TensorProto.string_val.
-_EVENT_SUMMARY, _SUMMARY_VALUE, _VALUE_TAG, _VALUE_TENSOR, _TENSOR_STRING_VAL = 5, 1, 1, 8, 8
 
 
 def _spans(data, at: int, end: int, number: int, single: bool = False) -> List[Tuple[int, int]]:
@@ -177,8 +172,13 @@ def varint(data: bytes, at: int) -> Tuple[int, int]:
     raise ValueError("a varint too long to be a length or a non-negative step")
 
 
+# Field numbers on the way from an `Event` to its tensors' payloads: Event.summary,
+# Summary.value, Summary.Value's tag and tensor, TensorProto's tensor_content and string_val.
+EVENT_SUMMARY, SUMMARY_VALUE, VALUE_TAG, VALUE_TENSOR = 5, 1, 1, 8
+TENSOR_CONTENT, TENSOR_STRING_VAL = 4, 8
 # Protobuf keys ((field number << 3) | wire type) of `Event` (wall_time = 1, a double; step =
-# 2, a varint; summary = 5), `Summary` (value = 1) and `Summary.Value` (tag = 1, tensor = 8).
-_WALL_TIME_KEY, _STEP_KEY, _SUMMARY_KEY = 0x09, 0x10, 0x2A
-_VALUE_KEY, _TAG_KEY, _TENSOR_KEY = 0x0A, 0x0A, 0x42
+# 2, a varint) and of the length-delimited fields above.
+_WALL_TIME_KEY, _STEP_KEY = 0x09, 0x10
+_SUMMARY_KEY, _VALUE_KEY, _TAG_KEY, _TENSOR_KEY = (
+    number << 3 | 2 for number in (EVENT_SUMMARY, SUMMARY_VALUE, VALUE_TAG, VALUE_TENSOR))
 _DOUBLE = struct.Struct("<d")
