@@ -42,6 +42,11 @@ export function normsOnly(series, index) {
   return Array.isArray(series.full) && series.full[index] === false;
 }
 
+/** Whether stat `name` of `series` (a `series` answer) has a value at its norms-only steps too. */
+export function loggedEveryStep(series, name) {
+  return Array.isArray(series.every_step) && series.every_step.includes(name);
+}
+
 /** The tooltip's line for a norms-only step: which stats it holds and when the rest are. */
 export function normsOnlyLine(series) {
   return `only the norms and NaN/Inf counts logged at this step (every statistic once every ${series.stats_every} logged steps)`;
@@ -56,7 +61,7 @@ export function normsOnlyLine(series) {
 export function keyStatsLines(series, index, cls, vocabulary, merged = "") {
   const sparse = normsOnly(series, index);
   const [first, ...rest] = KEY_STATS.map((line) => line
-    .filter(([, name]) => name in series.stats && !(sparse && !vocabulary.everyStep(name)))
+    .filter(([, name]) => name in series.stats && !(sparse && !loggedEveryStep(series, name)))
     .map(([word, name]) => `${word} ${statText(series, name, index, cls, vocabulary)}`).join(", "));
   return [`at step ${formatStep(series.steps[index])}${merged}: ${first}`, ...rest.filter(Boolean),
     ...(sparse ? [normsOnlyLine(series)] : [])];
@@ -74,7 +79,7 @@ export function statRows(series, index, cls, vocabulary, notLogged = []) {
 }
 
 function statText(series, name, index, cls, vocabulary) {
-  if (normsOnly(series, index) && !vocabulary.everyStep(name)) return NOT_LOGGED_HERE;
+  if (normsOnly(series, index) && !loggedEveryStep(series, name)) return NOT_LOGGED_HERE;
   return cellValueText(toNumber(series.stats[name][index]), cls, vocabulary.statScale(name));
 }
 

@@ -34,11 +34,6 @@ export class Vocabulary {
     return this.stats.get(name)?.scale ?? UNKNOWN_STAT_SCALE;
   }
 
-  /** Whether the stat has a value at the norms-only steps too (an unknown one: assumed not). */
-  everyStep(name) {
-    return this.stats.get(name)?.every_step === true;
-  }
-
   /** [[name, label]] of a tag's stats that can be a heatmap, in the tag's order. */
   heatmapStats(names) {
     return names.filter((name) => this.stats.get(name)?.heatmap !== false)

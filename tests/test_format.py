@@ -65,8 +65,8 @@ def test_reader_refuses_a_newer_major_version_clearly(tmp_path):
 def test_newer_minor_version_is_read():
     layout = Layout.create(["a/kernel"], [(2,)], with_weights=False)
     content = json.loads(metadata.stats_metadata_content("gradients", layout))
-    content["format_version"] = [1, 7]
-    content["added_in_1_7"] = "ignored"
+    content["format_version"] = [1, 8]
+    content["added_in_1_8"] = "ignored"
     parsed = metadata.parse_plugin_data(json.dumps(content).encode())
     assert parsed.layout == layout
 
@@ -82,6 +82,34 @@ def test_the_cadence_of_norms_only_steps_is_in_the_metadata_only_when_there_are_
     for bad in (0, -3, 2.5, "10", True, metadata.MAX_STATS_EVERY + 1):
         content["stats_every_n_steps"] = bad
         with pytest.raises(tg.UnsupportedFormatError, match="stats_every_n_steps"):
+            metadata.parse_plugin_data(json.dumps(content).encode())
+
+
+def test_the_stats_held_at_every_step_are_in_the_metadata():
+    """Format 1.7: a stats tag names the stats its norms-only steps hold (the weight norm only
+    beside the update norm); a 1.6 tag, which does not, held every one of them it has."""
+    weights = Layout.create(["a/kernel"], [(2,)], with_weights=True, stats_every=10)
+    both = Layout.create(["a/kernel"], [(2,)], with_weights=True, with_updates=True,
+                         stats_every=10)
+    assert "weight_l2_norm" not in weights.every_step
+    assert {"weight_l2_norm", "update_l2_norm"} <= set(both.every_step)
+    for layout in (weights, both):
+        parsed = metadata.parse_plugin_data(metadata.stats_metadata_content("g", layout))
+        assert parsed.layout.every_step == layout.every_step == columns.every_step_stats(
+            layout.stats)
+    content = json.loads(metadata.stats_metadata_content("g", weights))
+    del content["every_step_stats"]
+    content["format_version"] = [1, 6]
+    parsed = metadata.parse_plugin_data(json.dumps(content).encode())
+    assert parsed.layout.every_step == tuple(
+        s for s in weights.stats if s in columns.EVERY_STEP_STATS)
+    assert "weight_l2_norm" in parsed.layout.every_step
+    for bad, message in ((["l2_norm", "nan_count", "inf_count", "size", "update_l2_norm"],
+                          "names update_l2_norm, not in 'stats'"),
+                         (["l2_norm", "size"], "lacks nan_count, inf_count"),
+                         (["l2_norm", "l2_norm"], "twice"), ("l2_norm", "not a list")):
+        content["every_step_stats"] = bad
+        with pytest.raises(tg.UnsupportedFormatError, match=message):
             metadata.parse_plugin_data(json.dumps(content).encode())
 
 

@@ -507,12 +507,8 @@ def test_the_vocabulary_covers_every_stat_class_severity_and_threshold_in_table_
     assert set(vocabulary.CLASS_STYLES) == set(analysis.CLASSES)
     assert set(vocabulary.SEVERITY_COLORS) == set(analysis.SEVERITIES)
     for stat in served["stats"]:
-        assert set(stat) == {"name", "label", "scale", "group", "description", "heatmap",
-                             "every_step"}
+        assert set(stat) == {"name", "label", "scale", "group", "description", "heatmap"}
         assert stat["scale"] in (columns.LOG, columns.LINEAR, columns.FRACTION, columns.COUNT)
-    # What a norms-only step holds: the norms, counts and their ratios, nothing else.
-    assert {s["name"] for s in served["stats"] if s["every_step"]} == set(
-        columns.EVERY_STEP_STATS) | {"grad_weight_ratio", "update_weight_ratio"}
     for cls in served["classes"]:
         assert set(cls) == {"name", "description", "label", "fill", "hatch", "accent", "tooltip",
                             "legend", "empty", "extreme", "norm_threshold", "nonfinite"}

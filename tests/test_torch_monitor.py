@@ -102,6 +102,41 @@ def test_by_default_every_statistic_every_10th_logged_step_and_the_norms_between
         monitor.log(30, statistics="some")
 
 
+@pytest.mark.parametrize("with_optimizer", [False, True], ids=["alone", "optimizer"])
+def test_a_norms_only_step_reads_the_weights_only_beside_the_update(tmp_path, monkeypatch,
+                                                                    with_optimizer):
+    """Format 1.7: without ``optimizer=`` the weight norms wait for the full steps (the
+    update/weight ratio, their only every-step reader, needs the update): a norms-only step is
+    one multi-tensor norm of the gradients alone, and the tag says so; with it, of the weights
+    too, every step."""
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    normed = []
+    foreach_norm = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm",
+                        lambda tensors, *args: normed.append(len(tensors))
+                        or foreach_norm(tensors, *args))
+    with GradientMonitor(model, tmp_path, optimizer=optimizer if with_optimizer else None,
+                         histograms_every_n_steps=None) as monitor:
+        for step, (x, y) in enumerate(batches(4)):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            normed.clear()
+            monitor.step()
+            if step > 0:  # a norms-only step
+                assert normed == [12 if with_optimizer else 6], normed
+            optimizer.step()
+    series = series_of(tmp_path)
+    assert series.full_rows.tolist() == [True, False, False, False]
+    assert ("weight_l2_norm" in series.every_step) == with_optimizer
+    assert series.every_step == columns.every_step_stats(series.stat_names)
+    weight_norms = series.stat("weight_l2_norm")
+    assert np.isfinite(weight_norms[0]).all()
+    assert np.isfinite(weight_norms[1:]).all() == with_optimizer
+    assert np.isnan(weight_norms[1:]).all() == (not with_optimizer)
+
+
 def test_the_cadences_can_be_set_and_a_step_logged_by_hand_holds_what_it_asks(tmp_path):
     torch.manual_seed(0)
     model = sigmoid_mlp(depth=1)
@@ -125,8 +160,8 @@ def test_the_cadences_can_be_set_and_a_step_logged_by_hand_holds_what_it_asks(tm
 @pytest.mark.parametrize("stats", [("l2_norm",), None], ids=["l2_norm", "defaults"])
 def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkeypatch, stats):
     """`clip_grad_norm_` at a norms-only step takes one pass over the gradients: PyTorch's
-    multi-tensor norm, whose per-tensor results are the logged norms (no second one); the
-    weights' norms, when logged, are one more multi-tensor norm."""
+    multi-tensor norm, whose per-tensor results are the logged norms (no second one). The
+    weights' norms wait for the full steps (no ``optimizer=``, format 1.7)."""
     torch.manual_seed(0)
     model = sigmoid_mlp(depth=2)
     calls = []
@@ -145,21 +180,21 @@ def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkey
             calls.clear()
             total = monitor.clip_grad_norm_(1.0)
             assert torch.equal(total, reference) or (step == 3 and total.isnan() and reference.isnan())
-            if step in (1, 2):  # norms-only: the clip's pass alone (and the weights')
-                parameters = len(list(model.parameters()))
-                assert calls == [parameters] + [parameters] * (stats is None)
+            if step in (1, 2):  # norms-only: the clip's pass alone
+                assert calls == [len(list(model.parameters()))]
     series = series_of(tmp_path)
     assert series.full_rows.tolist() == [True, False, False, False]
     assert series.stat("nan_count")[3].tolist() == [1, 0, 0, 0, 0, 0]
-    # The clip's norms (of the gradients before it) and the weights' at every step, each a
-    # float32 norm within norm_rtol of float64's.
+    # The clip's norms (of the gradients before it) at every step and the weights' at the full
+    # one, each a float32 norm within norm_rtol of float64's.
     np.testing.assert_allclose(series.stat("l2_norm")[:3, 0],
                                [np.linalg.norm(g) for g in before[:3]],
                                rtol=norm_rtol(before[0].size))
     if stats is None:
         weight = model[0].weight.detach().numpy().astype(np.float64)
-        np.testing.assert_allclose(series.stat("weight_l2_norm")[:, 0], np.linalg.norm(weight),
+        np.testing.assert_allclose(series.stat("weight_l2_norm")[0, 0], np.linalg.norm(weight),
                                    rtol=norm_rtol(weight.size))
+        assert np.isnan(series.stat("weight_l2_norm")[1:]).all()
 
 
 def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):

@@ -93,7 +93,11 @@ test("the details list every logged stat's value, then the stats not logged as s
 test("at a norms-only step the tooltip and details say the other stats were not logged there", () => {
   const run = {
     steps: [0, 1], classes: ["ok", "ok"], full: [true, false], stats_every: 10,
-    stats: { l2_norm: [2, 3], abs_max: [0.5, NaN], zero_fraction: [0.25, NaN], nan_count: [0, 0] },
+    every_step: ["l2_norm", "nan_count"],
+    stats: {
+      l2_norm: [2, 3], abs_max: [0.5, NaN], zero_fraction: [0.25, NaN], nan_count: [0, 0],
+      weight_l2_norm: [4, NaN],
+    },
   };
   const [norms, counts, why] = keyStatsLines(run, 1, ok, VOCABULARY);
   assert.equal(norms, "at step 1: norm 3");
@@ -101,6 +105,8 @@ test("at a norms-only step the tooltip and details say the other stats were not 
   assert.match(why, /only the norms .*every statistic once every 10 logged steps/);
   const rows = Object.fromEntries(statRows(run, 1, ok, VOCABULARY).map(([name, text]) => [name, text]));
   assert.equal(rows.abs_max, NOT_LOGGED_HERE);
+  // The weight norm too, where the tag holds it at the full steps only (format 1.7).
+  assert.equal(rows.weight_l2_norm, NOT_LOGGED_HERE);
   assert.equal(rows.l2_norm, "3");
   // A step with every stat reads as before.
   assert.equal(keyStatsLines(run, 0, ok, VOCABULARY).length, 2);

@@ -233,12 +233,14 @@ def _weights_for(names, params):
     return [weight_leaves[n] for n in names]
 
 
-@functools.partial(jax.jit, static_argnames=("histograms", "stats", "gradient_stats"))
+@functools.partial(jax.jit,
+                   static_argnames=("histograms", "stats", "gradient_stats", "every_step"))
 def _matrices(gradients, weights, histograms, stats=True, gradient_stats=columns.GRADIENT_STATS,
-              full=True):
+              full=True, every_step=columns.EVERY_STEP_STATS):
     """(the statistics matrix of ``gradient_stats`` if ``stats``, the histogram counts if
     ``histograms``; else None). ``full``: every statistic (True), the norms only (False,
-    `statistics.norms_only_statistics`), or a traced boolean choosing between the two."""
+    `statistics.norms_only_statistics`: the ``every_step`` stats of the tag's layout), or a
+    traced boolean choosing between the two."""
     dtype = JaxOps.computation_dtype([g.dtype for g in gradients])
     # No reshape: a flattened sharded array would be gathered along its mesh axes first.
     entries = [(g.astype(dtype), g.size) for g in gradients]
@@ -246,11 +248,11 @@ def _matrices(gradients, weights, histograms, stats=True, gradient_stats=columns
     arguments = (JaxOps, entries, cast_weights, dtype, gradient_stats)
     matrix = None
     if stats and isinstance(full, bool):
-        matrix = (statistics.statistics_matrix if full
-                  else statistics.norms_only_statistics)(*arguments)
+        matrix = (statistics.statistics_matrix(*arguments) if full
+                  else statistics.norms_only_statistics(*arguments, every_step))
     elif stats:
         matrix = JaxOps.cond(full, lambda: statistics.statistics_matrix(*arguments),
-                             lambda: statistics.norms_only_statistics(*arguments))
+                             lambda: statistics.norms_only_statistics(*arguments, every_step))
     counts = statistics.histogram_matrix(JaxOps, entries, dtype) if histograms else None
     return matrix, counts
 

@@ -160,9 +160,11 @@ class Recorder:
         """The stats matrix of a logged step (`statistics.statistics_matrix`'s arguments;
         ``weights`` None unless logged): every gradient stat asked for when ``full``, else the
         norms only, one pass per gradient (`statistics.norms_only_statistics`)."""
-        compute = (statistics.statistics_matrix if full
-                   else statistics.norms_only_statistics)
-        return compute(ops, entries, weights, dtype, self.gradient_stats)
+        if full:
+            return statistics.statistics_matrix(ops, entries, weights, dtype, self.gradient_stats)
+        return statistics.norms_only_statistics(ops, entries, weights, dtype,
+                                                self.gradient_stats,
+                                                columns.every_step_stats(self.stat_names))
 
 
 def global_norm(ops, stats, stat_names, other_squares):

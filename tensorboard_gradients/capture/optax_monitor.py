@@ -260,7 +260,8 @@ def _transformation(log_dir, every_n_steps, histograms_every_n_steps, name, incl
                 # Every statistic at every stats_every-th logged step, the norms between.
                 full = (step // every_n_steps) % stats_every == 0
                 stats, counts = _matrices(gradients, weights, histograms_due, stats_due,
-                                          gradient_stats, full if stats_every > 1 else True)
+                                          gradient_stats, full if stats_every > 1 else True,
+                                          layout.every_step)
                 if stats is not None and applied is not None:
                     norms = JaxOps.sqrt(JaxOps.square_sums([u.astype(stats.dtype)
                                                             for u in applied]))

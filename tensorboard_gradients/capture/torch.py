@@ -126,7 +126,6 @@ class _Extras:
     every_stat: bool = True  # False at a norms-only step: Adam's RMS, not a norm, is NaN there
 
 
-
 class GradientMonitor:
     """Logs per-parameter gradient statistics of a PyTorch model to TensorBoard event files.
 
@@ -138,10 +137,11 @@ class GradientMonitor:
       every_n_steps: log the steps whose number is a multiple of N (1 = every step): by default
         the calls of `step` numbered 0, N, 2N, ... (see `step`).
       stats_every_n_steps: log every statistic at every N-th logged step (the first one, then
-        every N-th), and at the logged steps between only the norms and non-finite counts
-        (`columns.EVERY_STEP_STATS`: what the spike, exploding, vanishing, NaN and early-warning
-        rules judge every step; one multi-tensor norm instead of six passes per parameter).
-        1: every statistic at every logged step.
+        every N-th), and at the logged steps between only the gradient norms and non-finite
+        counts (what the spike, exploding, vanishing, NaN and early-warning rules judge every
+        step; one multi-tensor norm instead of six passes per parameter), with ``optimizer``
+        the weight and update norms too (`columns.every_step_stats`). 1: every statistic at
+        every logged step.
       histograms_every_n_steps: also log the log10|g| histograms at the steps whose number is
         a multiple of N (None: never; they cost a pass per parameter).
       name: the summary name = the tag in the Gradients tab.
@@ -397,8 +397,7 @@ class GradientMonitor:
         return logged and self.dropped_steps == dropped
 
     def write_scalars(self, step: int, scalars) -> None:
-        """Writes more ``<name>/<key>`` scalars at ``step`` into the monitor's run, on the
-        process that writes (rank 0; nothing elsewhere)."""
+        """Writes more ``<name>/<key>`` scalars at ``step`` (on the writing rank; else nothing)."""
         if writes_here():
             self._run_writer().write_scalars(step, scalars)
 
@@ -461,9 +460,11 @@ class GradientMonitor:
         (`Distribution.gather_step`) and writes."""
         # A norms-only step gathers the required stats (three passes; the norms' one is what
         # it keeps): the shards' rules combine the same reductions either way.
+        full, every_step = stats_due == _FULL, self._layout.every_step
+        weights_due = self._logs_weights and (full or "weight_l2_norm" in every_step)
         gathered = self._distribution.gather_step(
-            step, self._gradient_stats if stats_due == _FULL else columns.REQUIRED_STATS,
-            self._logs_weights, histograms_due, self._clip)
+            step, self._gradient_stats if full else columns.REQUIRED_STATS, weights_due,
+            histograms_due, self._clip)
         if gathered is None:
             return False
         absent = np.isnan(gathered.reductions[:, statistics.REDUCTIONS.index("present")])
@@ -473,9 +474,10 @@ class GradientMonitor:
             stats = statistics.statistics_from_reductions(
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
-            if stats_due != _FULL:
-                names = columns.stats_for(self._logs_weights, False, self._gradient_stats)
-                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, names, names)
+            if not full:
+                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, *(
+                    columns.stats_for(weights, False, self._gradient_stats)
+                    for weights in (weights_due, self._logs_weights)), every_step)
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
@@ -483,14 +485,12 @@ class GradientMonitor:
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
             return False
-        device = next(e[0].device for e in entries if e is not None)
-        # A model split over devices is reduced on the first one.
+        device = next(e[0].device for e in entries if e is not None)  # a split model's first
         entries = [None if e is None else (on_device(e[0], device, dtype), e[1])
                    for e in entries]
         ops = ops_for(device)
-        counts = None
-        if histograms_due:
-            counts = statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
+        counts = (statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
+                  if histograms_due else None)
         stats = None
         if stats_due:
             weights = [p for _, p in self._parameters] if self._logs_weights else None
@@ -498,7 +498,7 @@ class GradientMonitor:
                                                   weights) if stats_due == _FULL
                      else torch_statistics.norms_only_matrix(
                          ops, entries, dtype, self._gradient_stats, weights,
-                         self._clip and self._clip.norms))
+                         self._clip and self._clip.norms, self._layout.every_step))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):

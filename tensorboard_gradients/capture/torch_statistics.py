@@ -56,24 +56,32 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
             statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
 
 
-def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None):
-    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`.
-    ``gradient_norms``: per entry its L2 norm when already computed (the clip's pass,
-    `torch_clip.tensor_norms`), used when every present one is there in ``dtype``."""
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None,
+                      every_step=columns.EVERY_STEP_STATS):
+    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`, the
+    ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN: the weights' norms are
+    computed only when named there. ``gradient_norms``: per entry its L2 norm when already
+    computed (the clip's pass, `torch_clip.tensor_norms`), used when every present one is there
+    in ``dtype``."""
     device = ops.device
     present = [entry[0] for entry in entries if entry is not None]
     given = ([n for n, entry in zip(gradient_norms, entries) if entry is not None]
              if gradient_norms is not None else [None])
-    weights = [] if weights is None else [on_device(w, device, dtype) for w in weights]
+    computed_weights = ([on_device(w, device, dtype) for w in weights]
+                        if weights is not None and "weight_l2_norm" in every_step else [])
     if all(n is not None and n.dtype == dtype and n.device == device for n in given):
-        norms = given + (list(torch._foreach_norm(weights, 2)) if weights else [])
+        norms = given + (list(torch._foreach_norm(computed_weights, 2))
+                         if computed_weights else [])
     else:  # one multi-tensor norm of the gradients and the weights
-        norms = torch._foreach_norm(present + weights, 2)
+        norms = torch._foreach_norm(present + computed_weights, 2)
     host = torch.stack(norms).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
     gradient_norms[[i for i, entry in enumerate(entries) if entry is not None]] = \
         host[:len(present)]
-    weight_norms = host[len(present):] if weights else None
+    weight_norms = None
+    if weights is not None:  # the column, NaN when not computed at this step
+        weight_norms = (host[len(present):] if computed_weights
+                        else np.full(len(entries), np.nan, dtype=host.dtype))
     sizes = _sizes(entries, host.dtype)
     matrix, trusted = statistics.norms_only_matrix(gradient_norms, sizes, weight_norms,
                                                    gradient_stats)
@@ -84,9 +92,9 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradien
         exact = statistics.statistics_from_reductions(
             statistics.NumpyOps, rows, sizes[doubtful],
             None if weight_norms is None else weight_norms[doubtful], gradient_stats)
-        names = columns.stats_for(bool(weights), False, gradient_stats)
-        every_step = [i for i, name in enumerate(names) if name in columns.EVERY_STEP_STATS]
-        matrix[doubtful[:, None], every_step] = exact[:, every_step]
+        names = columns.stats_for(weights is not None, False, gradient_stats)
+        logged = [i for i, name in enumerate(names) if name in every_step]
+        matrix[doubtful[:, None], logged] = exact[:, logged]
     return matrix
 
 

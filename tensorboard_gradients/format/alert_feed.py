@@ -56,7 +56,7 @@ class AlertFeed:
             shapes=layout.shapes, stat_names=layout.stats, steps=np.zeros(0, np.int64),
             wall_times=np.zeros(0), values=np.zeros((0, len(layout.variables),
                                                       len(layout.stats)), np.float32),
-            stats_every=layout.stats_every)
+            stats_every=layout.stats_every, every_step=layout.every_step)
         self._stream = AnalysisStream(like)
         self._last = None  # (step, stats, loss) written last, not handed over yet
         self._queue: List[tuple] = []  # rows handed over, not judged yet

@@ -144,10 +144,22 @@ REQUIRED_STATS = tuple(s.name for s in STATS if s.required)
 EVERY_STEP_STATS = tuple(s.name for s in STATS if s.every_step)
 
 
-def logged_every_step(name: str) -> bool:
-    """Whether stat ``name`` has a value at the norms-only steps too: one of `EVERY_STEP_STATS`,
-    or a ratio of two of them (update/weight)."""
-    return all(n in EVERY_STEP_STATS for n in DERIVED_STATS.get(name, (name,)))
+def every_step_stats(stats: Sequence[str]) -> Tuple[str, ...]:
+    """Of a tag's ``stats``, those its writer logs at the norms-only steps too (format 1.7, the
+    metadata's ``every_step_stats``): `EVERY_STEP_STATS`, the weight norm only beside the update
+    norm. The update/weight ratio (the update-ratio and loss-spike rules) is the only reader of
+    the weight norm that judges every step, and without the update it has nothing to divide;
+    the weights are as large as the gradients, so their norm is half of a norms-only step's
+    work (benchmarks/NOTES.md, "The weight norms at the full steps"). Format 1.6 tags logged
+    every one of `EVERY_STEP_STATS` they hold (`metadata.parse_plugin_data` reads them so)."""
+    return tuple(s for s in stats if s in EVERY_STEP_STATS
+                 and (s != "weight_l2_norm" or "update_l2_norm" in stats))
+
+
+def logged_every_step(name: str, every_step: Sequence[str] = EVERY_STEP_STATS) -> bool:
+    """Whether stat ``name`` has a value at the norms-only steps too: one of ``every_step``
+    (a tag's `every_step_stats`), or a ratio of two of them (update/weight)."""
+    return all(n in every_step for n in DERIVED_STATS.get(name, (name,)))
 
 
 # What a writer's ``stats=`` may name (`selected_stats`).

@@ -54,6 +54,13 @@ class Layout:
     # part of what tells tags apart (`rows_and_columns`): a run resumed with another cadence
     # goes on in its tag.
     stats_every: int = 1
+    # Of `stats`, those logged at the norms-only steps too (`columns.every_step_stats`; the
+    # metadata's ``every_step_stats``, format 1.7). None: what a writer of this version logs.
+    every_step: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self):
+        if self.every_step is None:
+            object.__setattr__(self, "every_step", columns.every_step_stats(self.stats))
 
     @property
     def rows_and_columns(self):

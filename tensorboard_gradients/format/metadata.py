@@ -32,10 +32,12 @@ every tag of that name; a run without that tag has its loss read from its own sc
 Metadata ``content`` is small UTF-8 JSON:
 
 ```text
-{"format_version": [1, 5], "kind": "stats" | "histograms" | "epochs" | "loss" | "digest",
+{"format_version": [1, 7], "kind": "stats" | "histograms" | "epochs" | "loss" | "digest",
  "name": "gradients",
  "variables": [...], "layers": [...], "shapes": [[...], ...],
  "stats": [...]                      # kind == "stats"
+ "every_step_stats": [...]           # kind == "stats", from 1.7 (see History)
+ "stats_every_n_steps": N            # kind == "stats", N > 1 (1.6)
  "log10_edges": [...], "bins": [...] # kind == "histograms"
 }                                    # kinds "epochs", "loss", "digest": no variables/...
 ```
@@ -62,7 +64,10 @@ the ``loss`` kind (an older reader names such a tag unreadable and reads the res
 adds norms-only steps: a stats tag whose content has ``"stats_every_n_steps": N`` (N > 1) holds
 every statistic at least every N logged steps, and at the steps between only
 `columns.EVERY_STEP_STATS` (the norms and non-finite counts), its other columns NaN (an older
-reader shows those cells as without value).
+reader shows those cells as without value). 1.7 names them: a stats tag's content has
+``"every_step_stats": [...]``, the stats held at every step (`columns.every_step_stats`: the
+weight norm only beside the update norm; a 1.6 tag held every one of `columns.EVERY_STEP_STATS`
+it has, and a 1.6 reader assumes so, showing a 1.7 tag's weight norms between as without value).
 
 Version policy: the minor version grows when fields are added that old readers may ignore; the
 major version grows when old readers would misread the data, and readers refuse a newer major
@@ -92,7 +97,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gradients"
 DIGEST_PLUGIN_NAME = "gradients_digest"
-FORMAT_VERSION = (1, 6)
+FORMAT_VERSION = (1, 7)
 
 KIND_STATS = "stats"
 KIND_HISTOGRAMS = "histograms"
@@ -172,7 +177,8 @@ def _content(kind: str, name: str, layout: Optional[Layout], **extra) -> bytes:
 def stats_metadata_content(name: str, layout: Layout) -> bytes:
     # Written only when there are norms-only steps: a 1.6 tag without them is a 1.5 tag.
     cadence = {"stats_every_n_steps": layout.stats_every} if layout.stats_every > 1 else {}
-    return _content(KIND_STATS, name, layout, stats=list(layout.stats), **cadence)
+    return _content(KIND_STATS, name, layout, stats=list(layout.stats), **cadence,
+                    every_step_stats=list(layout.every_step))
 
 
 def histogram_metadata_content(name: str, layout: Layout) -> bytes:
@@ -313,6 +319,21 @@ def _parse_content(content: bytes) -> Union[PluginData, str]:
         return str(error)
 
 
+def _every_step(data: dict, stats: Tuple[str, ...]) -> Tuple[str, ...]:
+    """A stats tag's ``every_step_stats`` (format 1.7): some of its ``stats``, among them every
+    one of `columns.EVERY_STEP_STATS` that the rules judge at every step whatever the writer
+    (`columns.REQUIRED_STATS`). A 1.6 writer logged all of `columns.EVERY_STEP_STATS` there."""
+    if "every_step_stats" not in data:
+        return tuple(s for s in stats if s in columns.EVERY_STEP_STATS)
+    every_step = _unique(_strings(data, "every_step_stats"), "every_step_stats")
+    foreign = [s for s in every_step if s not in stats]
+    _require(not foreign, f"'every_step_stats' names {', '.join(foreign)}, not in 'stats'")
+    absent = [s for s in columns.REQUIRED_STATS
+              if s in columns.EVERY_STEP_STATS and s not in every_step]
+    _require(not absent, f"'every_step_stats' lacks {', '.join(absent)}")
+    return every_step
+
+
 def _validated_plugin_data(content: bytes) -> PluginData:
     if len(content) > MAX_CONTENT_BYTES:
         raise _malformed(f"{len(content)} bytes, more than the {MAX_CONTENT_BYTES} accepted")
@@ -359,7 +380,7 @@ def _validated_plugin_data(content: bytes) -> PluginData:
             kind=kind,
             name=name,
             layout=Layout(variables=variables, layers=layers, shapes=shapes, stats=stats,
-                          stats_every=stats_every),
+                          stats_every=stats_every, every_step=_every_step(data, stats)),
             format_version=version,
         )
     bins = _strings(data, "bins")

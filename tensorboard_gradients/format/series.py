@@ -61,8 +61,14 @@ class GradientSeries:
     # Every statistic is logged at least every this many rows, the rows between are norms-only
     # (`Layout.stats_every`, format 1.6; see `full_rows`).
     stats_every: int = 1
+    # Of `stat_names`, those logged at the norms-only rows too (`Layout.every_step`); None: every
+    # one of `columns.EVERY_STEP_STATS` among them (format 1.6).
+    every_step: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
+        if self.every_step is None:
+            object.__setattr__(self, "every_step", tuple(
+                s for s in self.stat_names if s in columns.EVERY_STEP_STATS))
         if self.loss is not None and not (self.loss.shape == self.loss_logged.shape
                                           == self.steps.shape):
             raise ValueError(f"{len(self.loss)} losses for {len(self.steps)} steps")
@@ -126,7 +132,7 @@ class GradientSeries:
     @property
     def full_rows(self) -> np.ndarray:
         """``bool[steps]``: the steps that hold every logged statistic, False at the norms-only
-        steps (format 1.6), which hold only `columns.EVERY_STEP_STATS`, the rest NaN.
+        steps (format 1.6), which hold only `every_step`, the rest NaN.
 
         A norms-only step is one where some variable has a gradient and none has a value in the
         marker column: ``zero_fraction`` when logged (a number for every gradient with entries),
@@ -134,7 +140,7 @@ class GradientSeries:
         cadence: a step logged by hand (`GradientMonitor.log`) holds every statistic. (Without
         ``zero_fraction``, a step at which every gradient was entirely NaN/Inf has no min or max
         either and reads as norms-only: the same NaN cells, named "not logged".)"""
-        sparse = [n for n in self.stat_names if n not in columns.EVERY_STEP_STATS]
+        sparse = [n for n in self.stat_names if n not in self.every_step]
         if not sparse:
             return np.ones(len(self.steps), dtype=bool)
         marker = "zero_fraction" if "zero_fraction" in sparse else sparse[0]
@@ -144,9 +150,9 @@ class GradientSeries:
 
     def logged_rows(self, name: str) -> np.ndarray:
         """``bool[steps]``: the steps that logged stat ``name`` (one of `available_stats`):
-        every step for `columns.EVERY_STEP_STATS` and the ratios of two of them, `full_rows`
-        for the others. Rules that need another stat judge these steps only."""
-        if columns.logged_every_step(name):
+        every step for `every_step` and the ratios of two of them, `full_rows` for the others.
+        Rules that need another stat judge these steps only."""
+        if columns.logged_every_step(name, self.every_step):
             return np.ones(len(self.steps), dtype=bool)
         return self.full_rows
 
@@ -341,4 +347,5 @@ def series_from_points(
         epoch_indices=epoch_indices,
         damaged_points=damaged,
         stats_every=layout.stats_every,
+        every_step=layout.every_step,
     )

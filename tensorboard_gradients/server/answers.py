@@ -18,7 +18,7 @@ import numpy as np
 
 from tensorboard_gradients import analysis
 from tensorboard_gradients.analysis import groups, heatmap, layers
-from tensorboard_gradients.format import inventory
+from tensorboard_gradients.format import columns, inventory
 from tensorboard_gradients.server import encoding, vocabulary
 from tensorboard_gradients.server.queries import BadRequest
 from tensorboard_gradients.server.store import (
@@ -292,7 +292,8 @@ def series_answer(source: RunSource, row: int, thresholds: analysis.Thresholds,
     """Every stat of the variable of ``row`` (``by_layer``: of the layer of that row in
     model order, combined as in the heatmap's layer rows) over the logged steps, with its
     cell classes. ``full``: per step, whether it holds every stat (False at the norms-only
-    steps of format 1.6, `GradientSeries.full_rows`; a block always does); ``stats_every``:
+    steps of format 1.6, `GradientSeries.full_rows`; a block always does); ``every_step``:
+    the stats held at the norms-only steps too (`GradientSeries.logged_rows`); ``stats_every``:
     every stat is logged at least every this many logged steps.
 
     A run of at most `FULL_RESOLUTION_STEPS` logged steps answers every step; a longer one
@@ -335,6 +336,7 @@ def series_answer(source: RunSource, row: int, thresholds: analysis.Thresholds,
         "stats": {name: encoding.floats(values) for name, values in stats.items()},
         "classes": encoding.class_names(classes),
         "full": full.tolist(),
+        "every_step": [name for name in stats if columns.logged_every_step(name, like.every_step)],
         "stats_every": like.stats_every,
         "epochs": _epochs(like),
         "downsampled": downsampled,

@@ -79,23 +79,20 @@ SEVERITY_COLORS = {"critical": "#d93025", "warning": "#f29900", "info": "#1a73e8
 def vocabulary() -> dict:
     """The JSON-ready vocabulary (a new copy on each call)::
 
-        {"stats": [{"name", "label", "scale", "group", "description", "heatmap",
-                    "every_step"}, ...],
+        {"stats": [{"name", "label", "scale", "group", "description", "heatmap"}, ...],
          "classes": [{"name", "description", "label", "fill", "hatch", "accent", "tooltip",
                       "legend", "empty", "extreme", "norm_threshold", "nonfinite"}, ...],
          "severities": [{"name", "color"}, ...],
          "thresholds": [{"name", "label", "default", "in_form", "description"}, ...]}
 
-    ``every_step``: whether the stat has a value at the norms-only steps too
-    (`columns.logged_every_step`). Each in the order of its table: `columns.STATS`,
+    Each in the order of its table: `columns.STATS`,
     `analysis.CLASSES` (later = worse), `analysis.SEVERITIES` (most urgent first),
     `analysis.PARAMETERS`.
     """
     return {
         "stats": [
             {"name": stat.name, "label": stat.label, "scale": stat.scale, "group": stat.group,
-             "description": stat.description, "heatmap": stat.heatmap,
-             "every_step": columns.logged_every_step(stat.name)}
+             "description": stat.description, "heatmap": stat.heatmap}
             for stat in columns.STATS
         ],
         "classes": [

@@ -377,9 +377,11 @@ def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GR
     return matrix, trusted
 
 
-def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS):
+def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS,
+                          every_step=columns.EVERY_STEP_STATS):
     """A norms-only step's `statistics_matrix` (format 1.6; same arguments and columns, only
-    `columns.EVERY_STEP_STATS` not NaN) over ``ops``, on the device, inside a traced step too:
+    ``every_step`` not NaN: the tag's `columns.every_step_stats`, the weight norms computed only
+    when named there) over ``ops``, on the device, inside a traced step too:
     ONE pass per gradient (its sum of squares) where the other steps take three, trusted as
     `norms_only_matrix` trusts a norm (finite: no NaN or Inf entry; a square sum of at least
     ``n * tiny / u``: no square lost to underflow). A step with any norm not trusted (rare) takes
@@ -394,8 +396,9 @@ def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns
         squares = ops.stack([nan if g is None else squares[next(found)] for g in gradients])
     least_sums = sizes * ops.constant(_least_square(numpy_float(dtype)), like)
     trusted = ops.all(ops.isnan(sizes) | (ops.isfinite(squares) & (squares >= least_sums)))
-    weight_norms = ops.sqrt(ops.square_sums(weights)) if weights else None
-    names = columns.stats_for(weight_norms is not None, False, gradient_stats)
+    names = columns.stats_for(weights is not None, False, gradient_stats)
+    weight_norms = (ops.sqrt(ops.square_sums(weights))
+                    if weights and "weight_l2_norm" in every_step else None)
 
     def from_norms():
         zeros = sizes * ops.constant(0, like)  # NaN for a missing gradient, as every column
@@ -406,22 +409,24 @@ def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns
         return ops.stack([known.get(name, sizes * nan) for name in names], axis=1)
 
     def masked():
+        computed = columns.stats_for(weight_norms is not None, False, gradient_stats)
         return norms_only_columns(ops, statistics_from_reductions(
             ops, masked_reduction_matrix(ops, gradients, dtype), sizes, weight_norms,
-            gradient_stats), names, names)
+            gradient_stats), computed, names, every_step)
 
     return ops.cond(trusted, from_norms, masked)
 
 
-def norms_only_columns(ops, matrix, computed, wanted):
+def norms_only_columns(ops, matrix, computed, wanted, every_step=columns.EVERY_STEP_STATS):
     """A norms-only step's ``[variables, wanted]`` matrix (format 1.6) from a ``matrix`` of the
     stats ``computed`` (names; the cheapest set a writer computes that step, e.g. the
-    `columns.REQUIRED_STATS`): each of `columns.EVERY_STEP_STATS` in ``wanted`` from its
-    column, every other one NaN. Over ``ops``: inside a traced step too."""
+    `columns.REQUIRED_STATS`): each of ``every_step`` (the tag's `columns.every_step_stats`)
+    in ``wanted`` from its column, every other one NaN. Over ``ops``: inside a traced step
+    too."""
     first = matrix[:, 0]
     nan = first * ops.constant(np.nan, first)  # a NaN column in any array library
     return ops.stack([
-        matrix[:, list(computed).index(name)] if name in columns.EVERY_STEP_STATS else nan
+        matrix[:, list(computed).index(name)] if name in every_step else nan
         for name in wanted], axis=1)
 
 
