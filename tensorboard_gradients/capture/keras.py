@@ -171,8 +171,9 @@ class GradientMonitor(keras.callbacks.Callback):
         Histograms cost more than the statistics; see ``benchmarks/RESULTS.md``.
       stats_every_n_steps: log every statistic at every N-th logged step (the first, then every
         N-th), and at the logged steps between only the norms and NaN/Inf counts
-        (`columns.EVERY_STEP_STATS`: what the spike, exploding, vanishing, NaN and
-        early-warning rules judge every step). 1: every statistic at every logged step.
+        (`columns.every_step_stats`: what the spike, exploding, vanishing, NaN and
+        early-warning rules judge every step; the weight norm with the update only). 1: every
+        statistic at every logged step.
       name: summary name = tag (``gradients``); use different names for several monitors.
       include: regex or list of regexes; only trainable variables whose path (as shown in
         TensorBoard, e.g. ``dense_3/kernel``, or Keras ``var.path``) matches one are logged.

@@ -129,8 +129,9 @@ def gradient_monitor(log_dir, every_n_steps=1, histograms_every_n_steps=None,
         Adam's RMS) are logged too (see above); None: the updates pass through unchanged.
       stats_every_n_steps: every statistic at the logged steps s with ``(s // every_n_steps)
         % stats_every_n_steps == 0`` (the first, then every N-th logged step), the norms and
-        NaN/Inf counts only between (`columns.EVERY_STEP_STATS`: one pass over each gradient;
-        the other columns NaN, in the state too); 1: every statistic at every logged step.
+        NaN/Inf counts only between (`columns.every_step_stats`: one pass over each gradient,
+        the weights' too with the update; the other columns NaN, in the state too); 1: every
+        statistic at every logged step.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `GradientMonitorState`.
