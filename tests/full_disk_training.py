@@ -27,7 +27,9 @@ def disk(step, settle=lambda: None):
     """Fills the disk at FULL_FROM (no file may grow past its current size) and frees it at
     FULL_UNTIL. Called before each training step with its 1-based number. ``settle`` writes
     what the writer's background thread still holds first: the steps before FULL_FROM are on
-    disk, and their file exists, before its size is taken."""
+    disk, and their file exists, before its size is taken; the steps logged while the disk is
+    full are tried on it before it is freed (the thread writes in batches, every 50 ms: a loop
+    this fast would otherwise be past FULL_UNTIL before the thread tried them)."""
     if step == FULL_FROM:
         settle()
         # Every file this process writes is under LOGDIR: the largest is the monitor's.
@@ -35,6 +37,7 @@ def disk(step, settle=lambda: None):
         limit = max(sizes) + 100  # room for part of a record, not a whole one: a torn write
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     if step == FULL_UNTIL:
+        settle()
         resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
@@ -104,7 +107,7 @@ else:
 
     class Disk(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            disk(batch + 1)
+            disk(batch + 1, lambda: monitor._writer.flush())  # private: no flush of its own
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="tanh"),

@@ -106,6 +106,26 @@ def test_strict_writes_on_the_calling_thread(tmp_path, monkeypatch):
     assert threads and set(threads) == {threading.main_thread()}
 
 
+def test_the_thread_runs_jobs_in_batches_and_at_once_for_a_caller_that_waits(monkeypatch):
+    """Not a thread switch per job (per training step): the thread runs the queued jobs every
+    `BATCH_SECONDS`, at once when a caller waits for them or the queue is half full."""
+    monkeypatch.setattr(write_queue, "BATCH_SECONDS", 60.0)
+    queue = write_queue.WriteQueue(limit=10)
+    done = []
+    for index in range(3):
+        queue.submit(lambda index=index: done.append(index))
+    threading.Event().wait(0.2)
+    assert done == []  # the next batch is a minute away
+    waiting = threading.Thread(target=queue.wait)
+    waiting.start()
+    waiting.join(timeout=30)  # a hang guard: a waiting caller must not wait for the batch
+    assert not waiting.is_alive() and done == [0, 1, 2]
+    half_full = threading.Event()
+    for index in range(3, 8):
+        queue.submit(lambda index=index: done.append(index) or (index == 7 and half_full.set()))
+    assert half_full.wait(timeout=30) and done == list(range(8))
+
+
 def test_the_queue_runs_jobs_in_order_survives_a_failing_one_and_frees_its_thread(monkeypatch,
                                                                                  caplog):
     monkeypatch.setattr(write_queue, "IDLE_SECONDS", 0.01)

@@ -19,7 +19,8 @@ refused at `close` are dropped, counted and reported like those a full disk refu
 
 Off the training thread: a write checks its arguments and returns; building the step's events,
 writing them and feeding the digest and the alert judgement happen in order on the writer's
-background thread (`write_queue.WriteQueue`). Its queue holds `QUEUE_LENGTH` writes: a loop that
+background thread (`write_queue.WriteQueue`, every 50 ms the writes queued meanwhile). Its queue
+holds `QUEUE_LENGTH` writes: a loop that
 logs faster than they run waits for them, a little each time; when the disk stalls, a write is not
 waited for but dropped, counted and reported like a step a full disk refused. `flush`, `close` and
 `alerts(wait=True)` first wait for the queued writes; with ``strict=True`` (an error must reach the
