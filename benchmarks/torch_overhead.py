@@ -11,6 +11,8 @@ interleaved round by round in one process, so machine noise hits them alike:
   ours_norms      stats=("l2_norm",) every step: the required stats only (norm, min, max, max
                   |g|, NaN/Inf counts), three passes per gradient instead of six (two kernels
                   in PyTorch: a multi-tensor norm and aminmax), no weight norms
+  ours_l2_cadence stats=("l2_norm",) at the default cadence: the norms every step, the required
+                  stats every 10th logged step
   floor           one multi-tensor norm of the gradients and one host copy of the norms: the
                   least any per-tensor statistic costs
   ours_sync       every statistic, every step, with strict=True: the events written on the
@@ -130,6 +132,7 @@ VARIANTS = {
     "ours": monitor(),
     "ours_all": monitor(**EVERY_STEP),
     "ours_norms": monitor(stats=("l2_norm",), **EVERY_STEP),
+    "ours_l2_cadence": monitor(stats=("l2_norm",)),
     "floor": floor,
     "ours_sync": monitor(strict=True, **EVERY_STEP),
     "ours_optimizer": monitor(optimizer=True),
@@ -209,6 +212,7 @@ def render(result):
         "ours": "ours, defaults (norms every step, all stats every 10th, histograms every 100th)",
         "ours_all": "ours, every statistic every step",
         "ours_norms": "ours, `stats=(\"l2_norm\",)` every step",
+        "ours_l2_cadence": "ours, `stats=(\"l2_norm\",)`, the default cadence",
         "floor": "one multi-tensor norm + one host copy (the floor)",
         "ours_sync": "ours, every statistic every step, written on the training thread",
         "ours_optimizer": "ours, defaults + `optimizer=`",
