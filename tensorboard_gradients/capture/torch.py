@@ -434,25 +434,27 @@ class GradientMonitor:
         return self._writer
 
     def _entries(self):
-        """Per parameter None (no gradient) or (present values, dense size) in one dtype."""
+        """Per parameter None (no gradient) or (present values, dense size), in one dtype on
+        the first gradient's device (a model split over devices is reduced there); the dtype."""
         gradients = [p.grad for _, p in self._parameters]
         scale = self._distribution.loss_scale()
         if scale:
             gradients = [None if g is None else g / scale for g in gradients]
-        self._missing.warn([n for (n, _), g in zip(self._parameters, gradients) if g is None])
         present = [g for g in gradients if g is not None]
+        if len(present) < len(gradients):
+            self._missing.warn([n for (n, _), g in zip(self._parameters, gradients) if g is None])
         if not present:
             return None, None
-        dtype = TorchOps.computation_dtype([g.dtype for g in present])
+        dtype, device = TorchOps.computation_dtype([g.dtype for g in present]), present[0].device
         entries = []
         for gradient, size in zip(gradients, self._sizes):
             if gradient is None:
                 entries.append(None)
             elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
                 values = gradient.coalesce().values()
-                entries.append((values.reshape(-1), int(size)))
+                entries.append((on_device(values.reshape(-1), device, dtype), int(size)))
             else:
-                entries.append((gradient, gradient.numel()))
+                entries.append((on_device(gradient, device, dtype), gradient.numel()))
         return entries, dtype
 
     def _log_pieces(self, step, stats_due, histograms_due, extras):
@@ -485,10 +487,7 @@ class GradientMonitor:
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
             return False
-        device = next(e[0].device for e in entries if e is not None)  # a split model's first
-        entries = [None if e is None else (on_device(e[0], device, dtype), e[1])
-                   for e in entries]
-        ops = ops_for(device)
+        ops = ops_for(next(e[0].device for e in entries if e is not None))
         counts = (statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
                   if histograms_due else None)
         stats = None
