@@ -150,13 +150,18 @@ def every_step_stats(stats: Sequence[str]) -> Tuple[str, ...]:
     norm. The update/weight ratio (the update-ratio and loss-spike rules) is the only reader of
     the weight norm that judges every step, and without the update it has nothing to divide;
     the weights are as large as the gradients, so their norm is half of a norms-only step's
-    work (benchmarks/NOTES.md, "The weight norms at the full steps"). Format 1.6 tags logged
-    every one of `EVERY_STEP_STATS` they hold (`metadata.parse_plugin_data` reads them so)."""
-    return tuple(s for s in stats if s in EVERY_STEP_STATS
-                 and (s != "weight_l2_norm" or "update_l2_norm" in stats))
+    work (benchmarks/NOTES.md, "The weight norms at the full steps; writes in batches")."""
+    return tuple(s for s in every_step_stats_1_6(stats)
+                 if s != "weight_l2_norm" or "update_l2_norm" in stats)
 
 
-def logged_every_step(name: str, every_step: Sequence[str] = EVERY_STEP_STATS) -> bool:
+def every_step_stats_1_6(stats: Sequence[str]) -> Tuple[str, ...]:
+    """What a format 1.6 tag of ``stats`` held at its norms-only steps (its metadata does not
+    say): every one of `EVERY_STEP_STATS` it has."""
+    return tuple(s for s in stats if s in EVERY_STEP_STATS)
+
+
+def logged_every_step(name: str, every_step: Sequence[str]) -> bool:
     """Whether stat ``name`` has a value at the norms-only steps too: one of ``every_step``
     (a tag's `every_step_stats`), or a ratio of two of them (update/weight)."""
     return all(n in every_step for n in DERIVED_STATS.get(name, (name,)))

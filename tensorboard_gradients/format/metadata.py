@@ -324,7 +324,7 @@ def _every_step(data: dict, stats: Tuple[str, ...]) -> Tuple[str, ...]:
     one of `columns.EVERY_STEP_STATS` that the rules judge at every step whatever the writer
     (`columns.REQUIRED_STATS`). A 1.6 writer logged all of `columns.EVERY_STEP_STATS` there."""
     if "every_step_stats" not in data:
-        return tuple(s for s in stats if s in columns.EVERY_STEP_STATS)
+        return columns.every_step_stats_1_6(stats)
     every_step = _unique(_strings(data, "every_step_stats"), "every_step_stats")
     foreign = [s for s in every_step if s not in stats]
     _require(not foreign, f"'every_step_stats' names {', '.join(foreign)}, not in 'stats'")

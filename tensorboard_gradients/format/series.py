@@ -67,8 +67,7 @@ class GradientSeries:
 
     def __post_init__(self):
         if self.every_step is None:
-            object.__setattr__(self, "every_step", tuple(
-                s for s in self.stat_names if s in columns.EVERY_STEP_STATS))
+            object.__setattr__(self, "every_step", columns.every_step_stats_1_6(self.stat_names))
         if self.loss is not None and not (self.loss.shape == self.loss_logged.shape
                                           == self.steps.shape):
             raise ValueError(f"{len(self.loss)} losses for {len(self.steps)} steps")

@@ -31,7 +31,8 @@ IDLE_SECONDS = 1.0
 # How often the thread runs the jobs queued meanwhile (seconds), unless the queue is half full or
 # a caller waits for them: woken at every job, the thread took 0.30 ms of CPU per training step
 # of the PyTorch benchmark (a thread switch and cold caches each time, on a core the training
-# uses), against 0.06 ms per job run back to back (benchmarks/NOTES.md, "Writes in batches").
+# uses), against 0.06 ms per job run back to back (benchmarks/NOTES.md, "The weight norms at the
+# full steps; writes in batches").
 # Far below what a reader notices: TensorBoard reloads every 5 s at the most.
 BATCH_SECONDS = 0.05
 
