@@ -319,7 +319,7 @@ class GradientWriter:
         """The `analysis.Alert`s judged since the last call, in the order judged (each
         judgement's most urgent first): findings not returned before, or grown more urgent.
         Judged in the background as steps are written (see `alert_feed`): an alert raised at
-        a step is here once the next step is written.
+        a step is here once the next step is written (the thread writes every 50 ms).
         ``wait``: judge every step written before the last one first; after `close`, every
         step written is judged first."""
         if wait or self._closed:
