@@ -106,11 +106,11 @@ def test_strict_writes_on_the_calling_thread(tmp_path, monkeypatch):
     assert threads and set(threads) == {threading.main_thread()}
 
 
-def test_the_thread_runs_jobs_in_batches_and_at_once_for_a_caller_that_waits(monkeypatch):
+def test_the_thread_runs_jobs_in_batches_and_at_once_for_a_caller_that_waits():
     """Not a thread switch per job (per training step): the thread runs the queued jobs every
     `BATCH_SECONDS`, at once when a caller waits for them or the queue is half full."""
-    monkeypatch.setattr(write_queue, "BATCH_SECONDS", 60.0)
-    queue = write_queue.WriteQueue(limit=10)
+    # Its own name: the other tests look for idle writers' threads, and this one sleeps a minute.
+    queue = write_queue.WriteQueue(limit=10, name="batches test", batch_seconds=60.0)
     done = []
     for index in range(3):
         queue.submit(lambda index=index: done.append(index))

@@ -477,9 +477,10 @@ class GradientMonitor:
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
             if not full:
-                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, *(
-                    columns.stats_for(weights, False, self._gradient_stats)
-                    for weights in (weights_due, self._logs_weights)), every_step)
+                computed = columns.stats_for(weights_due, False, self._gradient_stats)
+                logged = columns.stats_for(self._logs_weights, False, self._gradient_stats)
+                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, computed,
+                                                      logged, every_step)
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):

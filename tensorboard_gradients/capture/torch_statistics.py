@@ -56,13 +56,13 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
             statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
 
 
-def norms_only_matrix(ops, entries, dtype, gradient_stats, weights=None, gradient_norms=None,
-                      every_step=columns.EVERY_STEP_STATS):
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, gradient_norms, every_step):
     """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`, the
-    ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN: the weights' norms are
-    computed only when named there. ``gradient_norms``: per entry its L2 norm when already
-    computed (the clip's pass, `torch_clip.tensor_norms`), used when every present one is there
-    in ``dtype``."""
+    ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN. ``weights``: the
+    parameters when the tag has the weight norm (their norms computed only when ``every_step``
+    names it), else None. ``gradient_norms``: per entry its L2 norm when already computed (the
+    clip's pass, `torch_clip.tensor_norms`; else None), used when every present one is there in
+    ``dtype``."""
     device = ops.device
     present = [entry[0] for entry in entries if entry is not None]
     given = ([n for n, entry in zip(gradient_norms, entries) if entry is not None]

@@ -19,6 +19,7 @@ import atexit
 import collections
 import logging
 import threading
+import time
 import weakref
 from typing import Callable, Optional
 
@@ -51,20 +52,23 @@ class WriteQueue:
     Args:
       limit: the most jobs waiting at once; `submit` refuses more.
       name: the thread's name (shown by debuggers and ``threading.enumerate()``).
+      batch_seconds: how often the thread runs the jobs queued meanwhile (`BATCH_SECONDS`).
     """
 
-    def __init__(self, limit: int, name: str = "tensorboard-gradients writer"):
+    def __init__(self, limit: int, name: str = "tensorboard-gradients writer",
+                 batch_seconds: float = BATCH_SECONDS):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self._limit = limit
         self._name = name
+        self._batch_seconds = batch_seconds
         self._jobs = collections.deque()
         self._condition = threading.Condition()
         self._thread = None
         self._submitted = 0  # jobs submitted so far; a job's number is its ticket
         self._done = 0  # jobs run so far (in order: every ticket up to it has run)
         self._stuck = False  # a full queue did not move for PATIENCE_SECONDS
-        self._waiting = 0  # callers of `wait` and of a full `submit`: the thread runs at once
+        self._callers_waiting = 0  # in `wait` or a full `submit`: the thread runs the jobs now
 
     def submit(self, job: Callable[[], None]) -> Optional[int]:
         """Queues ``job``; returns its ticket, or None (not queued) when the queue is stuck full
@@ -73,11 +77,11 @@ class WriteQueue:
             if self._stuck and len(self._jobs) <= self._limit // 2:
                 self._stuck = False
             if len(self._jobs) >= self._limit and not self._stuck:
-                self._waiting += 1
+                self._callers_waiting += 1
                 self._condition.notify_all()
                 self._condition.wait_for(lambda: len(self._jobs) < self._limit,
                                          PATIENCE_SECONDS)
-                self._waiting -= 1
+                self._callers_waiting -= 1
                 self._stuck = len(self._jobs) >= self._limit
             if self._stuck:
                 return None
@@ -95,11 +99,11 @@ class WriteQueue:
         """Returns once job ``ticket`` (default: every job submitted so far) has run."""
         with self._condition:
             target = self._submitted if ticket is None else ticket
-            self._waiting += 1
+            self._callers_waiting += 1
             self._condition.notify_all()
             while self._done < target:
                 self._condition.wait()
-            self._waiting -= 1
+            self._callers_waiting -= 1
 
     @property
     def waiting(self) -> int:
@@ -109,27 +113,28 @@ class WriteQueue:
 
     def _urgent(self) -> bool:
         """Whether the thread should run the queued jobs now, not at its next batch."""
-        return self._waiting > 0 or len(self._jobs) >= self._limit // 2
+        return self._callers_waiting > 0 or len(self._jobs) >= self._limit // 2
 
     def _run(self):
-        idle, draining = 0.0, False
+        last_job, draining = time.monotonic(), False
         while True:
             with self._condition:
-                if not (draining or self._urgent()):  # the jobs of BATCH_SECONDS, run together
-                    self._condition.wait(BATCH_SECONDS)
+                # The jobs of BATCH_SECONDS run together; with none queued the thread waits
+                # whatever a caller does (no spinning while a satisfied `wait` returns).
+                if not (draining or self._jobs and self._urgent()):
+                    self._condition.wait(self._batch_seconds)
                 draining = bool(self._jobs)
                 if not draining:
-                    idle += BATCH_SECONDS
-                    if idle >= IDLE_SECONDS:
+                    if time.monotonic() - last_job >= IDLE_SECONDS:
                         self._thread = None  # the next submit starts another
                         return
                     continue
-                idle = 0.0
                 job = self._jobs[0]
             try:
                 job()
             except Exception:  # a bug in a job must not end the thread and strand the others
                 logger.exception("tensorboard-gradients: a write failed")
+            last_job = time.monotonic()
             with self._condition:
                 self._jobs.popleft()
                 self._done += 1

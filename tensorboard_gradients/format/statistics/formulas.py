@@ -417,7 +417,7 @@ def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns
     return ops.cond(trusted, from_norms, masked)
 
 
-def norms_only_columns(ops, matrix, computed, wanted, every_step=columns.EVERY_STEP_STATS):
+def norms_only_columns(ops, matrix, computed, wanted, every_step):
     """A norms-only step's ``[variables, wanted]`` matrix (format 1.6) from a ``matrix`` of the
     stats ``computed`` (names; the cheapest set a writer computes that step, e.g. the
     `columns.REQUIRED_STATS`): each of ``every_step`` (the tag's `columns.every_step_stats`)
