@@ -57,6 +57,25 @@ def buffer_capacity(steps_per_execution, every_n_steps):
     return RECORDED_STEPS_PER_READ + math.ceil(steps_per_execution / every_n_steps) + 1
 
 
+def _branch(condition, if_true, if_false):
+    """``tf.cond(condition, if_true, if_false)``, or ``if_true()`` alone where ``condition`` is
+    the constant True (every step logged; every logged step full).
+
+    Not a formality: the optimizer's update of a weight waits for every op that reads it before
+    (TensorFlow's automatic control dependencies), and to them a cond is one op. A logged step
+    reads the weights in a cond, so the whole step's updates waited for all its gradients and
+    every statistic of the cond (benchmarks/NOTES.md, "the Keras recorder's cond").
+    """
+    if condition is True:
+        return if_true()
+    return tf.cond(condition, if_true, if_false)
+
+
+def _when(condition, record):
+    """Runs ``record`` in the traced step where ``condition`` holds (`_branch`)."""
+    _branch(condition, record, lambda: tf.constant(False))
+
+
 def _rows(variable):
     return variable.shape[0] if len(variable.shape) else None
 
@@ -191,12 +210,12 @@ class StepRecorder(Recorder):
                 self._stats[slot, :, column].assign(tf.sqrt(squares))
             if self.records_adam:  # Adam's RMS is not a norm: NaN at norms-only steps
                 self._stats[slot, :, columns.position(self.stat_names, "adam_rms")].assign(
-                    tf.cond(full, lambda: self._adam_rms(grads, variables),
+                    _branch(full, lambda: self._adam_rms(grads, variables),
                             lambda: tf.fill([len(self.watched)], tf.constant(math.nan,
                                                                              self.dtype))))
             return tf.constant(True)
 
-        tf.cond(logged, store, lambda: tf.constant(False))
+        _when(logged, store)
 
     def _adam_rms(self, grads, variables):
         inner = self._inner
@@ -241,15 +260,15 @@ class StepRecorder(Recorder):
         if self.records_updates:
             self._update_squares.assign(tf.zeros_like(self._update_squares))
 
-        logged = tf.equal(completed % self._every, 0)
-        full = self.full_step(completed)
+        logged = True if self._every == 1 else tf.equal(completed % self._every, 0)
+        full = True if self._stats_every == 1 else self.full_step(completed)
         slot = (completed // self._every) % self._stats.shape[0]
 
         def record_stats():
             ops = tensorflow_ops.TensorFlowOps
             entries, weights, dtype = tensorflow_ops.statistics_arguments(
                 watched_grads, self.watched, self.logs_weights)
-            stats = tf.cast(tf.cond(
+            stats = tf.cast(_branch(
                 full, lambda: self.step_statistics(ops, entries, weights, dtype, True),
                 lambda: self.step_statistics(ops, entries, weights, dtype, False)), self.dtype)
             after = int(self.records_updates) + int(self.records_adam)
@@ -260,7 +279,7 @@ class StepRecorder(Recorder):
             self._set_row(self._stat_steps, slot, completed + 1)
             return tf.constant(True)
 
-        tf.cond(logged, record_stats, lambda: tf.constant(False))
+        _when(logged, record_stats)
         if self._histogram_every:
 
             def record_histograms():

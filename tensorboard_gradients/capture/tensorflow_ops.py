@@ -79,7 +79,9 @@ class TensorFlowOps(statistics.ArrayOps):
 
     @staticmethod
     def square_sums(arrays):
-        return tf.stack([_fused_square_sum(a) for a in arrays])
+        # One doubling of the stacked halves, not one per array: the same values (times 2 is
+        # exact), one graph op instead of one per variable in every traced step.
+        return 2 * tf.stack([tf.nn.l2_loss(a) for a in arrays])
 
 
 def variable_name(variable):
