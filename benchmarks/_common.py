@@ -246,18 +246,28 @@ def run_alone(args, full, collect, render, **collect_options):
 # summary_overhead.py and torch_overhead.py: variants of one training step, timed per batch size.
 
 
+def rotated(items, round_index):
+    """``items`` (a sequence of variants) in this round's order: each round starts one later,
+    so no variant always runs first (after the previous round's last one) or last. With a
+    fixed order the plain step, timed first, read slower than the one-pass floor, which does
+    more (2026-12-06: floor/none 0.93x at the median of 15 rounds)."""
+    items = list(items)
+    start = round_index % len(items)
+    return items[start:] + items[:start]
+
+
 def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3,
                            synchronize=lambda: None):
     """{name: [seconds per step of each round]} of ``trainers`` ({name: one training step}),
-    each warmed up, then timed round by round in turn, so machine noise hits them alike.
-    ``synchronize`` waits for the work queued on an accelerator (``torch.cuda.synchronize``):
-    called before and after each timed round."""
+    each warmed up, then timed round by round in turn (`rotated`), so machine noise hits them
+    alike. ``synchronize`` waits for the work queued on an accelerator
+    (``torch.cuda.synchronize``): called before and after each timed round."""
     for train_step in trainers.values():
         for _ in range(warmup_steps):
             train_step()
     times = {name: [] for name in trainers}
-    for _ in range(rounds):
-        for name, train_step in trainers.items():
+    for round_index in range(rounds):
+        for name, train_step in rotated(trainers.items(), round_index):
             synchronize()
             start = time.perf_counter()
             for _ in range(steps_per_round):

@@ -21,7 +21,7 @@ variant that happens to be timed first.
 
 Usage::
 
-    python benchmarks/keras_overhead.py [--quick] [--steps 60] [--rounds 3] [--models relu_mlp,mlp,cnn,lstm]
+    python benchmarks/keras_overhead.py [--quick] [--steps 60] [--rounds 7] [--models relu_mlp,mlp,cnn,lstm]
 """
 
 import argparse
@@ -207,7 +207,7 @@ def measure(model_name, steps, rounds, log_root):
     per_round = {v: [] for v in VARIANTS}
     timed = batch * steps
     for round_index in range(rounds):
-        for variant, model in models.items():
+        for variant, model in _common.rotated(models.items(), round_index):
             timer = StepTimer()
             log_dir = os.path.join(log_root, f"{model_name}_{variant}_{round_index}")
             model.fit(x[:timed], y[:timed], batch_size=batch, epochs=1, verbose=0,

@@ -195,8 +195,8 @@ def step_times(settings, batch, rank, log_dir):
         for _ in range(3):
             train_step()
     times = {variant: [] for variant in trainers}
-    for _ in range(settings["rounds"]):
-        for variant, train_step in trainers.items():
+    for round_index in range(settings["rounds"]):
+        for variant, train_step in _common.rotated(trainers.items(), round_index):
             torch.distributed.barrier()
             start = time.perf_counter()
             for _ in range(settings["steps_per_round"]):

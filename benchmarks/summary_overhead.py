@@ -111,8 +111,8 @@ def measure(width, batch, features, rounds, steps_per_round):
         for _ in range(3):
             fn(x, y, counter).numpy()
     times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, fn in steps.items():
+    for round_index in range(rounds):
+        for name, fn in _common.rotated(steps.items(), round_index):
             start = time.perf_counter()
             for _ in range(steps_per_round):
                 loss = fn(x, y, counter)

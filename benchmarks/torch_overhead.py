@@ -50,7 +50,7 @@ from tensorboard_gradients.torch import GradientMonitor
 import _common
 
 LAYERS = 14
-FULL = dict(batch=(256, 1024), width=256, features=64, rounds=15, steps_per_round=20,
+FULL = dict(batch=(256, 1024), width=256, features=64, rounds=25, steps_per_round=20,
             device="cpu")
 QUICK = dict(FULL, batch=(256,), rounds=5, steps_per_round=10)
 

@@ -269,7 +269,7 @@ def keras_depth(depth, rounds, steps, log_root):
                 "monitor_defaults": GradientMonitor(f"{log_root}/keras_{depth}_defaults")}
     times = {name: [] for name in models}
     for round_index in range(rounds + 1):  # the first round traces: not timed
-        for name, model in models.items():
+        for name, model in _common.rotated(models.items(), round_index):
             timer = StepTimer()
             callbacks = [monitors[name]] if name in monitors else []
             model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=callbacks + [timer])
