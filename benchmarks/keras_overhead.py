@@ -216,7 +216,6 @@ def measure(model_name, steps, rounds, log_root):
     return {
         "model": model_name,
         "description": DESCRIPTIONS[model_name],
-        "batch": batch,
         "parameters": models["none"].count_params(),
         "variables": len(models["none"].trainable_variables),
         "seconds": {v: float(np.median(t)) for v, t in per_round.items()},
@@ -241,7 +240,8 @@ def collect(settings):
 def render(result):
     c = result["config"]
     intro = (
-        f"Adam, batch {c['batch']} unless the model says otherwise, default `jit_compile` (off on CPU), TF devices: "
+        f"Adam, batch {c['batch']} unless the model says otherwise, default `jit_compile` (off "
+        f"on CPU), TF devices: "
         f"{', '.join(c['tf_devices'])}; per variant {c['rounds']} round(s) of {c['steps']} steps, "
         f"interleaved; step time = median time between consecutive `on_train_batch_end` calls "
         f"after {c['warmup_steps']} warm-up steps, the median over the rounds. Step time in ms "

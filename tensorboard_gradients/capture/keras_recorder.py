@@ -292,11 +292,8 @@ class StepRecorder(Recorder):
                 self._set_row(self._histogram_steps, slot, completed + 1)
                 return tf.constant(True)
 
-            tf.cond(
-                tf.equal(completed % self._histogram_every, 0),
-                record_histograms,
-                lambda: tf.constant(False),
-            )
+            _when(self._histogram_every == 1 or tf.equal(completed % self._histogram_every, 0),
+                  record_histograms)
         self._completed.assign_add(1)
         if self.records_updates or self.records_adam:
             return logged, full, slot, grads, variables
