@@ -111,8 +111,7 @@ __all__ = ["GradientMonitor"]
 _FULL, _NORMS = "all", "norms"
 
 
-def _detached(loss):
-    """A loss tensor without its graph (its value is all the writer takes), else as given."""
+def _detached(loss):  # a loss tensor's value is all the writer takes
     return loss.detach() if isinstance(loss, torch.Tensor) else loss
 
 
@@ -498,7 +497,7 @@ class GradientMonitor:
                                                   weights) if stats_due == _FULL
                      else torch_statistics.norms_only_matrix(
                          ops, entries, dtype, self._gradient_stats, weights,
-                         self._clip and self._clip.norms, self._layout.every_step))
+                         self._clip and self._clip.logged_norms, self._layout.every_step))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):
@@ -557,8 +556,9 @@ class GradientMonitor:
 
     @staticmethod
     def _scalars(layout, stats, total_norm, scaler, clip):
-        norms = stats[:, columns.position(layout.stats, "l2_norm")]
-        scalars = {"global_norm": float(np.sqrt(np.nansum(norms.astype(np.float64) ** 2)))}
+        norms = stats[:, columns.position(layout.stats, "l2_norm")].astype(np.float64)
+        norms = norms[~np.isnan(norms)]  # missing gradients (a dot: 1/4 of nansum's time)
+        scalars = {"global_norm": float(np.sqrt(norms @ norms))}
         if clip is not None:
             scalars.update(clip.scalars(scalars["global_norm"]))
         if total_norm is not None:

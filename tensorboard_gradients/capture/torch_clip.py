@@ -58,16 +58,18 @@ def clip_grad_norm_(model, parameters, max_norm: float, norm_type: float,
 
 
 def tensor_norms(gradients, norm_type: float, foreach):
-    """``(total norm, per-gradient norms)`` of ``gradients`` (plain tensors), computed exactly as
-    ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device and dtype,
-    the same multi-tensor (or per-tensor) norms, stacked in the same order. Raises
-    RuntimeError as it does for ``foreach=True`` where the device has no multi-tensor kernels."""
+    """``(total norm, norms, positions, groups)`` of ``gradients`` (plain tensors), computed
+    exactly as ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device
+    and dtype (``groups`` of them), the same multi-tensor (or per-tensor) norms, stacked in the
+    same order into ``norms`` (the vector whose norm is the total, on the first gradient's
+    device, in the groups' promoted dtype); ``positions[i]`` is gradient i's place in it. Raises RuntimeError as it does for ``foreach=True`` where the
+    device has no multi-tensor kernels."""
     if not gradients:
-        return torch.tensor(0.0), []
+        return torch.tensor(0.0), torch.zeros(0), [], 0
     first_device = gradients[0].device
     norms, order = [], []
-    for (device, _), ([tensors], indices) in _group_tensors_by_device_and_dtype(
-            [gradients], with_indices=True).items():
+    groups = _group_tensors_by_device_and_dtype([gradients], with_indices=True)
+    for (device, _), ([tensors], indices) in groups.items():
         if (foreach is None and _has_foreach_support(tensors, device)) or (
                 foreach and _device_has_foreach_support(device)):
             norms.extend(torch._foreach_norm(tensors, norm_type))
@@ -77,11 +79,11 @@ def tensor_norms(gradients, norm_type: float, foreach):
         else:
             norms.extend([torch.linalg.vector_norm(g, norm_type) for g in tensors])
         order.extend(indices)
-    total = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), norm_type)
-    by_position = [None] * len(gradients)
-    for position, norm in zip(order, norms):
-        by_position[position] = norm
-    return total, by_position
+    stacked = torch.stack([n.to(first_device) for n in norms])
+    positions = [0] * len(gradients)
+    for place, gradient_index in enumerate(order):
+        positions[gradient_index] = place
+    return torch.linalg.vector_norm(stacked, norm_type), stacked, positions, len(groups)
 
 
 def host_norm(total_norm) -> float:
@@ -110,13 +112,15 @@ def clip_scalars(total_norm, max_norm: float) -> dict:
 @dataclasses.dataclass
 class PendingClip:
     """A clip whose step `GradientMonitor` is logging (`GradientMonitor.clip_and_log`): the
-    per-tensor norms of its pass, which a norms-only step logs (per watched parameter, None
-    without a gradient), and its scaling of the ``clipped`` parameters' gradients, run once
-    (`run`) as soon as the step's gradients are read, before the write: so they are logged as
-    the model produced them, and scaled while still in the cache. ``refused``: the total is
-    not finite and ``error_if_nonfinite`` asked to raise instead of scaling."""
+    per-tensor norms of its pass, which a norms-only step logs (``norms``, the vector PyTorch's
+    total is the norm of; ``watched``: per watched parameter its place in it, None without a
+    gradient), and its scaling of the ``clipped`` parameters' gradients, run once (`run`) as
+    soon as the step's gradients are read, before the write: so they are logged as the model
+    produced them, and scaled while still in the cache. ``refused``: the total is not finite
+    and ``error_if_nonfinite`` asked to raise instead of scaling."""
 
-    norms: list
+    norms: Optional[torch.Tensor]
+    watched: Optional[list]  # None: the norms are not the monitor's (`shared`)
     clipped: list
     max_norm: float
     total: torch.Tensor
@@ -136,10 +140,19 @@ class PendingClip:
         clipped = [p for p in parameters if p.grad is not None]
         if norm_type != 2.0 or any(p.grad.is_sparse for p in clipped):
             return None
-        total, norms = tensor_norms([p.grad for p in clipped], norm_type, foreach)
-        by_parameter = {id(p): norm for p, norm in zip(clipped, norms)}
-        return cls([by_parameter.get(id(p)) for _, p in watched], clipped, max_norm, total,
-                   foreach, error_if_nonfinite and not bool(torch.isfinite(total)), clipped_norm)
+        total, norms, positions, groups = tensor_norms([p.grad for p in clipped], norm_type,
+                                                       foreach)
+        place = {id(p): position for p, position in zip(clipped, positions)}
+        # Gradients of several dtypes or devices: their norms, stacked in a promoted dtype,
+        # are not what the monitor would compute; it computes its own.
+        watched_places = [place.get(id(p)) for _, p in watched] if groups == 1 else None
+        return cls(norms, watched_places, clipped, max_norm, total, foreach,
+                   error_if_nonfinite and not bool(torch.isfinite(total)), clipped_norm)
+
+    @property
+    def logged_norms(self):
+        """``(norms, watched)``, what a norms-only step logs, or None (see ``watched``)."""
+        return None if self.watched is None else (self.norms, self.watched)
 
     def run(self) -> None:
         if not (self.done or self.refused):
@@ -180,10 +193,9 @@ class ShardedClip(PendingClip):
         present = [i for i, piece in enumerate(self.clipped) if piece is not None]
         squares = torch.zeros(len(self.clipped), dtype=torch.float64)
         if present:
-            _, norms = tensor_norms([self.clipped[i] for i in present], 2.0, self.foreach)
-            device = norms[0].device  # one host copy, not one per piece
-            squares[present] = torch.stack([n.to(device) for n in norms]).cpu().to(
-                torch.float64) ** 2
+            _, norms, positions, _ = tensor_norms([self.clipped[i] for i in present], 2.0,
+                                                  self.foreach)
+            squares[present] = norms.cpu().to(torch.float64)[positions] ** 2  # one host copy
         return squares
 
     def settle(self, total: float) -> None:

@@ -368,8 +368,8 @@ class Distribution:
             pieces.append(piece)
             keys.append(key)
         return torch_clip.ShardedClip(
-            norms=None, clipped=pieces, max_norm=max_norm, total=None, foreach=foreach,
-            refused=False, clipped_norm=clipped_norm, keys=keys,
+            norms=None, watched=None, clipped=pieces, max_norm=max_norm, total=None,
+            foreach=foreach, refused=False, clipped_norm=clipped_norm, keys=keys,
             error_if_nonfinite=error_if_nonfinite, mesh=mesh)
 
     def gather_step(self, step, gradient_stats, logs_weights, histograms,

@@ -56,28 +56,30 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None):
             statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
 
 
-def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, gradient_norms, every_step):
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, given, every_step):
     """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`, the
     ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN. ``weights``: the
     parameters when the tag has the weight norm (their norms computed only when ``every_step``
-    names it), else None. ``gradient_norms``: per entry its L2 norm when already computed (the
-    clip's pass, `torch_clip.tensor_norms`; else None), used when every present one is there in
-    ``dtype``."""
+    names it), else None. ``given``: the gradients' L2 norms when already computed (the clip's
+    pass, `torch_clip.tensor_norms`), as ``(norms, places)``: a vector and, per entry, its
+    place in it; used when it is in ``dtype`` on the device and holds every present entry
+    (else None): then ONE host copy of that vector is all this step adds to the clip."""
     device = ops.device
-    present = [entry[0] for entry in entries if entry is not None]
-    given = ([n for n, entry in zip(gradient_norms, entries) if entry is not None]
-             if gradient_norms is not None else [None])
+    present = [i for i, entry in enumerate(entries) if entry is not None]
     computed_weights = ([on_device(w, device, dtype) for w in weights]
                         if weights is not None and "weight_l2_norm" in every_step else [])
-    if all(n is not None and n.dtype == dtype and n.device == device for n in given):
-        norms = given + (list(torch._foreach_norm(computed_weights, 2))
-                         if computed_weights else [])
+    norms, places = given if given is not None else (None, None)
+    if (norms is not None and norms.dtype == dtype and norms.device == device
+            and None not in [places[i] for i in present]):
+        host = norms.cpu().numpy()[[places[i] for i in present]]
+        if computed_weights:
+            host = np.concatenate([host, torch.stack(torch._foreach_norm(
+                computed_weights, 2)).cpu().numpy()])
     else:  # one multi-tensor norm of the gradients and the weights
-        norms = torch._foreach_norm(present + computed_weights, 2)
-    host = torch.stack(norms).cpu().numpy()
+        host = torch.stack(torch._foreach_norm(
+            [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
-    gradient_norms[[i for i, entry in enumerate(entries) if entry is not None]] = \
-        host[:len(present)]
+    gradient_norms[present] = host[:len(present)]
     weight_norms = None
     if weights is not None:  # the column, NaN when not computed at this step
         weight_norms = (host[len(present):] if computed_weights
