@@ -177,3 +177,43 @@ def test_a_steps_scalars_go_in_its_statistics_event(tmp_path):
     read = loaded.Reload().Tensors("gradients/global_norm")
     assert [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in read] == [
         (0, 0.0), (1, 2.0), (2, 4.0)]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_matrix_left_to_finish_is_finished_on_the_writing_thread_and_written_with_its_scalars(
+        tmp_path, strict):
+    """`write_statistics_later`: the PyTorch monitor leaves a step's numpy finishing (and its
+    global norm) to the writer's thread; what ``finish`` returns is what is written, its
+    scalars beside the caller's, in the step's one event (on the caller's thread when
+    ``strict``)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    from tensorboard_gradients.format.layout import Layout
+
+    layout = Layout.create(["w", "b"], [(2, 2), (2,)], with_weights=False)
+    finished_on = []
+
+    def finisher(step):
+        def finish():
+            finished_on.append(threading.current_thread())
+            return np.full((2, len(layout.stats)), step, np.float32), {"global_norm": 3.0 * step}
+        return finish
+
+    with tg.GradientWriter(str(tmp_path), strict=strict) as writer:
+        for step in range(1, 4):
+            writer.write_statistics_later(step, layout, finisher(step), loss=0.5,
+                                          scalars={"clip_coefficient": 1.0 / step})
+    assert (threading.main_thread() in finished_on) is strict and len(finished_on) == 3
+    series = tg.read_logdir(str(tmp_path))["."]["gradients"]
+    assert series.steps.tolist() == [1, 2, 3]
+    np.testing.assert_array_equal(series.stat("l2_norm"), [[1, 1], [2, 2], [3, 3]])
+    loaded = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    loaded.Reload()
+    scalars = {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                     for e in loaded.Tensors(tag)]
+               for tag in ("gradients/global_norm", "gradients/clip_coefficient")}
+    # float32 scalars: 1/3 as float32, compared exactly after the same rounding
+    assert scalars == {
+        "gradients/global_norm": [(1, 3.0), (2, 6.0), (3, 9.0)],
+        "gradients/clip_coefficient": [(s, float(np.float32(1.0 / s))) for s in (1, 2, 3)]}

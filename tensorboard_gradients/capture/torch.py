@@ -218,9 +218,9 @@ class GradientMonitor:
         self._calls = 0
         self._checked = False
         self._missing = MissingGradientWarnings(logger)
-        # A logged step's statistics and extras, until the optimizer's step completes the row.
-        self._pending = None
+        self._pending = None  # a logged step's row until the optimizer's step completes it
         self._clip = None  # a `torch_clip.PendingClip` while `clip_and_log` logs
+        self._global_norm_scalar = "global_norm"  # the Trainer's callback renames it
 
     def _optimizer_reader(self, optimizer, selected):
         """The reader of ``optimizer``'s updates, hooked after its steps (None: none logged)."""
@@ -480,7 +480,8 @@ class GradientMonitor:
                 logged = columns.stats_for(self._logs_weights, False, self._gradient_stats)
                 stats = statistics.norms_only_columns(statistics.NumpyOps, stats, computed,
                                                       logged, every_step)
-        return self._write(step, stats, gathered.histograms, extras)
+        return self._write(step, stats if stats is None else torch_statistics.HostStats.ready(
+            stats), gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
         entries, dtype = self._entries()
@@ -505,14 +506,16 @@ class GradientMonitor:
         with an optimizer, statistics wait for its step (`_after_optimizer_step`)."""
         if self._clip is not None:  # every gradient this step logs is read
             self._clip.run()
-        scalars = None
+        scalars = clipped = None
         if stats is not None:  # now: the scaler's scale is this step's until its update()
-            scalars = self._scalars(self._layout, stats, extras.total_norm, extras.scaler,
-                                    self._clip)
+            scalars = self._scalars(extras.total_norm, extras.scaler, self._clip)
+            if self._clip is not None and self._clip.clipped_norm:
+                clipped = scalars["clip_coefficient"]
         if stats is not None and self._optimizer is not None:
-            self._pending = (step, stats, counts, extras.loss, scalars, extras.every_stat)
+            self._pending = (step, stats, counts, extras.loss, scalars, clipped,
+                             extras.every_stat)
             return True
-        return self._write_now(step, stats, counts, extras.loss, scalars)
+        return self._write_now(step, stats, counts, extras.loss, scalars, clipped)
 
     def _after_optimizer_step(self, optimizer, args, kwargs):
         """The optimizer's step post-hook: completes and writes the pending row."""
@@ -535,32 +538,29 @@ class GradientMonitor:
         seen: a step the optimizer skipped, or the monitor closed before it)."""
         if self._pending is None:
             return
-        step, stats, counts, loss, scalars, every_stat = self._pending
+        step, stats, counts, loss, scalars, clipped, every_stat = self._pending
         self._pending = None
         width = 1 + self._optimizer.adam
         if optimizer_columns is None:
-            optimizer_columns = np.full((len(stats), 2), np.nan, dtype=stats.dtype)
+            optimizer_columns = np.full((len(self._parameters), 2), np.nan, dtype=stats.dtype)
         if not every_stat:
             optimizer_columns[:, 1] = np.nan
-        self._write_now(step, np.concatenate([stats, optimizer_columns[:, :width]], axis=1),
-                        counts, loss, scalars)
+        self._write_now(step, stats.then(lambda matrix: np.concatenate(
+            [matrix, optimizer_columns[:, :width]], axis=1)), counts, loss, scalars, clipped)
 
-    def _write_now(self, step, stats, counts, loss, scalars):
+    def _write_now(self, step, stats, counts, loss, scalars, clipped=None):
         writer = self._run_writer()
         if stats is None:
             writer.write_histograms(step, self._layout, counts)
-        else:
-            writer.write_statistics(step, self._layout, stats, counts, loss=loss,
-                                    scalars=scalars)
+        else:  # the global norms with the matrix, on the writer's thread (`torch_statistics`)
+            writer.write_statistics_later(step, self._layout, stats.with_global_norm(
+                columns.position(self._layout.stats, "l2_norm"), clipped,
+                self._global_norm_scalar), counts, loss=loss, scalars=scalars)
         return True
 
     @staticmethod
-    def _scalars(layout, stats, total_norm, scaler, clip):
-        norms = stats[:, columns.position(layout.stats, "l2_norm")].astype(np.float64)
-        norms = norms[~np.isnan(norms)]  # missing gradients (a dot: 1/4 of nansum's time)
-        scalars = {"global_norm": float(np.sqrt(norms @ norms))}
-        if clip is not None:
-            scalars.update(clip.scalars(scalars["global_norm"]))
+    def _scalars(total_norm, scaler, clip):  # those known now; the global norms come later
+        scalars = torch_clip.clip_scalars(clip.total, clip.max_norm) if clip else {}
         if total_norm is not None:
             scalars["global_norm_before_clipping"] = torch_clip.host_norm(total_norm)
         if scaler is not None and scaler.is_enabled():

@@ -62,8 +62,9 @@ def tensor_norms(gradients, norm_type: float, foreach):
     exactly as ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device
     and dtype (``groups`` of them), the same multi-tensor (or per-tensor) norms, stacked in the
     same order into ``norms`` (the vector whose norm is the total, on the first gradient's
-    device, in the groups' promoted dtype); ``positions[i]`` is gradient i's place in it. Raises RuntimeError as it does for ``foreach=True`` where the
-    device has no multi-tensor kernels."""
+    device, in the groups' promoted dtype); ``positions[i]`` is gradient i's place in it.
+    Raises RuntimeError as it does for ``foreach=True`` where the device has no multi-tensor
+    kernels."""
     if not gradients:
         return torch.tensor(0.0), torch.zeros(0), [], 0
     first_device = gradients[0].device
@@ -164,14 +165,6 @@ class PendingClip:
     def returned_total(self):
         """The total norm as ``clip_grad_norm_`` returns it."""
         return self.total
-
-    def scalars(self, global_norm: float) -> dict:
-        """The clip's scalars at a logged step whose watched gradients' norm is
-        ``global_norm``."""
-        scalars = clip_scalars(self.total, self.max_norm)
-        if self.clipped_norm:
-            scalars["global_norm_clipped"] = global_norm * scalars["clip_coefficient"]
-        return scalars
 
 
 @dataclasses.dataclass

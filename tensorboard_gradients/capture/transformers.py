@@ -258,13 +258,8 @@ class _TrainerMonitor(GradientMonitor):
 
     def __init__(self, model, log_dir, clipping, **settings):
         super().__init__(model, log_dir, **settings)
-        self._clipping = clipping
-
-    def _scalars(self, layout, stats, total_norm, scaler, clip):
-        scalars = GradientMonitor._scalars(layout, stats, total_norm, scaler, clip)
-        if self._clipping:  # the norm of clipped gradients; the one before comes from on_log
-            scalars["global_norm_clipped"] = scalars.pop("global_norm")
-        return scalars
+        if clipping:  # the norm of clipped gradients; the one before comes from on_log
+            self._global_norm_scalar = "global_norm_clipped"
 
 
 def _enabled_scaler(optimizer):

@@ -185,14 +185,9 @@ class GradientWriter:
             self._dropped(int(step), None)
         return ticket
 
-    def write(
-        self,
-        step: int,
-        gradients: Mapping[str, Optional[object]],
-        weights: Optional[Mapping[str, object]] = None,
-        histograms: bool = False,
-        loss=None,
-    ) -> str:
+    def write(self, step: int, gradients: Mapping[str, Optional[object]],
+              weights: Optional[Mapping[str, object]] = None, histograms: bool = False,
+              loss=None) -> str:
         """Writes one step's statistics (and, if `histograms`, the |g| distribution).
 
         Args:
@@ -247,16 +242,10 @@ class GradientWriter:
             counts = statistics.histogram_matrix(ops, entries, dtype) if histograms else None
         return self.write_statistics(step, layout, stats, counts, loss=loss)
 
-    def write_statistics(
-        self,
-        step: int,
-        layout: Layout,
-        stats: np.ndarray,
-        histogram_counts: Optional[np.ndarray] = None,
-        description: Optional[str] = None,
-        loss=None,
-        scalars: Optional[Mapping[str, float]] = None,
-    ) -> str:
+    def write_statistics(self, step: int, layout: Layout, stats: np.ndarray,
+                         histogram_counts: Optional[np.ndarray] = None,
+                         description: Optional[str] = None, loss=None,
+                         scalars: Optional[Mapping[str, float]] = None) -> str:
         """Writes matrices computed elsewhere (e.g. on the accelerator, inside a train step).
 
         Args:
@@ -272,21 +261,33 @@ class GradientWriter:
         Returns:
           The tag written to (also when the step was dropped: see `dropped_steps`).
         """
-        loss = loss_value(loss)
-        scalars = {key: float(value) for key, value in (scalars or {}).items()}
         expected = (len(layout.variables), len(layout.stats))
         if np.shape(stats) != expected:
             raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
+        stats = np.array(stats)  # a copy: the caller may reuse its buffers once this returns
+        return self.write_statistics_later(step, layout, lambda: (stats, {}), histogram_counts,
+                                           description, loss, scalars)
+
+    def write_statistics_later(self, step: int, layout: Layout, finish,
+                               histogram_counts: Optional[np.ndarray] = None,
+                               description: Optional[str] = None, loss=None,
+                               scalars: Optional[Mapping[str, float]] = None) -> str:
+        """`write_statistics` of a matrix whose host work is left to the writer's thread:
+        ``finish()``, called there (on this thread when ``strict``), returns ``(stats, more
+        scalars)``. For a training loop, whose thread then pays only for what must happen
+        before the gradients change (the reductions, the copy to the host, the checks that
+        may need another pass over them); ``finish`` must read nothing the loop changes later.
+        Other arguments and the result as `write_statistics`'s."""
+        loss = loss_value(loss)
+        scalars = {key: float(value) for key, value in (scalars or {}).items()}
         if histogram_counts is not None:
             check_histogram_shape(layout, histogram_counts)
+            histogram_counts = np.array(histogram_counts)
         self._closed = False
         tag = self._tag_for(layout)
-        # Copies: the caller may reuse its buffers once this returns.
-        stats = np.array(stats)
-        if histogram_counts is not None:
-            histogram_counts = np.array(histogram_counts)
 
         def job():
+            stats, more_scalars = finish()
             with self._lock:
                 values = [self._tensor_value(
                     tag, stats, lambda: metadata.stats_metadata_content(self._name, layout),
@@ -296,7 +297,8 @@ class GradientWriter:
                                                         description))
                 if loss is not None:
                     values.append(self._loss_value(loss))
-                values += [self._scalar_value(key, value) for key, value in scalars.items()]
+                values += [self._scalar_value(key, float(value))
+                           for key, value in {**more_scalars, **scalars}.items()]
                 if self._emit(step, values):
                     # `stats` are the values written (`tensor_proto`, no conversion): the digest
                     # and the alerts judge what the readers will read.

@@ -347,26 +347,30 @@ def _no_square_underflows(ops, rows, dtype, deviations=True):
     return kept
 
 
+def trusted_norms(norms, sizes):
+    """``[variables]``: whether each plain L2 norm (``norms``, NaN for a missing gradient, in
+    the gradients' dtype) gives its `norms_only_matrix` row exact to rounding, as
+    `checked_fast_rows` trusts the fast pass: a finite norm proves no entry NaN or Inf, and a
+    norm whose square is at least ``n * tiny / u`` lost no underflowing squares
+    (`_no_square_underflows`); missing rows are trusted. Rows not trusted (a non-finite norm, a
+    tiny or zero one) are for the caller to take from the masked pass, as the fast path does:
+    rare, and one variable each."""
+    norms = np.asarray(norms)
+    with np.errstate(over="ignore", invalid="ignore"):
+        least = np.sqrt(np.asarray(sizes, np.float64) * _least_square(norms.dtype))
+        return np.isnan(sizes) | (np.isfinite(norms) & (norms >= least))
+
+
 def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GRADIENT_STATS):
-    """``(matrix, trusted)`` of a norms-only step (format 1.6), on the host: the
+    """The matrix of a norms-only step (format 1.6), on the host: the
     `statistics_from_reductions` columns with `columns.EVERY_STEP_STATS` filled from each
     variable's plain L2 norm (``norms``, NaN for a missing gradient, computed in the gradients'
     dtype), 0 NaN and Inf entries, the dense ``sizes`` and the ``weight_norms``; every other
-    column NaN.
-
-    ``trusted[variable]`` says whether its row is exact to rounding, as `checked_fast_rows` for
-    the fast pass: a finite norm proves no entry NaN or Inf, and a norm whose square is at least
-    ``n * tiny / u`` lost no underflowing squares (`_no_square_underflows`). Rows not trusted (a
-    non-finite norm, a tiny or zero one) are for the caller to take from the masked pass, as
-    the fast path does: rare, and one variable each."""
+    column NaN. Exact where `trusted_norms`."""
     norms = np.asarray(norms)
-    dtype = norms.dtype
     present = ~np.isnan(sizes)
-    with np.errstate(over="ignore", invalid="ignore"):
-        least = np.sqrt(np.asarray(sizes, np.float64) * _least_square(dtype))
-        trusted = ~present | (np.isfinite(norms) & (norms >= least))
     names = columns.stats_for(weight_norms is not None, False, gradient_stats)
-    matrix = np.full((len(norms), len(names)), np.nan, dtype=dtype)
+    matrix = np.full((len(norms), len(names)), np.nan, dtype=norms.dtype)
     zeros = np.where(present, 0, np.nan)
     known = {"l2_norm": norms, "nan_count": zeros, "inf_count": zeros, "size": sizes,
              "weight_l2_norm": np.where(present, weight_norms, np.nan)
@@ -374,7 +378,7 @@ def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GR
     for position, name in enumerate(names):
         if known.get(name) is not None:
             matrix[:, position] = known[name]
-    return matrix, trusted
+    return matrix
 
 
 def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns.GRADIENT_STATS,
@@ -383,7 +387,7 @@ def norms_only_statistics(ops, gradients, weights, dtype, gradient_stats=columns
     ``every_step`` not NaN: the tag's `columns.every_step_stats`, the weight norms computed only
     when named there) over ``ops``, on the device, inside a traced step too:
     ONE pass per gradient (its sum of squares) where the other steps take three, trusted as
-    `norms_only_matrix` trusts a norm (finite: no NaN or Inf entry; a square sum of at least
+    `trusted_norms` trusts a norm (finite: no NaN or Inf entry; a square sum of at least
     ``n * tiny / u``: no square lost to underflow). A step with any norm not trusted (rare) takes
     the masked pass of every gradient, as `reduction_matrix` does."""
     like = ops.to_float(0, dtype)
