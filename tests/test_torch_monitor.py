@@ -197,6 +197,33 @@ def test_a_norms_only_step_logs_the_norms_of_the_clips_own_pass(tmp_path, monkey
         assert np.isnan(series.stat("weight_l2_norm")[1:]).all()
 
 
+def test_a_clipped_norms_only_step_with_the_optimizer_logs_the_clips_norms_and_the_weights(
+        tmp_path):
+    """With ``optimizer=`` a norms-only step also holds the weights' and the update's norms:
+    the clip's norms (of the gradients before it) and the weights' (as the step found them)
+    reach the host in one copy, each beside its own parameter."""
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    gradients, weights = [], []
+    with GradientMonitor(model, tmp_path, optimizer=optimizer) as monitor:
+        for x, y in batches(3):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            gradients.append([p.grad.numpy().astype(np.float64) for p in model.parameters()])
+            weights.append([p.detach().numpy().astype(np.float64) for p in model.parameters()])
+            monitor.clip_grad_norm_(0.01)  # clips: the update is of the clipped gradients
+            optimizer.step()
+    series = series_of(tmp_path)
+    assert series.full_rows.tolist() == [True, False, False]
+    for name, arrays in (("l2_norm", gradients), ("weight_l2_norm", weights)):
+        # float32 norms of up to 32 x 32 entries, each within norm_rtol of float64's
+        np.testing.assert_allclose(series.stat(name),
+                                   [[np.linalg.norm(a) for a in step] for step in arrays],
+                                   rtol=norm_rtol(32 * 32))
+    assert np.isfinite(series.stat("update_l2_norm")).all()
+
+
 def test_nan_and_inf_are_counted_not_propagated_and_huge_gradients_stay_finite(tmp_path):
     model = torch.nn.Linear(4, 3)
     with GradientMonitor(model, tmp_path) as monitor:

@@ -115,10 +115,10 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, given,
     norms, places = given if given is not None else (None, None)
     if (norms is not None and norms.dtype == dtype and norms.device == device
             and None not in [places[i] for i in present]):
-        host = norms.cpu().numpy()[[places[i] for i in present]]
-        if computed_weights:
-            host = np.concatenate([host, torch.stack(torch._foreach_norm(
-                computed_weights, 2)).cpu().numpy()])
+        weight_vector = ([torch.stack(torch._foreach_norm(computed_weights, 2))]
+                         if computed_weights else [])
+        copied = torch.cat([norms] + weight_vector).cpu().numpy()  # one host copy
+        host = np.concatenate([copied[[places[i] for i in present]], copied[len(norms):]])
     else:  # one multi-tensor norm of the gradients and the weights
         host = torch.stack(torch._foreach_norm(
             [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
