@@ -217,3 +217,22 @@ def test_a_matrix_left_to_finish_is_finished_on_the_writing_thread_and_written_w
     assert scalars == {
         "gradients/global_norm": [(1, 3.0), (2, 6.0), (3, 9.0)],
         "gradients/clip_coefficient": [(s, float(np.float32(1.0 / s))) for s in (1, 2, 3)]}
+
+
+def test_a_finished_matrix_of_the_wrong_shape_is_not_written_and_says_why(tmp_path, caplog):
+    """A ``finish`` that returns a matrix its layout does not describe: that step is left out
+    (readers would misread it), the writer's thread says why, and the next step is written."""
+    from tensorboard_gradients.format.layout import Layout
+
+    layout = Layout.create(["w"], [(2,)], with_weights=False)
+    width = len(layout.stats)
+    with caplog.at_level(logging.ERROR, logger="tensorboard_gradients"):
+        with tg.GradientWriter(str(tmp_path)) as writer:
+            for step, rows in ((0, 1), (1, 2), (2, 1)):
+                writer.write_statistics_later(
+                    step, layout, lambda rows=rows: (np.ones((rows, width), np.float32), {}))
+    assert "stats matrix has shape (2, " in caplog.text
+    assert _logged_steps(tmp_path) == [0, 2]
+    with pytest.raises(ValueError, match="stats matrix has shape"):  # the caller's own thread
+        tg.GradientWriter(str(tmp_path), strict=True).write_statistics_later(
+            3, layout, lambda: (np.ones((2, width), np.float32), {}))

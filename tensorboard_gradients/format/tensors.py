@@ -45,6 +45,12 @@ def loss_value(loss) -> Optional[float]:
                          f"{type(loss).__name__}") from None
 
 
+def check_stats_shape(layout, stats):
+    expected = (len(layout.variables), len(layout.stats))
+    if np.shape(stats) != expected:
+        raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
+
+
 def check_histogram_shape(layout, counts):
     expected = (len(layout.variables), columns.HISTOGRAM_BINS)
     if np.shape(counts) != expected:

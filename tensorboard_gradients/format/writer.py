@@ -48,8 +48,8 @@ from tensorboard_gradients.format import (
     write_queue,
 )
 from tensorboard_gradients.format.layout import Layout, LayoutTags, MissingGradientWarnings
-from tensorboard_gradients.format.tensors import (as_float_array, check_histogram_shape,
-                                                  loss_value, tensor_proto)
+from tensorboard_gradients.format.tensors import (
+    as_float_array, check_histogram_shape, check_stats_shape, loss_value, tensor_proto)
 
 logger = logging.getLogger(__name__)
 
@@ -261,9 +261,7 @@ class GradientWriter:
         Returns:
           The tag written to (also when the step was dropped: see `dropped_steps`).
         """
-        expected = (len(layout.variables), len(layout.stats))
-        if np.shape(stats) != expected:
-            raise ValueError(f"stats matrix has shape {np.shape(stats)}, layout needs {expected}")
+        check_stats_shape(layout, stats)
         stats = np.array(stats)  # a copy: the caller may reuse its buffers once this returns
         return self.write_statistics_later(step, layout, lambda: (stats, {}), histogram_counts,
                                            description, loss, scalars)
@@ -277,7 +275,8 @@ class GradientWriter:
         scalars)``. For a training loop, whose thread then pays only for what must happen
         before the gradients change (the reductions, the copy to the host, the checks that
         may need another pass over them); ``finish`` must read nothing the loop changes later.
-        Other arguments and the result as `write_statistics`'s."""
+        A matrix of the wrong shape is not written: the writer's thread logs why (``strict``:
+        raised here). Other arguments and the result as `write_statistics`'s."""
         loss = loss_value(loss)
         scalars = {key: float(value) for key, value in (scalars or {}).items()}
         if histogram_counts is not None:
@@ -288,6 +287,7 @@ class GradientWriter:
 
         def job():
             stats, more_scalars = finish()
+            check_stats_shape(layout, stats)  # a wrong one is not written (the queue logs why)
             with self._lock:
                 values = [self._tensor_value(
                     tag, stats, lambda: metadata.stats_metadata_content(self._name, layout),
