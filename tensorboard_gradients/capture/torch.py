@@ -470,18 +470,17 @@ class GradientMonitor:
             return False
         absent = np.isnan(gathered.reductions[:, statistics.REDUCTIONS.index("present")])
         self._missing.warn([n for (n, _), a in zip(self._parameters, absent) if a])
-        stats = None
-        if stats_due:
-            stats = statistics.statistics_from_reductions(
+
+        def finish():  # on the writer's thread, as `_log`'s (`torch_statistics.HostStats`)
+            matrix = statistics.statistics_from_reductions(
                 statistics.NumpyOps, gathered.reductions, np.where(absent, np.nan, self._sizes),
                 gathered.weight_norms, self._gradient_stats).astype(gathered.dtype)
-            if not full:
-                computed = columns.stats_for(weights_due, False, self._gradient_stats)
-                logged = columns.stats_for(self._logs_weights, False, self._gradient_stats)
-                stats = statistics.norms_only_columns(statistics.NumpyOps, stats, computed,
-                                                      logged, every_step)
-        return self._write(step, stats if stats is None else torch_statistics.HostStats.ready(
-            stats), gathered.histograms, extras)
+            computed = columns.stats_for(weights_due, False, self._gradient_stats)
+            logged = columns.stats_for(self._logs_weights, False, self._gradient_stats)
+            return matrix if full else statistics.norms_only_columns(
+                statistics.NumpyOps, matrix, computed, logged, every_step)
+        stats = torch_statistics.HostStats(np.dtype(gathered.dtype), finish) if stats_due else None
+        return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
         entries, dtype = self._entries()

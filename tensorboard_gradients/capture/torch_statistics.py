@@ -43,10 +43,6 @@ class HostStats:
     dtype: np.dtype
     finish: Callable[[], np.ndarray]
 
-    @classmethod
-    def ready(cls, matrix: np.ndarray) -> "HostStats":
-        return cls(matrix.dtype, lambda: matrix)
-
     def then(self, step: Callable[[np.ndarray], np.ndarray]) -> "HostStats":
         """This matrix with ``step`` applied after `finish`."""
         return HostStats(self.dtype, lambda: step(self.finish()))
@@ -113,12 +109,13 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, given,
     computed_weights = ([on_device(w, device, dtype) for w in weights]
                         if weights is not None and "weight_l2_norm" in every_step else [])
     norms, places = given if given is not None else (None, None)
+    picked = [places[i] for i in present] if places is not None else None
     if (norms is not None and norms.dtype == dtype and norms.device == device
-            and None not in [places[i] for i in present]):
+            and None not in picked):
         weight_vector = ([torch.stack(torch._foreach_norm(computed_weights, 2))]
                          if computed_weights else [])
         copied = torch.cat([norms] + weight_vector).cpu().numpy()  # one host copy
-        host = np.concatenate([copied[[places[i] for i in present]], copied[len(norms):]])
+        host = np.concatenate([copied[picked], copied[len(norms):]])
     else:  # one multi-tensor norm of the gradients and the weights
         host = torch.stack(torch._foreach_norm(
             [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
