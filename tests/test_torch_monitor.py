@@ -259,6 +259,52 @@ def test_a_vanishing_sigmoid_net_is_diagnosed_by_the_plugin_and_the_cli(tmp_path
     assert len(json.loads(done.stdout)["alerts"]) == len(alerts)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_clipped_norms_only_step_without_a_gradient_or_in_bfloat16(tmp_path, monkeypatch,
+                                                                     caplog, dtype):
+    """A clipped norms-only step whose clip's norms are all it needs (float32: one pass over
+    the gradients, the clip's) and one whose norms the monitor computes itself (bfloat16: its
+    float32 norms, not the clip's bfloat16 ones) log the same: a missing gradient a missing row
+    (NaN norm and size), warned of once, every other norm beside its own parameter."""
+    class WithSpare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = sigmoid_mlp(depth=2)
+            self.unused = torch.nn.Linear(2, 2)  # never gets a gradient
+
+        def forward(self, x):
+            return self.net(x)
+
+    torch.manual_seed(0)
+    model = WithSpare().to(dtype)
+    calls = []
+    foreach_norm = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm",
+                        lambda tensors, *args: calls.append(len(tensors)) or foreach_norm(tensors, *args))
+    gradients = []
+    with caplog.at_level(logging.WARNING, logger="tensorboard_gradients"):
+        with GradientMonitor(model, tmp_path, stats=("l2_norm",)) as monitor:
+            for step, (x, y) in enumerate(batches(3)):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x.to(dtype)), y).backward()
+                gradients.append([p.grad.double().numpy() for p in model.net.parameters()])
+                calls.clear()
+                monitor.clip_grad_norm_(1e-3)
+                if step and dtype == torch.float32:  # norms-only: the clip's pass alone
+                    assert calls == [len(gradients[-1])]
+    series = series_of(tmp_path)
+    assert series.full_rows.tolist() == [True, False, False]
+    unused = [series.variables.index(f"unused.{name}") for name in ("weight", "bias")]
+    assert np.isnan(series.stat("l2_norm")[:, unused]).all()
+    assert np.isnan(series.stat("size")[:, unused]).all()
+    assert len([r for r in caplog.records if "unused.weight" in r.getMessage()]) == 1
+    # Norms of the gradients before the clip, computed in float32 (bfloat16 entries are exact
+    # in it): each within norm_rtol of float64's for up to 32 x 32 entries.
+    np.testing.assert_allclose(series.stat("l2_norm")[:, :len(gradients[0])],
+                               [[np.linalg.norm(g) for g in step] for step in gradients],
+                               rtol=norm_rtol(32 * 32))
+
+
 def test_frozen_skipped_missing_warned_once_include_exclude_and_schedules(tmp_path, caplog):
     class WithSpare(torch.nn.Module):
         def __init__(self):

@@ -218,6 +218,10 @@ class GradientMonitor:
         self._calls = 0
         self._checked = False
         self._missing = MissingGradientWarnings(logger)
+        # The parameters, when the tag has their norms.
+        self._weight_parameters = [p for _, p in self._parameters] if self._logs_weights else None
+        self._clip_norms = torch_statistics.ClipNorms(  # `clip_grad_norm_`'s norms-only steps
+            [n for n, _ in self._parameters], self._sizes, self._gradient_stats, self._missing)
         self._pending = None  # a logged step's row until the optimizer's step completes it
         self._clip = None  # a `torch_clip.PendingClip` while `clip_and_log` logs
         self._global_norm_scalar = "global_norm"  # the Trainer's callback renames it
@@ -483,6 +487,10 @@ class GradientMonitor:
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
+        stats = (self._clip_norms.matrix(self._clip, self._weight_parameters, self._layout.every_step)
+                 if stats_due == _NORMS else None)
+        if stats is not None and not histograms_due:
+            return self._write(step, stats, None, extras)  # the gradients not read again
         entries, dtype = self._entries()
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
@@ -490,14 +498,12 @@ class GradientMonitor:
         ops = ops_for(next(e[0].device for e in entries if e is not None))
         counts = (statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
                   if histograms_due else None)
-        stats = None
-        if stats_due:
-            weights = [p for _, p in self._parameters] if self._logs_weights else None
+        if stats_due and stats is None:
             stats = (torch_statistics.full_matrix(ops, entries, dtype, self._gradient_stats,
-                                                  weights) if stats_due == _FULL
+                                                  self._weight_parameters) if stats_due == _FULL
                      else torch_statistics.norms_only_matrix(
-                         ops, entries, dtype, self._gradient_stats, weights,
-                         self._clip and self._clip.logged_norms, self._layout.every_step))
+                         ops, entries, dtype, self._gradient_stats, self._weight_parameters,
+                         self._layout.every_step))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):
@@ -507,7 +513,7 @@ class GradientMonitor:
             self._clip.run()
         scalars = clipped = None
         if stats is not None:  # now: the scaler's scale is this step's until its update()
-            scalars = self._scalars(extras.total_norm, extras.scaler, self._clip)
+            scalars = torch_clip.step_scalars(extras.total_norm, extras.scaler, self._clip)
             if self._clip is not None and self._clip.clipped_norm:
                 clipped = scalars["clip_coefficient"]
         if stats is not None and self._optimizer is not None:
@@ -556,15 +562,6 @@ class GradientMonitor:
                 columns.position(self._layout.stats, "l2_norm"), clipped,
                 self._global_norm_scalar), counts, loss=loss, scalars=scalars)
         return True
-
-    @staticmethod
-    def _scalars(total_norm, scaler, clip):  # those known now; the global norms come later
-        scalars = torch_clip.clip_scalars(clip.total, clip.max_norm) if clip else {}
-        if total_norm is not None:
-            scalars["global_norm_before_clipping"] = torch_clip.host_norm(total_norm)
-        if scaler is not None and scaler.is_enabled():
-            scalars["loss_scale"] = float(scaler.get_scale())
-        return scalars
 
     def alerts(self, wait: bool = False):
         """The alerts judged since the last call (`tensorboard_gradients.analysis.Alert`:

@@ -28,6 +28,7 @@ from torch.utils._foreach_utils import (
     _device_has_foreach_support, _group_tensors_by_device_and_dtype, _has_foreach_support)
 
 
+@functools.lru_cache(maxsize=None)  # asked at every clip
 def _fsdp1_type():
     """FSDP1's module class (an empty tuple, which nothing is an instance of, without it)."""
     try:
@@ -80,7 +81,9 @@ def tensor_norms(gradients, norm_type: float, foreach):
         else:
             norms.extend([torch.linalg.vector_norm(g, norm_type) for g in tensors])
         order.extend(indices)
-    stacked = torch.stack([n.to(first_device) for n in norms])
+    if len(groups) > 1 or next(iter(groups))[0] != first_device:  # else a no-op per norm
+        norms = [n.to(first_device) for n in norms]
+    stacked = torch.stack(norms)
     positions = [0] * len(gradients)
     for place, gradient_index in enumerate(order):
         positions[gradient_index] = place
@@ -106,8 +109,21 @@ def clip_scalars(total_norm, max_norm: float) -> dict:
     multiplied by, ``min(1, max_norm / (total + 1e-6))`` (NaN for a NaN total, as PyTorch's
     clamp gives)."""
     before = host_norm(total_norm)
+    coefficient = max_norm / (before + 1e-6)
     return {"global_norm_before_clipping": before,
-            "clip_coefficient": float(np.minimum(1.0, max_norm / (before + 1e-6)))}
+            "clip_coefficient": 1.0 if coefficient >= 1.0 else coefficient}  # NaN kept
+
+
+def step_scalars(total_norm, scaler, clip) -> dict:
+    """The scalars of a logged step known on the training thread (the global norms come with
+    its matrix): a `PendingClip`'s (`clip_scalars`), the norm a clip outside the monitor
+    returned (``total_norm``) and an enabled AMP ``scaler``'s loss scale."""
+    scalars = clip_scalars(clip.total, clip.max_norm) if clip else {}
+    if total_norm is not None:
+        scalars["global_norm_before_clipping"] = host_norm(total_norm)
+    if scaler is not None and scaler.is_enabled():
+        scalars["loss_scale"] = float(scaler.get_scale())
+    return scalars
 
 
 @dataclasses.dataclass
@@ -138,11 +154,14 @@ class PendingClip:
         the ``watched`` (name, parameter) pairs' norms; None where the monitor leaves the clip
         to PyTorch's own call: a sparse gradient, a norm other than L2 (the monitor logs L2
         norms)."""
-        clipped = [p for p in parameters if p.grad is not None]
-        if norm_type != 2.0 or any(p.grad.is_sparse for p in clipped):
+        clipped, gradients = [], []
+        for parameter in parameters:
+            if parameter.grad is not None:
+                clipped.append(parameter)
+                gradients.append(parameter.grad)
+        if norm_type != 2.0 or any(g.is_sparse for g in gradients):
             return None
-        total, norms, positions, groups = tensor_norms([p.grad for p in clipped], norm_type,
-                                                       foreach)
+        total, norms, positions, groups = tensor_norms(gradients, norm_type, foreach)
         place = {id(p): position for p, position in zip(clipped, positions)}
         # Gradients of several dtypes or devices: their norms, stacked in a promoted dtype,
         # are not what the monitor would compute; it computes its own.

@@ -95,36 +95,74 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None) -> HostStats:
     return HostStats(host.dtype, finish)
 
 
-def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, given,
-                      every_step) -> HostStats:
+class ClipNorms:
+    """A norms-only step's matrix from the clip's pass alone (`matrix`), for parameters of
+    the dense ``sizes`` with the ``gradient_stats``: the gradients are not read again.
+
+    On the training thread, right after ``backward``, numpy's calls on a few dozen numbers run
+    with cold caches (5-10x their time in a hot loop: ~0.2 ms a step on the benchmark MLP), so
+    the copied norms are checked as Python floats and the matrix is built on the writer's
+    thread (`HostStats`)."""
+
+    def __init__(self, names, sizes, gradient_stats, missing_warnings):
+        self._names = names
+        self._sizes = np.asarray(sizes, np.float64)
+        self._gradient_stats = gradient_stats
+        self._missing = missing_warnings  # a `layout.MissingGradientWarnings`
+        self._least = {}  # numpy dtype -> per parameter, the least norm trusted (a list)
+
+    def matrix(self, clip, weights, every_step) -> Optional[HostStats]:
+        """The `HostStats` of the norms of ``clip`` (a `torch_clip.PendingClip` or None), from
+        its `logged_norms` ``(norms, places)``: the vector and per parameter its place in it,
+        None without a gradient (warned of). ONE host copy of that vector (with the weights'
+        norms when ``every_step`` has them; ``weights``: the parameters when the tag has their
+        norm, else None) is all the step adds to the clip. None where the gradients must be
+        read (`norms_only_matrix`): no clip or none that shares its pass (never one under
+        DeepSpeed's loss scale: its engine clips itself), norms in a dtype the monitor does not compute in (bfloat16, half), no gradient
+        at all, or a norm `statistics.trusted_norms` doubts (non-finite, or so small its
+        squares may have underflowed), whose row takes the masked pass."""
+        norms, places = (clip and clip.logged_norms) or (None, None)
+        if (norms is None or norms.dtype not in (torch.float32, torch.float64)
+                or all(p is None for p in places)):
+            return None
+        computed_weights = ([on_device(w, norms.device, norms.dtype) for w in weights]
+                            if weights is not None and "weight_l2_norm" in every_step else [])
+        copied = (torch.cat([norms, torch.stack(torch._foreach_norm(computed_weights, 2))])
+                  if computed_weights else norms).tolist()  # one host copy, exact floats
+        gradient_norms = [np.nan if place is None else copied[place] for place in places]
+        dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
+        if dtype not in self._least:
+            self._least[dtype] = statistics.least_trusted_norms(self._sizes, dtype).tolist()
+        if not all(place is None or least <= norm < np.inf  # NaN: False
+                   for place, norm, least in zip(places, gradient_norms, self._least[dtype])):
+            return None
+        self._missing.warn([n for n, place in zip(self._names, places) if place is None])
+
+        def finish():
+            sizes = np.where([place is None for place in places], np.nan, self._sizes)
+            weight_norms = _weight_column(np.array(copied[len(norms):], dtype),
+                                          computed_weights, weights, len(places))
+            return statistics.norms_only_matrix(np.array(gradient_norms, dtype),
+                                                sizes.astype(dtype), weight_norms,
+                                                self._gradient_stats)
+        return HostStats(dtype, finish)
+
+
+def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) -> HostStats:
     """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`, the
-    ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN. ``weights``: the
-    parameters when the tag has the weight norm (their norms computed only when ``every_step``
-    names it), else None. ``given``: the gradients' L2 norms when already computed (the clip's
-    pass, `torch_clip.tensor_norms`), as ``(norms, places)``: a vector and, per entry, its
-    place in it; used when it is in ``dtype`` on the device and holds every present entry
-    (else None): then ONE host copy of that vector is all this step adds to the clip."""
+    ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN, from one multi-tensor
+    norm of the gradients (and the weights). ``weights``: the parameters when the tag has the
+    weight norm (their norms computed only when ``every_step`` names it), else None. A row
+    whose norm `statistics.trusted_norms` doubts takes the masked pass."""
     device = ops.device
     present = [i for i, entry in enumerate(entries) if entry is not None]
     computed_weights = ([on_device(w, device, dtype) for w in weights]
                         if weights is not None and "weight_l2_norm" in every_step else [])
-    norms, places = given if given is not None else (None, None)
-    picked = [places[i] for i in present] if places is not None else None
-    if (norms is not None and norms.dtype == dtype and norms.device == device
-            and None not in picked):
-        weight_vector = ([torch.stack(torch._foreach_norm(computed_weights, 2))]
-                         if computed_weights else [])
-        copied = torch.cat([norms] + weight_vector).cpu().numpy()  # one host copy
-        host = np.concatenate([copied[picked], copied[len(norms):]])
-    else:  # one multi-tensor norm of the gradients and the weights
-        host = torch.stack(torch._foreach_norm(
-            [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
+    host = torch.stack(torch._foreach_norm(
+        [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
     gradient_norms[present] = host[:len(present)]
-    weight_norms = None
-    if weights is not None:  # the column, NaN when not computed at this step
-        weight_norms = (host[len(present):] if computed_weights
-                        else np.full(len(entries), np.nan, dtype=host.dtype))
+    weight_norms = _weight_column(host[len(present):], computed_weights, weights, len(entries))
     sizes = _sizes(entries, host.dtype)
     doubtful = np.flatnonzero(~statistics.trusted_norms(gradient_norms, sizes))
     exact = None
@@ -144,6 +182,14 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, given,
             matrix[doubtful[:, None], logged] = exact[:, logged]
         return matrix
     return HostStats(host.dtype, finish)
+
+
+def _weight_column(computed_norms, computed_weights, weights, rows):
+    """The weight norm column of a norms-only step: None without one in the tag, NaN when
+    not computed at this step."""
+    if weights is None:
+        return None
+    return computed_norms if computed_weights else np.full(rows, np.nan, computed_norms.dtype)
 
 
 def _sizes(entries, dtype):

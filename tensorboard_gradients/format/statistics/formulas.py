@@ -357,8 +357,14 @@ def trusted_norms(norms, sizes):
     rare, and one variable each."""
     norms = np.asarray(norms)
     with np.errstate(over="ignore", invalid="ignore"):
-        least = np.sqrt(np.asarray(sizes, np.float64) * _least_square(norms.dtype))
-        return np.isnan(sizes) | (np.isfinite(norms) & (norms >= least))
+        return np.isnan(sizes) | (np.isfinite(norms) & (norms >= least_trusted_norms(
+            sizes, norms.dtype)))
+
+
+def least_trusted_norms(sizes, dtype):
+    """``[variables]`` float64: the least norm `trusted_norms` trusts for a gradient of each
+    dense size in ``dtype`` (a norm is trusted when finite and at least this)."""
+    return np.sqrt(np.asarray(sizes, np.float64) * _least_square(np.dtype(dtype)))
 
 
 def norms_only_matrix(norms, sizes, weight_norms=None, gradient_stats=columns.GRADIENT_STATS):
