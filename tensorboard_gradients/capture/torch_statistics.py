@@ -14,11 +14,12 @@ Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
 No per-parameter ``.item()`` or ``.cpu()``, no other host sync. Both return a `HostStats`: what
 must happen while the gradients are as logged (the passes, the copy, the checks) is done; the
 numpy that finishes the matrix is left to the writer's thread
-(`GradientWriter.write_statistics_later`), which runs the steps queued every 50 ms back to back
+(`GradientWriter.write_statistics_later`), which runs the steps queued every 0.25 s back to back
 with warm caches, where the training thread would run it cold after every ``backward``.
 """
 
 import dataclasses
+import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -54,9 +55,10 @@ class HostStats:
         given the clip's coefficient, ``global_norm_clipped``."""
         def finish():
             matrix = self.finish()
-            norms = matrix[:, l2_column].astype(np.float64)
-            norms = norms[~np.isnan(norms)]  # a dot product: 1/4 of nansum's time
-            scalars = {name: float(np.sqrt(norms @ norms))}
+            # In Python: numpy's calls on a few dozen numbers cost more with cold caches; the
+            # squares of float32 norms are exact in float64, and fsum is correctly rounded.
+            scalars = {name: math.sqrt(math.fsum(
+                norm * norm for norm in matrix[:, l2_column].tolist() if norm == norm))}
             if clip_coefficient is not None:
                 scalars["global_norm_clipped"] = scalars[name] * clip_coefficient
             return matrix, scalars
@@ -110,6 +112,7 @@ class ClipNorms:
         self._gradient_stats = gradient_stats
         self._missing = missing_warnings  # a `layout.MissingGradientWarnings`
         self._least = {}  # numpy dtype -> per parameter, the least norm trusted (a list)
+        self._templates = {}  # see `_template`
 
     def matrix(self, clip, weights, every_step) -> Optional[HostStats]:
         """The `HostStats` of the norms of ``clip`` (a `torch_clip.PendingClip` or None), from
@@ -139,13 +142,34 @@ class ClipNorms:
         self._missing.warn([n for n, place in zip(self._names, places) if place is None])
 
         def finish():
-            sizes = np.where([place is None for place in places], np.nan, self._sizes)
-            weight_norms = _weight_column(np.array(copied[len(norms):], dtype),
-                                          computed_weights, weights, len(places))
-            return statistics.norms_only_matrix(np.array(gradient_norms, dtype),
-                                                sizes.astype(dtype), weight_norms,
-                                                self._gradient_stats)
+            template, norm_column, weight_column = self._template(dtype, places,
+                                                                  weights is not None)
+            matrix = template.copy()
+            matrix[:, norm_column] = gradient_norms
+            if computed_weights:  # NaN beside a missing gradient, as `norms_only_matrix`'s
+                matrix[:, weight_column] = np.where(matrix[:, norm_column] == matrix[:, norm_column],
+                                                    copied[len(norms):], np.nan)
+            return matrix
         return HostStats(dtype, finish)
+
+    def _template(self, dtype, places, with_weights):
+        """``(matrix, norm column, weight norm column)``: `statistics.norms_only_matrix` of
+        norms 0 (NaN without a gradient) and weight norms NaN, made once per set of missing
+        gradients: a step's matrix is a copy with its norms in, where building it took the
+        writer's thread ~20 numpy calls a step, each with cold caches."""
+        missing = tuple(place is None for place in places)
+        key = (dtype, missing, with_weights)
+        if key not in self._templates:
+            names = columns.stats_for(with_weights, False, self._gradient_stats)
+            self._templates[key] = (
+                statistics.norms_only_matrix(
+                    np.where(missing, np.nan, 0).astype(dtype),
+                    np.where(missing, np.nan, self._sizes).astype(dtype),
+                    np.full(len(places), np.nan, dtype) if with_weights else None,
+                    self._gradient_stats),
+                columns.position(names, "l2_norm"),
+                columns.position(names, "weight_l2_norm") if with_weights else None)
+        return self._templates[key]
 
 
 def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) -> HostStats:
@@ -162,7 +186,10 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) 
         [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
     gradient_norms[present] = host[:len(present)]
-    weight_norms = _weight_column(host[len(present):], computed_weights, weights, len(entries))
+    weight_norms = None
+    if weights is not None:  # the column, NaN when not computed at this step
+        weight_norms = (host[len(present):] if computed_weights
+                        else np.full(len(entries), np.nan, dtype=host.dtype))
     sizes = _sizes(entries, host.dtype)
     doubtful = np.flatnonzero(~statistics.trusted_norms(gradient_norms, sizes))
     exact = None
@@ -182,14 +209,6 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) 
             matrix[doubtful[:, None], logged] = exact[:, logged]
         return matrix
     return HostStats(host.dtype, finish)
-
-
-def _weight_column(computed_norms, computed_weights, weights, rows):
-    """The weight norm column of a norms-only step: None without one in the tag, NaN when
-    not computed at this step."""
-    if weights is None:
-        return None
-    return computed_norms if computed_weights else np.full(rows, np.nan, computed_norms.dtype)
 
 
 def _sizes(entries, dtype):

@@ -33,9 +33,11 @@ IDLE_SECONDS = 1.0
 # a caller waits for them: woken at every job, the thread took 0.30 ms of CPU per training step
 # of the PyTorch benchmark (a thread switch and cold caches each time, on a core the training
 # uses), against 0.06 ms per job run back to back (benchmarks/NOTES.md, "The weight norms at the
-# full steps; writes in batches").
+# full steps; writes in batches"). In the training loop, where every batch starts with caches
+# the step emptied, 0.25 s took the thread 0.20-0.21 ms a step where 0.05 s took 0.25-0.35 (the
+# benchmark's clipped norms-only steps; NOTES, "The writer's thread in the loop").
 # Far below what a reader notices: TensorBoard reloads every 5 s at the most.
-BATCH_SECONDS = 0.05
+BATCH_SECONDS = 0.25
 
 # The longest `submit` waits for a slot in a full queue before it takes the thread for stuck: a
 # write takes a millisecond or less, and a busy machine may not run the thread for tens of ms;
