@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -299,17 +300,31 @@ def rows_per_batch(settings, measure, pairs=()):
     return rows
 
 
+def median_interval(values, resamples=2000, seed=0):
+    """The 90% bootstrap interval of the median of ``values`` (resampled with a fixed seed, so
+    a report renders the same twice): how far the median itself may be off from noise, where
+    the per-round spread says how far one round is."""
+    generator = random.Random(seed)
+    medians = sorted(statistics.median(generator.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    return medians[int(0.05 * resamples)], medians[int(0.95 * resamples) - 1]
+
+
 def target_table(rows, targets):
     """Per batch size and each ``(variant, baseline, target, label)`` of ``targets``: the median
-    of variant/baseline over the rounds, their spread, and whether the median meets the target."""
+    of variant/baseline over the rounds, its 90% interval (`median_interval`), the spread of
+    the rounds, and whether the median meets the target."""
     cells = []
     for r in rows:
         for variant, baseline, target, label in targets:
             per_round = r["pairs"][f"{variant}/{baseline}"]
             median = statistics.median(per_round)
-            cells.append([f"{r['batch']:,}", label, f"{median:.2f}x", ratio_range(per_round),
-                          f"<= {target:.2f}x", "yes" if median <= target else "no"])
-    return table(["batch", "what", "median", "per round", "target", "met"], cells)
+            low, high = median_interval(per_round)
+            cells.append([f"{r['batch']:,}", label, f"{median:.2f}x", f"{low:.2f}-{high:.2f}",
+                          ratio_range(per_round), f"<= {target:.2f}x",
+                          "yes" if median <= target else "no"])
+    return table(["batch", "what", "median", "median, 90% interval", "per round", "target",
+                  "met"], cells)
 
 
 def step_time_table(rows, variants, peers, ours=None):

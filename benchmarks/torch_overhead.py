@@ -223,7 +223,8 @@ def render(result):
         "item_norms": "`.item()` norm per parameter",
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"},
         {"ours": "ours", "ours_all": "ours all"}))
-    lines += ["", "Targets (issue 36), medians of the per-round ratios and their spread:", "",
+    lines += ["", "Targets (issue 36): medians of the per-round ratios, the 90% interval of "
+              "each median and the spread of the rounds:", "",
               _common.target_table(result["rows"], TARGETS)]
     return "\n".join(lines)
 

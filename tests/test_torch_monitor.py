@@ -305,6 +305,34 @@ def test_a_clipped_norms_only_step_without_a_gradient_or_in_bfloat16(tmp_path, m
                                rtol=norm_rtol(32 * 32))
 
 
+def test_a_clipped_norms_only_step_of_some_parameters_logs_their_weights_beside_them(tmp_path):
+    """With ``optimizer=`` and ``include=`` the clip's vector holds every clipped gradient's
+    norm, the watched ones among them, and the weights' norms follow it in the same copy:
+    each watched parameter's gradient and weight norms land in its own row."""
+    torch.manual_seed(0)
+    model = sigmoid_mlp(depth=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    watched = ["2.weight", "4.bias"]
+    gradients, weights = [], []
+    with GradientMonitor(model, tmp_path, optimizer=optimizer,
+                         include=[rf"^{name}$" for name in watched]) as monitor:
+        for x, y in batches(3):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            named = dict(model.named_parameters())
+            gradients.append([named[n].grad.double().numpy() for n in watched])
+            weights.append([named[n].detach().double().numpy() for n in watched])
+            monitor.clip_grad_norm_(0.01)
+            optimizer.step()
+    series = series_of(tmp_path)
+    assert list(series.variables) == watched and series.full_rows.tolist() == [True, False, False]
+    for name, arrays in (("l2_norm", gradients), ("weight_l2_norm", weights)):
+        # float32 norms of up to 32 x 32 entries, each within norm_rtol of float64's
+        np.testing.assert_allclose(series.stat(name),
+                                   [[np.linalg.norm(a) for a in step] for step in arrays],
+                                   rtol=norm_rtol(32 * 32))
+
+
 def test_frozen_skipped_missing_warned_once_include_exclude_and_schedules(tmp_path, caplog):
     class WithSpare(torch.nn.Module):
         def __init__(self):

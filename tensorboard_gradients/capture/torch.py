@@ -220,7 +220,7 @@ class GradientMonitor:
         self._missing = MissingGradientWarnings(logger)
         # The parameters, when the tag has their norms.
         self._weight_parameters = [p for _, p in self._parameters] if self._logs_weights else None
-        self._clip_norms = torch_statistics.ClipNorms(  # `clip_grad_norm_`'s norms-only steps
+        self._norms_only = torch_statistics.NormsOnly(
             [n for n, _ in self._parameters], self._sizes, self._gradient_stats, self._missing)
         self._pending = None  # a logged step's row until the optimizer's step completes it
         self._clip = None  # a `torch_clip.PendingClip` while `clip_and_log` logs
@@ -487,7 +487,8 @@ class GradientMonitor:
         return self._write(step, stats, gathered.histograms, extras)
 
     def _log(self, step, stats_due, histograms_due, extras):
-        stats = (self._clip_norms.matrix(self._clip, self._weight_parameters, self._layout.every_step)
+        stats = (self._norms_only.from_clip(self._clip, self._weight_parameters,
+                                            self._layout.every_step)
                  if stats_due == _NORMS else None)
         if stats is not None and not histograms_due:
             return self._write(step, stats, None, extras)  # the gradients not read again
@@ -501,9 +502,9 @@ class GradientMonitor:
         if stats_due and stats is None:
             stats = (torch_statistics.full_matrix(ops, entries, dtype, self._gradient_stats,
                                                   self._weight_parameters) if stats_due == _FULL
-                     else torch_statistics.norms_only_matrix(
-                         ops, entries, dtype, self._gradient_stats, self._weight_parameters,
-                         self._layout.every_step))
+                     else self._norms_only.from_entries(ops, entries, dtype,
+                                                        self._weight_parameters,
+                                                        self._layout.every_step))
         return self._write(step, stats, counts, extras)
 
     def _write(self, step, stats, counts, extras):

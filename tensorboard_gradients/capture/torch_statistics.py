@@ -6,7 +6,8 @@ Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
   copy of the small ``[parameters, passes]`` matrix to the host, which checks whether the fast
   pass can be trusted (the rare step with NaN/Inf, overflow or underflowing squares takes the
   masked pass on the device and a second copy); the matrix is finished in numpy.
-* `norms_only_matrix`: the norms only, the steps between: one multi-tensor
+* `NormsOnly` (`norms_only_matrix` where a norm is doubtful): the norms only, the steps
+  between: the clip's norm vector when it clips, else one multi-tensor
   ``torch._foreach_norm`` of the gradients (and one of the weights), one copy; the non-finite
   counts are 0 where a norm is finite, and the rare parameter whose norm is not (or is so
   small that its squares may have underflowed) takes the masked pass alone.
@@ -97,14 +98,15 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None) -> HostStats:
     return HostStats(host.dtype, finish)
 
 
-class ClipNorms:
-    """A norms-only step's matrix from the clip's pass alone (`matrix`), for parameters of
-    the dense ``sizes`` with the ``gradient_stats``: the gradients are not read again.
+class NormsOnly:
+    """The matrices of a monitor's norms-only steps, for parameters named ``names`` of the
+    dense ``sizes`` with the ``gradient_stats``: from the clip's pass alone (`from_clip`: the
+    gradients are not read again) or from one multi-tensor norm (`from_entries`).
 
     On the training thread, right after ``backward``, numpy's calls on a few dozen numbers run
     with cold caches (5-10x their time in a hot loop: ~0.2 ms a step on the benchmark MLP), so
     the copied norms are checked as Python floats and the matrix is built on the writer's
-    thread (`HostStats`)."""
+    thread (`HostStats`) from a template."""
 
     def __init__(self, names, sizes, gradient_stats, missing_warnings):
         self._names = names
@@ -114,41 +116,64 @@ class ClipNorms:
         self._least = {}  # numpy dtype -> per parameter, the least norm trusted (a list)
         self._templates = {}  # see `_template`
 
-    def matrix(self, clip, weights, every_step) -> Optional[HostStats]:
-        """The `HostStats` of the norms of ``clip`` (a `torch_clip.PendingClip` or None), from
-        its `logged_norms` ``(norms, places)``: the vector and per parameter its place in it,
-        None without a gradient (warned of). ONE host copy of that vector (with the weights'
-        norms when ``every_step`` has them; ``weights``: the parameters when the tag has their
-        norm, else None) is all the step adds to the clip. None where the gradients must be
-        read (`norms_only_matrix`): no clip or none that shares its pass (never one under
-        DeepSpeed's loss scale: its engine clips itself), norms in a dtype the monitor does not compute in (bfloat16, half), no gradient
-        at all, or a norm `statistics.trusted_norms` doubts (non-finite, or so small its
-        squares may have underflowed), whose row takes the masked pass."""
+    def from_clip(self, clip, weights, every_step) -> Optional[HostStats]:
+        """The matrix from the norms of ``clip`` (a `torch_clip.PendingClip` or None), its
+        `logged_norms` (places None without a gradient: warned of): ONE host copy of its
+        vector is all the step adds to the clip. None where the gradients must be read
+        (`from_entries`): no clip or none that shares its pass (never one under DeepSpeed's
+        loss scale: its engine clips itself), norms in a dtype the monitor does not compute in
+        (bfloat16, half), no gradient at all, or a norm `_matrix` doubts. ``weights`` and
+        ``every_step`` as `norms_only_matrix`'s."""
         norms, places = (clip and clip.logged_norms) or (None, None)
         if (norms is None or norms.dtype not in (torch.float32, torch.float64)
                 or all(p is None for p in places)):
             return None
-        computed_weights = ([on_device(w, norms.device, norms.dtype) for w in weights]
-                            if weights is not None and "weight_l2_norm" in every_step else [])
-        copied = (torch.cat([norms, torch.stack(torch._foreach_norm(computed_weights, 2))])
-                  if computed_weights else norms).tolist()  # one host copy, exact floats
+        computed_weights = _weights_due(weights, every_step, norms.device, norms.dtype)
+        weight_start = len(norms) if computed_weights else None
+        if computed_weights:  # in the same host copy
+            norms = torch.cat([norms, torch.stack(torch._foreach_norm(computed_weights, 2))])
+        stats = self._matrix(norms, places, weights is not None, weight_start)
+        if stats is not None:
+            self._missing.warn([n for n, place in zip(self._names, places) if place is None])
+        return stats
+
+    def from_entries(self, ops, entries, dtype, weights, every_step) -> HostStats:
+        """The matrix of ``entries`` (as `full_matrix`'s) from one multi-tensor norm, or,
+        where `_matrix` doubts a norm, `norms_only_matrix`'s."""
+        present = [i for i, entry in enumerate(entries) if entry is not None]
+        places = [None] * len(entries)
+        for place, index in enumerate(present):
+            places[index] = place
+        computed_weights = _weights_due(weights, every_step, ops.device, dtype)
+        norms = torch.stack(torch._foreach_norm(
+            [entries[i][0] for i in present] + computed_weights, 2))
+        return self._matrix(norms, places, weights is not None,
+                            len(present) if computed_weights else None) or (
+            norms_only_matrix(ops, entries, dtype, self._gradient_stats, weights, every_step))
+
+    def _matrix(self, norms, places, with_weights, weight_start) -> Optional[HostStats]:
+        """The `HostStats` of the gradient norms in ``norms`` (a vector; ``places``: per
+        parameter its place in it, None without a gradient), the weights' norms from its
+        ``weight_start`` on (None: not computed at this step; the tag has them when
+        ``with_weights``), in ONE host copy; None when a norm is one `statistics.trusted_norms` doubts (non-finite, or
+        so small its squares may have underflowed: the masked pass's)."""
+        copied = norms.tolist()  # one host copy, exact floats
         gradient_norms = [np.nan if place is None else copied[place] for place in places]
         dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
         if dtype not in self._least:
             self._least[dtype] = statistics.least_trusted_norms(self._sizes, dtype).tolist()
-        if not all(place is None or least <= norm < np.inf  # NaN: False
+        if not all(place is None or least <= norm < np.inf  # `trusted_norms`; NaN: False
                    for place, norm, least in zip(places, gradient_norms, self._least[dtype])):
             return None
-        self._missing.warn([n for n, place in zip(self._names, places) if place is None])
 
         def finish():
-            template, norm_column, weight_column = self._template(dtype, places,
-                                                                  weights is not None)
+            template, norm_column, weight_column = self._template(dtype, places, with_weights)
             matrix = template.copy()
             matrix[:, norm_column] = gradient_norms
-            if computed_weights:  # NaN beside a missing gradient, as `norms_only_matrix`'s
-                matrix[:, weight_column] = np.where(matrix[:, norm_column] == matrix[:, norm_column],
-                                                    copied[len(norms):], np.nan)
+            if weight_start is not None:  # NaN beside a missing gradient, as `norms_only_matrix`'s
+                matrix[:, weight_column] = np.where(
+                    matrix[:, norm_column] == matrix[:, norm_column], copied[weight_start:],
+                    np.nan)
             return matrix
         return HostStats(dtype, finish)
 
@@ -177,11 +202,10 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) 
     ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN, from one multi-tensor
     norm of the gradients (and the weights). ``weights``: the parameters when the tag has the
     weight norm (their norms computed only when ``every_step`` names it), else None. A row
-    whose norm `statistics.trusted_norms` doubts takes the masked pass."""
-    device = ops.device
+    whose norm `statistics.trusted_norms` doubts takes the masked pass (steps without one:
+    `NormsOnly`, which checks the norms as Python floats)."""
     present = [i for i, entry in enumerate(entries) if entry is not None]
-    computed_weights = ([on_device(w, device, dtype) for w in weights]
-                        if weights is not None and "weight_l2_norm" in every_step else [])
+    computed_weights = _weights_due(weights, every_step, ops.device, dtype)
     host = torch.stack(torch._foreach_norm(
         [entries[i][0] for i in present] + computed_weights, 2)).cpu().numpy()
     gradient_norms = np.full(len(entries), np.nan, dtype=host.dtype)
@@ -209,6 +233,15 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) 
             matrix[doubtful[:, None], logged] = exact[:, logged]
         return matrix
     return HostStats(host.dtype, finish)
+
+
+def _weights_due(weights, every_step, device, dtype):
+    """The ``weights`` whose norms a norms-only step computes (on ``device`` in ``dtype``):
+    all of them when ``every_step`` has the weight norm (the tag has it: ``weights`` not None),
+    else none."""
+    if weights is None or "weight_l2_norm" not in every_step:
+        return []
+    return [on_device(w, device, dtype) for w in weights]
 
 
 def _sizes(entries, dtype):
