@@ -155,8 +155,8 @@ class NormsOnly:
         """The `HostStats` of the gradient norms in ``norms`` (a vector; ``places``: per
         parameter its place in it, None without a gradient), the weights' norms from its
         ``weight_start`` on (None: not computed at this step; the tag has them when
-        ``with_weights``), in ONE host copy; None when a norm is one `statistics.trusted_norms` doubts (non-finite, or
-        so small its squares may have underflowed: the masked pass's)."""
+        ``with_weights``), in ONE host copy; None when `statistics.trusted_norms` would doubt
+        a norm (non-finite, or so small its squares may have underflowed: the masked pass's)."""
         copied = norms.tolist()  # one host copy, exact floats
         gradient_norms = [np.nan if place is None else copied[place] for place in places]
         dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
@@ -170,7 +170,7 @@ class NormsOnly:
             template, norm_column, weight_column = self._template(dtype, places, with_weights)
             matrix = template.copy()
             matrix[:, norm_column] = gradient_norms
-            if weight_start is not None:  # NaN beside a missing gradient, as `norms_only_matrix`'s
+            if weight_start is not None:  # NaN beside a missing gradient, as elsewhere
                 matrix[:, weight_column] = np.where(
                     matrix[:, norm_column] == matrix[:, norm_column], copied[weight_start:],
                     np.nan)

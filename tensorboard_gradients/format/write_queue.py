@@ -35,7 +35,7 @@ IDLE_SECONDS = 1.0
 # uses), against 0.06 ms per job run back to back (benchmarks/NOTES.md, "The weight norms at the
 # full steps; writes in batches"). In the training loop, where every batch starts with caches
 # the step emptied, 0.25 s took the thread 0.20-0.21 ms a step where 0.05 s took 0.25-0.35 (the
-# benchmark's clipped norms-only steps; NOTES, "The writer's thread in the loop").
+# benchmark's clipped norms-only steps; NOTES, "Cold caches, not Python").
 # Far below what a reader notices: TensorBoard reloads every 5 s at the most.
 BATCH_SECONDS = 0.25
 
