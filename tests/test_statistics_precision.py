@@ -222,6 +222,25 @@ def test_a_norms_only_step_logs_the_norms_exact_to_rounding_in_one_pass(adapter,
         assert bool(masked) == (case != "ordinary")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_python_float_trust_check_equals_trusted_norms(dtype):
+    """`trusted_norm_floats` (the PyTorch monitor's norms-only step, on Python floats) trusts
+    exactly the norms `trusted_norms` does: NaN, Inf, 0, the least trusted norm of each size and
+    the floats of ``dtype`` on each side of it, a missing gradient (NaN size)."""
+    sizes = np.array([1, 1000, 2**20, np.nan])
+    least = statistics.least_trusted_norms(sizes, dtype)
+    edges = [np.nan, np.inf, 0.0, 1.0, float(np.finfo(dtype).max)]
+    for size_index in range(len(sizes) - 1):
+        at = dtype(least[size_index])  # the float of dtype nearest the least: either side
+        edges += [float(at), float(np.nextafter(at, dtype(0))), float(np.nextafter(at, dtype(1)))]
+    for norm in edges:
+        norms = np.full(len(sizes), norm, dtype)
+        as_floats = [None if np.isnan(size) else value
+                     for size, value in zip(sizes, norms.tolist())]
+        assert statistics.trusted_norm_floats(as_floats, least.tolist()) == (
+            statistics.trusted_norms(norms, sizes).tolist()), (norm, norms)
+
+
 @pytest.mark.parametrize("adapter", ["numpy", "torch"])
 def test_a_norms_only_step_leaves_a_missing_gradients_row_nan(adapter):
     gradient = np.arange(6, dtype=np.float32)

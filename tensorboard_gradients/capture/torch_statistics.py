@@ -115,6 +115,7 @@ class NormsOnly:
         self._missing = missing_warnings  # a `layout.MissingGradientWarnings`
         self._least = {}  # numpy dtype -> per parameter, the least norm trusted (a list)
         self._templates = {}  # see `_template`
+        self._clip_doubted = False  # `from_clip`'s verdict on this step, for `from_entries`
 
     def from_clip(self, clip, weights, every_step) -> Optional[HostStats]:
         """The matrix from the norms of ``clip`` (a `torch_clip.PendingClip` or None), its
@@ -124,6 +125,7 @@ class NormsOnly:
         loss scale: its engine clips itself), norms in a dtype the monitor does not compute in
         (bfloat16, half), no gradient at all, or a norm `_matrix` doubts. ``weights`` and
         ``every_step`` as `norms_only_matrix`'s."""
+        self._clip_doubted = False
         norms, places = (clip and clip.logged_norms) or (None, None)
         if (norms is None or norms.dtype not in (torch.float32, torch.float64)
                 or all(p is None for p in places)):
@@ -135,11 +137,16 @@ class NormsOnly:
         stats = self._matrix(norms, places, weights is not None, weight_start)
         if stats is not None:
             self._missing.warn([n for n, place in zip(self._names, places) if place is None])
+        self._clip_doubted = stats is None
         return stats
 
     def from_entries(self, ops, entries, dtype, weights, every_step) -> HostStats:
         """The matrix of ``entries`` (as `full_matrix`'s) from one multi-tensor norm, or,
-        where `_matrix` doubts a norm, `norms_only_matrix`'s."""
+        where `_matrix` doubts a norm, `norms_only_matrix`'s: at once after `from_clip` doubted
+        this step's (the same norms: a non-finite or tiny gradient, which no norm unmasks)."""
+        if self._clip_doubted:
+            return norms_only_matrix(ops, entries, dtype, self._gradient_stats, weights,
+                                     every_step)
         present = [i for i, entry in enumerate(entries) if entry is not None]
         places = [None] * len(entries)
         for place, index in enumerate(present):
@@ -155,15 +162,16 @@ class NormsOnly:
         """The `HostStats` of the gradient norms in ``norms`` (a vector; ``places``: per
         parameter its place in it, None without a gradient), the weights' norms from its
         ``weight_start`` on (None: not computed at this step; the tag has them when
-        ``with_weights``), in ONE host copy; None when `statistics.trusted_norms` would doubt
+        ``with_weights``), in ONE host copy; None when `statistics.trusted_norm_floats` doubts
         a norm (non-finite, or so small its squares may have underflowed: the masked pass's)."""
         copied = norms.tolist()  # one host copy, exact floats
         gradient_norms = [np.nan if place is None else copied[place] for place in places]
         dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
         if dtype not in self._least:
             self._least[dtype] = statistics.least_trusted_norms(self._sizes, dtype).tolist()
-        if not all(place is None or least <= norm < np.inf  # `trusted_norms`; NaN: False
-                   for place, norm, least in zip(places, gradient_norms, self._least[dtype])):
+        if not all(statistics.trusted_norm_floats(
+                [None if place is None else copied[place] for place in places],
+                self._least[dtype])):
             return None
 
         def finish():

@@ -29,6 +29,7 @@ Robustness rules (a monitor must not break exactly when gradients blow up):
 """
 
 import functools
+import math
 
 import numpy as np
 
@@ -359,6 +360,16 @@ def trusted_norms(norms, sizes):
     with np.errstate(over="ignore", invalid="ignore"):
         return np.isnan(sizes) | (np.isfinite(norms) & (norms >= least_trusted_norms(
             sizes, norms.dtype)))
+
+
+def trusted_norm_floats(norms, least):
+    """`trusted_norms` of Python floats, one comparison each and no numpy call: ``norms`` (None
+    for a missing gradient: trusted) against ``least``, the `least_trusted_norms` of their sizes
+    as a list. For the PyTorch monitor's norms-only step, where numpy's calls on a few dozen
+    numbers run with cold caches right after ``backward`` (`capture.torch_statistics`); a test
+    keeps the two equal on the edge values (NaN, Inf, 0, each side of the least)."""
+    return [norm is None or low <= norm < math.inf  # NaN: False
+            for norm, low in zip(norms, least)]
 
 
 def least_trusted_norms(sizes, dtype):
