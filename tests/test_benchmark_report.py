@@ -53,3 +53,16 @@ def test_a_benchmark_new_to_the_report_is_appended_with_a_row():
     table = report.split("\n\n")[1].splitlines()
     assert table[-1].startswith("| long_run | ok (rerun alone")
     assert run.spliced(report, [_section("long_run", "again")], ENV, True).count("| long_run |") == 1
+
+
+def test_a_target_counts_every_step_so_a_rare_slow_round_weighs_as_in_training():
+    """`_common.target_table`: one round in ten holds a cadence's slow step (a histogram
+    step every 100th at 10 steps a round). Its cost is 2% of the total; the median round, which
+    leaves that round out, would read 1.00x and call the 1.01x target met."""
+    import _common
+
+    rounds = [[1.0, 1.0]] * 90 + [[1.2, 1.0]] * 10
+    row = {"batch": 256, "pairs": {"ours/none": rounds}}
+    cells = _common.target_table([row], [("ours", "none", 1.01, "defaults")]).splitlines()[-1]
+    assert [c.strip() for c in cells.strip("|").split("|")] == [
+        "256", "defaults", "1.020x", "1.010-1.030", "1.000x", "1.00-1.20", "<= 1.01x", "no"]
