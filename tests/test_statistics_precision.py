@@ -241,6 +241,76 @@ def test_the_python_float_trust_check_equals_trusted_norms(dtype):
             statistics.trusted_norms(norms, sizes).tolist()), (norm, norms)
 
 
+def _fast_rows_trusted(pass_rows, sizes, dtype, stats):
+    """`checked_fast_rows`' verdict on a `pass_matrix` (``sizes``: NaN for a missing row)."""
+    with np.errstate(all="ignore"):
+        rows = statistics.fast_reductions(statistics.NumpyOps, pass_rows, stats)
+        return bool(statistics.checked_fast_rows(statistics.NumpyOps, rows, sizes, dtype,
+                                                 stats)[1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stat_set", STAT_SETS)
+def test_the_python_float_pre_check_trusts_only_what_the_check_trusts(dtype, stat_set):
+    """`surely_trusted_passes` (the PyTorch monitor's full step, on Python floats) never trusts
+    a pass matrix that `checked_fast_rows` doubts, on each gradient of `mixed_gradients` (every
+    scale, tiny, huge, constant, empty), the same with NaN, Inf and squares that overflow, and
+    on 6,000 random rows of any values, magnitudes up to the dtype's largest and down to its
+    subnormals, and those near the pre-check's own bounds; and it does trust ordinary
+    gradients, so the monitor's common step does take it."""
+    stats = STAT_SETS[stat_set]
+    rng = np.random.default_rng(11)
+    gradients = [g.astype(dtype) for g in mixed_gradients(rng)]
+    gradients += [np.array([np.nan, 1.0], dtype), np.array([np.inf, 1.0], dtype),
+                  np.full(4, np.finfo(dtype).max / 3, dtype), np.zeros(5, dtype)]
+
+    def verdicts(pass_matrix, sizes):
+        surely = statistics.surely_trusted_passes(
+            pass_matrix.tolist(), [None if np.isnan(s) else s for s in sizes], dtype, stats)
+        return surely, _fast_rows_trusted(pass_matrix, sizes, dtype, stats)
+
+    ordinary = [(rng.standard_normal(n) * scale).astype(dtype)
+                for n, scale in ((65536, 1e-3), (256, 1.0), (10, 1e3))]
+    passes, sizes = statistics.pass_matrix(
+        statistics.NumpyOps, [(g, g.size) for g in ordinary] + [None], dtype, stats)
+    assert verdicts(passes, sizes) == (True, True)
+    for gradient in gradients:
+        with np.errstate(all="ignore"):  # the NaN, Inf and overflowing ones
+            passes, sizes = statistics.pass_matrix(
+                statistics.NumpyOps, [(gradient, gradient.size)], dtype, stats)
+        surely, trusted = verdicts(passes, sizes)
+        assert trusted or not surely, gradient
+    # Random rows: log-uniform magnitudes over the dtype's whole range, random signs, exact
+    # zeros, NaN and Inf; every fifth row scaled to sit at a pre-check bound.
+    info = np.finfo(dtype)
+    width = len(statistics.passes_for(tuple(stats)))
+    exponents = rng.uniform(np.log10(info.smallest_subnormal), np.log10(info.max), (6000, width))
+    rows = rng.choice([-1, 1, 1, 1], (6000, width)) * 10.0 ** exponents
+    rows[rng.random(rows.shape) < 0.05] = 0
+    rows[rng.random(rows.shape) < 0.002] = np.nan
+    rows[rng.random(rows.shape) < 0.002] = np.inf
+    rows[:, 0] = np.round(10.0 ** rng.uniform(0, 7, len(rows)))  # the count: an integer
+    near = rng.random(len(rows)) < 0.2
+    with np.errstate(all="ignore"):
+        rows[near] *= np.sqrt(info.tiny / info.eps) / np.maximum(np.abs(rows[near, 1:2]), info.tiny)
+    with np.errstate(all="ignore"):
+        rows = rows.astype(dtype)
+    if "m2" in statistics.passes_for(tuple(stats)):
+        # Impossible rows the check's float32 cancels to a sum of squares of 0 and float64
+        # does not: all entries equal, yet a negative M2 against the mean's part.
+        names = statistics.passes_for(tuple(stats))
+        for count, total in ((3, 5), (7, 3), (11, 13)):
+            row = dict.fromkeys(names, 0.0) | {"count": count, "sum": total, "min": 1.0,
+                                                "max": 1.0, "m2": -total * total / count}
+            rows = np.concatenate([rows, np.array([[row[name] for name in names]], dtype)])
+    taken = 0
+    for row in rows:
+        surely, trusted = verdicts(row[None, :], np.array([row[0]], dtype))
+        assert trusted or not surely, row.tolist()
+        taken += surely
+    assert taken > 100  # the random rows reach the pre-check's True
+
+
 @pytest.mark.parametrize("adapter", ["numpy", "torch"])
 def test_a_norms_only_step_leaves_a_missing_gradients_row_nan(adapter):
     gradient = np.arange(6, dtype=np.float32)

@@ -4,7 +4,8 @@ Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
 
 * `full_matrix`: every statistic the monitor logs: the passes the stats need on the device, ONE
   copy of the small ``[parameters, passes]`` matrix to the host, which checks whether the fast
-  pass can be trusted (the rare step with NaN/Inf, overflow or underflowing squares takes the
+  pass can be trusted, in Python floats (`statistics.surely_trusted_passes`; where that gives
+  no verdict, in numpy: the rare step with NaN/Inf, overflow or underflowing squares takes the
   masked pass on the device and a second copy); the matrix is finished in numpy.
 * `NormsOnly` (`norms_only_matrix` where a norm is doubtful): the norms only, the steps
   between: the clip's norm vector when it clips, else one multi-tensor
@@ -78,24 +79,34 @@ def full_matrix(ops, entries, dtype, gradient_stats, weights=None) -> HostStats:
     host = passes.cpu().numpy()
     passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if weights is not None
                             else (host, None))
-    sizes = _sizes(entries, host.dtype)
-    # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        # On the host: a few dozen operations on [parameters] vectors, each a dispatch (and on
-        # an accelerator a launch) on the device.
-        rows = statistics.fast_reductions(statistics.NumpyOps, passes, gradient_stats)
-        scaled, trusted = statistics.checked_fast_rows(
-            statistics.NumpyOps, rows, sizes, host.dtype, gradient_stats)
-    if trusted:
-        rows = scaled
-    else:
-        rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
+    given_sizes = [None if entry is None else entry[1] for entry in entries]
+    # The common step decides in Python floats that the fast pass is trusted and leaves its
+    # numpy to the writer's thread (cold caches here); the rare others are checked here, where
+    # the gradients are still there for the masked pass.
+    rows = None
+    if not statistics.surely_trusted_passes(passes.tolist(), given_sizes, host.dtype,
+                                            gradient_stats):
+        rows, trusted = _fast_rows(passes, _sizes(given_sizes, host.dtype), gradient_stats)
+        if not trusted:
+            rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
 
-    def finish():
+    def finish():  # holds no gradient: the host arrays only
+        sizes = _sizes(given_sizes, host.dtype)
+        fast = rows if rows is not None else _fast_rows(passes, sizes, gradient_stats)[0]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return statistics.statistics_from_reductions(
-                statistics.NumpyOps, rows, sizes, weight_norms, gradient_stats)
+                statistics.NumpyOps, fast, sizes, weight_norms, gradient_stats)
     return HostStats(host.dtype, finish)
+
+
+def _fast_rows(passes, sizes, gradient_stats):
+    """``(rows, trusted)``: `statistics.checked_fast_rows` of the `fast_reductions` of the host
+    ``passes`` (a `statistics.pass_matrix`) of gradients of the dense ``sizes``."""
+    # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        rows = statistics.fast_reductions(statistics.NumpyOps, passes, gradient_stats)
+        return statistics.checked_fast_rows(statistics.NumpyOps, rows, sizes, passes.dtype,
+                                            gradient_stats)
 
 
 class NormsOnly:
@@ -222,7 +233,7 @@ def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) 
     if weights is not None:  # the column, NaN when not computed at this step
         weight_norms = (host[len(present):] if computed_weights
                         else np.full(len(entries), np.nan, dtype=host.dtype))
-    sizes = _sizes(entries, host.dtype)
+    sizes = _sizes([None if entry is None else entry[1] for entry in entries], host.dtype)
     doubtful = np.flatnonzero(~statistics.trusted_norms(gradient_norms, sizes))
     exact = None
     if doubtful.size:
@@ -252,5 +263,6 @@ def _weights_due(weights, every_step, device, dtype):
     return [on_device(w, device, dtype) for w in weights]
 
 
-def _sizes(entries, dtype):
-    return np.array([np.nan if e is None else e[1] for e in entries], dtype=dtype)
+def _sizes(given, dtype):
+    """The dense sizes ``given`` (None for a missing gradient: NaN) as a numpy vector."""
+    return np.array([np.nan if size is None else size for size in given], dtype=dtype)

@@ -307,6 +307,57 @@ def checked_fast_rows(ops, rows, sizes, dtype, gradient_stats=columns.GRADIENT_S
         | ops.isnan(sizes))
 
 
+def surely_trusted_passes(pass_rows, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """Whether `checked_fast_rows` is sure to trust the `fast_reductions` of ``pass_rows`` (a
+    `pass_matrix` of ``gradient_stats`` in the numpy float ``dtype``, as Python lists;
+    ``sizes``: None for a missing gradient), decided in Python floats: no numpy call, for the
+    PyTorch monitor's training thread, where numpy's calls on a few dozen numbers run with
+    cold caches right after ``backward`` (`capture.torch_statistics`). False is no verdict: the
+    caller runs `checked_fast_rows`.
+
+    The same arithmetic as the check, in float64 with room to spare, so that no rounding of the
+    check's own (in ``dtype``) can turn a True. Every value the check tests finite is a pass,
+    abs_max, the mean's part of the sum of squares, that sum, or one of them divided once or
+    twice by the row's scale, so at most their magnitudes' sum ``M`` plus ``M / scale**2``:
+    kept 16x below the dtype's largest float. The sums of squares it tests for underflow are
+    kept at least twice the least it keeps (`_no_square_underflows`). A negative M2 (no real
+    gradient has one) is no verdict: its sum with the mean's part could cancel. A test holds
+    the implication on every kind of gradient and on random rows of any values."""
+    (count_at, min_at, max_at, sum_at, m2_at, squares_at), largest, least_square = (
+        _surely_trusted_constants(np.dtype(dtype), tuple(gradient_stats)))
+    for row, size in zip(pass_rows, sizes):
+        if size is None:
+            continue
+        count, low, high = row[count_at], row[min_at], row[max_at]
+        m2 = 0.0 if m2_at is None else row[m2_at]
+        if not m2 >= 0:  # NaN too
+            return False
+        total = 0.0 if sum_at is None else row[sum_at]
+        mean_part = total * (total / max(count, 1.0))
+        squares = m2 + mean_part if squares_at is None else row[squares_at]
+        abs_max = max(-low, high, 0.0)
+        scale = abs_max if abs_max > 0 else 1.0
+        magnitudes = sum(map(abs, row)) + mean_part + abs(squares)
+        if not magnitudes + magnitudes / scale / scale <= largest:  # NaN, Inf: False
+            return False
+        least = count * least_square
+        if (abs_max > 0 and squares < least) or (m2_at is not None and m2 < least
+                                                 and low != high):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _surely_trusted_constants(dtype, gradient_stats):
+    """`surely_trusted_passes`' columns (count, min, max, sum, M2, sum of squares: None where
+    not a pass), its largest magnitude and its least sum of squares per entry."""
+    passes = passes_for(gradient_stats)
+    columns_at = tuple(passes.index(name) if name in passes else None
+                       for name in ("count", "min", "max", "sum", "m2", "sum_squares"))
+    return (columns_at, float(np.finfo(dtype).max) / 16,
+            2 * _least_square(numpy_float(dtype)))
+
+
 def masked_reduction_matrix(ops, gradients, dtype):
     """The `reduction_matrix` rows by the masked pass, one variable at a time: right for any
     input (NaN/Inf entries, sums that would overflow or underflow)."""
