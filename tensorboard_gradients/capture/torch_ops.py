@@ -174,11 +174,11 @@ class TorchOps(statistics.ArrayOps):
         # CPU, against 1.0-1.1 ms through the grouped path, whose fixed cost per group (a stack,
         # a count, a concat) outweighs the passes there (benchmarks/NOTES.md "stats=").
         like = values[0]
-        infinity = torch.tensor(float("inf"), dtype=like.dtype, device=like.device)
-        extremes = [torch.aminmax(v) if v.numel() else (infinity, -infinity) for v in values]
+        sizes = tuple(v.numel() for v in values)
+        extremes = [torch.aminmax(v) if size else _empty_extremes(like.dtype, like.device)
+                    for v, size in zip(values, sizes)]
         found = {
-            "count": torch.tensor([float(v.numel()) for v in values], dtype=like.dtype,
-                                  device=like.device),
+            "count": _counts(sizes, like.dtype, like.device),
             "min": torch.stack([low for low, _ in extremes]),
             "max": torch.stack([high for _, high in extremes]),
             "sum_squares": torch.stack(torch._foreach_norm(values, 2)) ** 2,
@@ -191,6 +191,20 @@ class TorchOps(statistics.ArrayOps):
 
 
 _REQUIRED_PASSES = statistics.passes_for(columns.REQUIRED_STATS)
+
+
+# Made once: a tensor built from Python numbers is a host-to-device copy (and on the CPU a few
+# microseconds that a step after `backward` pays with cold caches); `torch.stack` copies them.
+@functools.lru_cache(maxsize=64)
+def _counts(sizes, dtype, device):
+    return torch.tensor([float(size) for size in sizes], dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_extremes(dtype, device):
+    """An empty array's (min, max): +Inf and -Inf, as the masked pass has them."""
+    infinity = torch.tensor(float("inf"), dtype=dtype, device=device)
+    return infinity, -infinity
 
 
 @functools.lru_cache(maxsize=None)
