@@ -176,14 +176,13 @@ class NormsOnly:
         ``with_weights``), in ONE host copy; None when `statistics.trusted_norm_floats` doubts
         a norm (non-finite, or so small its squares may have underflowed: the masked pass's)."""
         copied = norms.tolist()  # one host copy, exact floats
-        gradient_norms = [np.nan if place is None else copied[place] for place in places]
+        in_order = [None if place is None else copied[place] for place in places]
         dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
         if dtype not in self._least:
             self._least[dtype] = statistics.least_trusted_norms(self._sizes, dtype).tolist()
-        if not all(statistics.trusted_norm_floats(
-                [None if place is None else copied[place] for place in places],
-                self._least[dtype])):
+        if not all(statistics.trusted_norm_floats(in_order, self._least[dtype])):
             return None
+        gradient_norms = [np.nan if norm is None else norm for norm in in_order]
 
         def finish():
             template, norm_column, weight_column = self._template(dtype, places, with_weights)

@@ -17,8 +17,7 @@ from tensorboard_gradients.format.statistics.formulas import (
     REDUCTIONS, checked_fast_rows, combine_moments, fast_reductions, masked_reduction_matrix,
     norms_only_columns, norms_only_matrix, norms_only_statistics, pass_matrix, passes_for,
     reduction_matrix, scaled_sums, stack_reductions, statistics_from_reductions, statistics_matrix,
-    surely_trusted_passes,
-    trusted_norm_floats, trusted_norms, least_trusted_norms)
+    surely_trusted_passes, trusted_norm_floats, trusted_norms, least_trusted_norms)
 from tensorboard_gradients.format.statistics.histograms import (
     histogram_bit_tables, histogram_matrix, histogram_rows)
 from tensorboard_gradients.format.statistics.shards import combine_shards
@@ -26,9 +25,9 @@ from tensorboard_gradients.format.statistics.shards import combine_shards
 __all__ = [
     "ArrayOps", "NumpyOps", "size_groups", "numpy_float", "GROUPED_ARRAY_MAX_ENTRIES",
     "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS", "stack_reductions", "passes_for",
-    "pass_matrix", "fast_reductions", "checked_fast_rows", "surely_trusted_passes", "scaled_sums",
-    "masked_reduction_matrix", "norms_only_matrix", "trusted_norms", "trusted_norm_floats", "least_trusted_norms",
-    "norms_only_statistics",
+    "pass_matrix", "fast_reductions", "checked_fast_rows", "surely_trusted_passes",
+    "scaled_sums", "masked_reduction_matrix", "norms_only_matrix", "trusted_norms",
+    "trusted_norm_floats", "least_trusted_norms", "norms_only_statistics",
     "norms_only_columns", "reduction_matrix", "statistics_from_reductions",
     "statistics_matrix", "combine_moments", "combine_shards", "histogram_bit_tables",
     "histogram_rows", "histogram_matrix", "adam_rms",
