@@ -33,7 +33,7 @@ interleaved round by round in one process, so machine noise hits them alike:
         [--target_rounds N] [--width W] [--device cuda]
 
 Issue 36's targets are timed a second time, their variants alone in many short rounds
-(`TARGET_VARIANTS`), so that each median ratio is known to about +-0.01.
+(`TARGET_VARIANTS`), so that each ratio of total times is known to about +-0.01-0.02.
 
 On one GPU (issue 36: a step of a model of at least 100M parameters, the defaults within 1.02x):
 
@@ -157,8 +157,8 @@ TARGETS = (
     ("ours_clip", "clip_recipe", 1.02, "clip + defaults vs the clip recipe"),
 )
 # The targets' variants, timed again by themselves in many short rounds: the 25 rounds of the
-# full table leave each median ratio a 90% interval of +-0.02-0.04 here, wider than the 2%
-# targets; 150 rounds of 10 steps narrow it to about +-0.01 (NOTES.md, issue 36).
+# full table leave each ratio a 90% interval of +-0.02-0.04 here, wider than the 2% targets;
+# 150 rounds of 10 steps narrow it to +-0.01-0.02 (NOTES.md, issue 36).
 TARGET_VARIANTS = tuple(name for name in VARIANTS
                         if any(name in target[:2] for target in TARGETS))
 
