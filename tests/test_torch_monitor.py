@@ -700,6 +700,59 @@ def test_an_empty_shard_among_others_keeps_the_fast_reductions():
                                    equal_nan=True)
 
 
+def test_full_steps_queued_together_are_finished_in_one_batch_as_each_alone(monkeypatch):
+    from tensorboard_gradients.capture import torch_statistics
+    from tensorboard_gradients.capture.torch_ops import TorchOps
+    from tensorboard_gradients.format import statistics
+
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(8, 5, generator=generator), torch.randn(5, generator=generator),
+               torch.randn(3, generator=generator)]
+
+    def entries(scale, nan_at=None, missing=False):
+        gradients = [scale * torch.randn(w.shape, generator=generator) for w in weights]
+        if nan_at is not None:
+            gradients[0][nan_at] = float("nan")
+        present = [(g, g.numel()) for g in gradients]
+        return present[:2] + [None] if missing else present
+
+    # Ordinary steps (the batch), a NaN step and a vanishing one (checked on the spot: the
+    # masked pass), a step without one gradient; with and without the weights' norms.
+    steps = [(entries(1.0), weights), (entries(3.0, nan_at=(1, 2)), weights),
+             (entries(1e-25), weights), (entries(0.5, missing=True), weights),
+             (entries(2.0), None), (entries(1.0), weights)]
+    runs = []
+    original = statistics.statistics_from_reductions
+    monkeypatch.setattr(statistics, "statistics_from_reductions",
+                        lambda *args: runs.append(len(args[1])) or original(*args))
+    alone = []
+    for step_entries, step_weights in steps:
+        single = torch_statistics.FullSteps(columns.GRADIENT_STATS)
+        alone.append(single.matrix(TorchOps, step_entries, torch.float32, step_weights).finish())
+    assert runs == [3] * 6
+    runs.clear()
+
+    full_steps = torch_statistics.FullSteps(columns.GRADIENT_STATS)
+    pending = [full_steps.matrix(TorchOps, e, torch.float32, w) for e, w in steps]
+    finished = [pending[index].finish() for index in (3, 0, 1, 2, 4, 5)]
+    # The four trusted steps in one run per kind (with the weights' norms, without), the NaN
+    # and vanishing steps alone; rows equal to the bit: every formula works row by row.
+    assert sorted(runs) == [3, 3, 3, 9]
+    for index, matrix in zip((3, 0, 1, 2, 4, 5), finished):
+        np.testing.assert_array_equal(matrix, alone[index])
+    assert np.isnan(alone[3][2]).all() and not np.isnan(alone[3][:2, 0]).any()
+    assert alone[1][0, columns.stats_for(True, False).index("nan_count")] == 1
+
+    # Steps never finished (refused by a stuck queue) are let go past MOST_WAITING; one
+    # finished after all computes its own rows.
+    monkeypatch.setattr(full_steps, "MOST_WAITING", 2)
+    pending = [full_steps.matrix(TorchOps, entries(1.0), torch.float32, weights)
+               for _ in range(4)]
+    assert len(full_steps._waiting) == 2
+    for matrix in (pending[0].finish(), pending[3].finish()):
+        assert matrix.shape == alone[0].shape and np.isfinite(matrix[:, 0]).all()
+
+
 def test_each_distinct_piece_is_counted_once_by_its_first_rank():
     from tensorboard_gradients.capture.torch_distributed import counted_pieces
 

@@ -222,6 +222,7 @@ class GradientMonitor:
         self._weight_parameters = [p for _, p in self._parameters] if self._logs_weights else None
         self._norms_only = torch_statistics.NormsOnly(
             [n for n, _ in self._parameters], self._sizes, self._gradient_stats, self._missing)
+        self._full_steps = torch_statistics.FullSteps(self._gradient_stats)
         self._pending = None  # a logged step's row until the optimizer's step completes it
         self._clip = None  # a `torch_clip.PendingClip` while `clip_and_log` logs
         self._global_norm_scalar = "global_norm"  # the Trainer's callback renames it
@@ -500,8 +501,8 @@ class GradientMonitor:
         counts = (statistics.histogram_matrix(ops, entries, dtype).cpu().numpy()
                   if histograms_due else None)
         if stats_due and stats is None:
-            stats = (torch_statistics.full_matrix(ops, entries, dtype, self._gradient_stats,
-                                                  self._weight_parameters) if stats_due == _FULL
+            stats = (self._full_steps.matrix(ops, entries, dtype, self._weight_parameters)
+                     if stats_due == _FULL
                      else self._norms_only.from_entries(ops, entries, dtype,
                                                         self._weight_parameters,
                                                         self._layout.every_step))

@@ -169,19 +169,30 @@ class TorchOps(statistics.ArrayOps):
 
     @classmethod
     def _required_pass_rows(cls, values):
-        # The required stats alone (squares, min, max): one multi-tensor norm for all arrays and
-        # one `aminmax` each, stacked once: 0.4-0.5 ms for the benchmark MLP's 28 gradients on
-        # CPU, against 1.0-1.1 ms through the grouped path, whose fixed cost per group (a stack,
-        # a count, a concat) outweighs the passes there (benchmarks/NOTES.md "stats=").
+        # The required stats alone (squares, min, max), stacked once: 0.4-0.5 ms for the
+        # benchmark MLP's 28 gradients on CPU, against 1.0-1.1 ms through the grouped path,
+        # whose fixed cost per group (a stack, a count, a concat) outweighs the passes there
+        # (benchmarks/NOTES.md "stats="). On the CPU, each gradient's `aminmax` and then its
+        # squares as a BLAS dot product while it is in the cache: 0.56 ms in the training loop
+        # where one multi-tensor norm after all the `aminmax` took 0.64 (NOTES, "The full
+        # steps' numpy in one batch"); elsewhere one multi-tensor norm, one kernel for all.
         like = values[0]
         sizes = tuple(v.numel() for v in values)
-        extremes = [torch.aminmax(v) if size else _empty_extremes(like.dtype, like.device)
-                    for v, size in zip(values, sizes)]
+        on_cpu = like.device.type == "cpu"
+        lows, highs, squares = [], [], []
+        for v, size in zip(values, sizes):
+            low, high = torch.aminmax(v) if size else _empty_extremes(like.dtype, like.device)
+            lows.append(low)
+            highs.append(high)
+            if on_cpu:
+                flat = v.reshape(-1)  # a view of a contiguous gradient
+                squares.append(torch.dot(flat, flat))
         found = {
             "count": _counts(sizes, like.dtype, like.device),
-            "min": torch.stack([low for low, _ in extremes]),
-            "max": torch.stack([high for _, high in extremes]),
-            "sum_squares": torch.stack(torch._foreach_norm(values, 2)) ** 2,
+            "min": torch.stack(lows),
+            "max": torch.stack(highs),
+            "sum_squares": (torch.stack(squares) if on_cpu
+                            else torch.stack(torch._foreach_norm(values, 2)) ** 2),
         }
         return torch.stack([found[name] for name in _REQUIRED_PASSES], dim=1)
 

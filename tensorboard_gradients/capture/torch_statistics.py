@@ -2,11 +2,12 @@
 
 Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
 
-* `full_matrix`: every statistic the monitor logs: the passes the stats need on the device, ONE
+* `FullSteps`: every statistic the monitor logs: the passes the stats need on the device, ONE
   copy of the small ``[parameters, passes]`` matrix to the host, which checks whether the fast
   pass can be trusted, in Python floats (`statistics.surely_trusted_passes`; where that gives
   no verdict, in numpy: the rare step with NaN/Inf, overflow or underflowing squares takes the
-  masked pass on the device and a second copy); the matrix is finished in numpy.
+  masked pass on the device and a second copy); the matrices are finished in numpy, the
+  common steps' in batches.
 * `NormsOnly` (`norms_only_matrix` where a norm is doubtful): the norms only, the steps
   between: the clip's norm vector when it clips, else one multi-tensor
   ``torch._foreach_norm`` of the gradients (and one of the weights), one copy; the non-finite
@@ -22,6 +23,7 @@ with warm caches, where the training thread would run it cold after every ``back
 
 import dataclasses
 import math
+import threading
 from typing import Callable, Optional
 
 import numpy as np
@@ -67,36 +69,102 @@ class HostStats:
         return finish
 
 
-def full_matrix(ops, entries, dtype, gradient_stats, weights=None) -> HostStats:
-    """The stats matrix (`HostStats`) of ``entries`` (per parameter None or (values, dense
-    size), on ``ops.device`` in ``dtype``) with the ``gradient_stats``, and ``weight_l2_norm``
-    when ``weights`` (the parameters) are given."""
-    device = ops.device
-    passes, _ = statistics.pass_matrix(ops, entries, dtype, gradient_stats)
-    if weights is not None:
-        weights = [on_device(w, device, dtype) for w in weights]  # under no_grad
-        passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)
-    host = passes.cpu().numpy()
-    passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if weights is not None
-                            else (host, None))
-    given_sizes = [None if entry is None else entry[1] for entry in entries]
-    # The common step decides in Python floats that the fast pass is trusted and leaves its
-    # numpy to the writer's thread (cold caches here); the rare others are checked here, where
-    # the gradients are still there for the masked pass.
-    rows = None
-    if not statistics.surely_trusted_passes(passes.tolist(), given_sizes, host.dtype,
-                                            gradient_stats):
-        rows, trusted = _fast_rows(passes, _sizes(given_sizes, host.dtype), gradient_stats)
+class FullSteps:
+    """The matrices (`HostStats`) of a monitor's steps with every statistic, its
+    ``gradient_stats``: the passes the stats need on the device, ONE copy of the small
+    ``[parameters, passes]`` matrix to the host, the checks while the gradients are as logged.
+
+    The common step, whose pass `statistics.surely_trusted_passes` trusts (Python floats), leaves
+    its numpy to the writer's thread, which runs it for every such step queued meanwhile at
+    once: the rows of all of them stacked, a few dozen numpy calls in all where each step took
+    as many (0.33 ms a step with the writer's cold caches on the benchmark MLP, ~0.02 ms in a
+    batch; benchmarks/NOTES.md, "The full steps' numpy in one batch")."""
+
+    # The most steps waiting for the writer's thread: steps whose write was refused (a stuck
+    # queue) are never finished; past this, the oldest are let go (one that is finished after
+    # all computes its own rows).
+    MOST_WAITING = 1024
+
+    def __init__(self, gradient_stats):
+        self._gradient_stats = gradient_stats
+        self._waiting = []  # `_Deferred`s not yet finished, in the order logged
+        self._waiting_lock = threading.Lock()  # the training thread only appends
+        self._finishing_lock = threading.Lock()  # one thread finishes at a time
+
+    def matrix(self, ops, entries, dtype, weights=None) -> HostStats:
+        """The stats matrix of ``entries`` (per parameter None or (values, dense size), on
+        ``ops.device`` in ``dtype``), with ``weight_l2_norm`` when ``weights`` (the parameters)
+        are given."""
+        device = ops.device
+        passes, _ = statistics.pass_matrix(ops, entries, dtype, self._gradient_stats)
+        if weights is not None:
+            weights = [on_device(w, device, dtype) for w in weights]  # under no_grad
+            passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)
+        host = passes.cpu().numpy()
+        passes, weight_norms = ((host[:, :-1], np.sqrt(host[:, -1])) if weights is not None
+                                else (host, None))
+        given_sizes = [None if entry is None else entry[1] for entry in entries]
+        if statistics.surely_trusted_passes(passes.tolist(), given_sizes, host.dtype,
+                                            self._gradient_stats):
+            return HostStats(host.dtype, self._deferred(passes, given_sizes, weight_norms))
+        # The rare others are checked here, where the gradients are still there for the
+        # masked pass.
+        sizes = _sizes(given_sizes, host.dtype)
+        rows, trusted = _fast_rows(passes, sizes, self._gradient_stats)
         if not trusted:
             rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
+        return HostStats(host.dtype, lambda: self._statistics(rows, sizes, weight_norms))
 
-    def finish():  # holds no gradient: the host arrays only
-        sizes = _sizes(given_sizes, host.dtype)
-        fast = rows if rows is not None else _fast_rows(passes, sizes, gradient_stats)[0]
+    def _deferred(self, passes, given_sizes, weight_norms):
+        """``finish`` of a trusted step: its matrix, from a batch of the steps waiting."""
+        deferred = _Deferred(passes, given_sizes, weight_norms)
+        with self._waiting_lock:
+            self._waiting.append(deferred)
+            del self._waiting[:-self.MOST_WAITING]
+
+        def finish():  # holds no gradient: the host arrays only
+            with self._finishing_lock:
+                if deferred.matrix is None:
+                    with self._waiting_lock:
+                        batch, self._waiting = self._waiting, []
+                    if deferred not in batch:  # let go (see MOST_WAITING)
+                        batch.append(deferred)
+                    self._finish(batch)
+                return deferred.matrix
+        return finish
+
+    def _finish(self, batch):
+        """Sets the matrix of every `_Deferred` in ``batch``: one numpy run per kind of step
+        (dtype, weights or not), on their rows stacked (every formula works row by row)."""
+        kinds = {}
+        for deferred in batch:
+            kinds.setdefault((deferred.passes.dtype, deferred.weight_norms is None),
+                             []).append(deferred)
+        for (dtype, _), steps in kinds.items():
+            passes = np.concatenate([step.passes for step in steps])
+            sizes = _sizes([size for step in steps for size in step.given_sizes], dtype)
+            weight_norms = (None if steps[0].weight_norms is None
+                            else np.concatenate([step.weight_norms for step in steps]))
+            matrix = self._statistics(_fast_rows(passes, sizes, self._gradient_stats)[0],
+                                      sizes, weight_norms)
+            ends = np.cumsum([len(step.given_sizes) for step in steps])
+            for step, rows in zip(steps, np.split(matrix, ends[:-1])):
+                step.matrix = rows
+
+    def _statistics(self, rows, sizes, weight_norms):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return statistics.statistics_from_reductions(
-                statistics.NumpyOps, fast, sizes, weight_norms, gradient_stats)
-    return HostStats(host.dtype, finish)
+                statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
+
+
+@dataclasses.dataclass(eq=False)
+class _Deferred:
+    """A trusted full step's host arrays, waiting for `FullSteps._finish`."""
+
+    passes: np.ndarray
+    given_sizes: list
+    weight_norms: Optional[np.ndarray]
+    matrix: Optional[np.ndarray] = None
 
 
 def _fast_rows(passes, sizes, gradient_stats):
@@ -152,7 +220,7 @@ class NormsOnly:
         return stats
 
     def from_entries(self, ops, entries, dtype, weights, every_step) -> HostStats:
-        """The matrix of ``entries`` (as `full_matrix`'s) from one multi-tensor norm, or,
+        """The matrix of ``entries`` (as `FullSteps.matrix`'s) from one multi-tensor norm, or,
         where `_matrix` doubts a norm, `norms_only_matrix`'s: at once after `from_clip` doubted
         this step's (the same norms: a non-finite or tiny gradient, which no norm unmasks)."""
         if self._clip_doubted:
@@ -216,7 +284,7 @@ class NormsOnly:
 
 
 def norms_only_matrix(ops, entries, dtype, gradient_stats, weights, every_step) -> HostStats:
-    """`full_matrix`'s columns at a norms-only step: `statistics.norms_only_matrix`, the
+    """`FullSteps`' columns at a norms-only step: `statistics.norms_only_matrix`, the
     ``every_step`` stats (the tag's `columns.every_step_stats`) not NaN, from one multi-tensor
     norm of the gradients (and the weights). ``weights``: the parameters when the tag has the
     weight norm (their norms computed only when ``every_step`` names it), else None. A row
