@@ -745,10 +745,10 @@ def test_full_steps_queued_together_are_finished_in_one_batch_as_each_alone(monk
 
     # Steps never finished (refused by a stuck queue) are let go past MOST_WAITING; one
     # finished after all computes its own rows.
-    monkeypatch.setattr(full_steps, "MOST_WAITING", 2)
+    monkeypatch.setattr(torch_statistics.Batched, "MOST_WAITING", 2)
     pending = [full_steps.matrix(TorchOps, entries(1.0), torch.float32, weights)
                for _ in range(4)]
-    assert len(full_steps._waiting) == 2
+    assert len(full_steps._trusted._waiting) == 2
     for matrix in (pending[0].finish(), pending[3].finish()):
         assert matrix.shape == alone[0].shape and np.isfinite(matrix[:, 0]).all()
 

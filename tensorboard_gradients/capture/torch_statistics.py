@@ -69,6 +69,50 @@ class HostStats:
         return finish
 
 
+class Batched:
+    """Host work of many logged steps, run together on the writer's thread: ``later(item)``
+    returns the ``finish`` of one step, and the first ``finish`` called runs ``run`` once on
+    every item waiting (``run(items)`` returns their results, in order). On that thread, right
+    after the training's step, a numpy call on a few dozen numbers takes 5-10x its time in a hot
+    loop; a batch of the steps queued in 0.25 s pays it once (benchmarks/NOTES.md, "The full
+    steps' numpy in one batch")."""
+
+    # The most items waiting: the steps whose write was refused (a stuck queue) are never
+    # finished; past this, the oldest are let go (one finished after all runs alone).
+    MOST_WAITING = 1024
+
+    def __init__(self, run):
+        self._run = run
+        self._waiting = []  # `_Waiting`s not yet run, in the order logged
+        self._waiting_lock = threading.Lock()  # the training thread only appends under it
+        self._running_lock = threading.Lock()  # one thread runs a batch at a time
+
+    def later(self, item) -> Callable:
+        waiting = _Waiting(item)
+        with self._waiting_lock:
+            self._waiting.append(waiting)
+            del self._waiting[:-self.MOST_WAITING]
+
+        def finish():
+            with self._running_lock:
+                if not waiting.done:
+                    with self._waiting_lock:
+                        batch, self._waiting = self._waiting, []
+                    if waiting not in batch:  # let go (MOST_WAITING)
+                        batch.append(waiting)
+                    for each, result in zip(batch, self._run([w.item for w in batch])):
+                        each.result, each.done, each.item = result, True, None
+                return waiting.result
+        return finish
+
+
+@dataclasses.dataclass(eq=False)
+class _Waiting:
+    item: object
+    result: object = None
+    done: bool = False
+
+
 class FullSteps:
     """The matrices (`HostStats`) of a monitor's steps with every statistic, its
     ``gradient_stats``: the passes the stats need on the device, ONE copy of the small
@@ -80,16 +124,9 @@ class FullSteps:
     as many (0.33 ms a step with the writer's cold caches on the benchmark MLP, ~0.02 ms in a
     batch; benchmarks/NOTES.md, "The full steps' numpy in one batch")."""
 
-    # The most steps waiting for the writer's thread: steps whose write was refused (a stuck
-    # queue) are never finished; past this, the oldest are let go (one that is finished after
-    # all computes its own rows).
-    MOST_WAITING = 1024
-
     def __init__(self, gradient_stats):
         self._gradient_stats = gradient_stats
-        self._waiting = []  # `_Deferred`s not yet finished, in the order logged
-        self._waiting_lock = threading.Lock()  # the training thread only appends
-        self._finishing_lock = threading.Lock()  # one thread finishes at a time
+        self._trusted = Batched(self._finish)
 
     def matrix(self, ops, entries, dtype, weights=None) -> HostStats:
         """The stats matrix of ``entries`` (per parameter None or (values, dense size), on
@@ -106,7 +143,8 @@ class FullSteps:
         given_sizes = [None if entry is None else entry[1] for entry in entries]
         if statistics.surely_trusted_passes(passes.tolist(), given_sizes, host.dtype,
                                             self._gradient_stats):
-            return HostStats(host.dtype, self._deferred(passes, given_sizes, weight_norms))
+            return HostStats(host.dtype, self._trusted.later((passes, given_sizes,
+                                                              weight_norms)))
         # The rare others are checked here, where the gradients are still there for the
         # masked pass.
         sizes = _sizes(given_sizes, host.dtype)
@@ -115,56 +153,30 @@ class FullSteps:
             rows = statistics.masked_reduction_matrix(ops, entries, dtype).cpu().numpy()
         return HostStats(host.dtype, lambda: self._statistics(rows, sizes, weight_norms))
 
-    def _deferred(self, passes, given_sizes, weight_norms):
-        """``finish`` of a trusted step: its matrix, from a batch of the steps waiting."""
-        deferred = _Deferred(passes, given_sizes, weight_norms)
-        with self._waiting_lock:
-            self._waiting.append(deferred)
-            del self._waiting[:-self.MOST_WAITING]
-
-        def finish():  # holds no gradient: the host arrays only
-            with self._finishing_lock:
-                if deferred.matrix is None:
-                    with self._waiting_lock:
-                        batch, self._waiting = self._waiting, []
-                    if deferred not in batch:  # let go (see MOST_WAITING)
-                        batch.append(deferred)
-                    self._finish(batch)
-                return deferred.matrix
-        return finish
-
-    def _finish(self, batch):
-        """Sets the matrix of every `_Deferred` in ``batch``: one numpy run per kind of step
-        (dtype, weights or not), on their rows stacked (every formula works row by row)."""
+    def _finish(self, steps):
+        """The matrices of trusted steps (``(passes, given sizes, weight norms)`` each): one
+        numpy run per kind of step (dtype, weights or not) on their rows stacked (every
+        formula works row by row)."""
         kinds = {}
-        for deferred in batch:
-            kinds.setdefault((deferred.passes.dtype, deferred.weight_norms is None),
-                             []).append(deferred)
-        for (dtype, _), steps in kinds.items():
-            passes = np.concatenate([step.passes for step in steps])
-            sizes = _sizes([size for step in steps for size in step.given_sizes], dtype)
-            weight_norms = (None if steps[0].weight_norms is None
-                            else np.concatenate([step.weight_norms for step in steps]))
-            matrix = self._statistics(_fast_rows(passes, sizes, self._gradient_stats)[0],
-                                      sizes, weight_norms)
-            ends = np.cumsum([len(step.given_sizes) for step in steps])
-            for step, rows in zip(steps, np.split(matrix, ends[:-1])):
-                step.matrix = rows
+        for index, (passes, _, weight_norms) in enumerate(steps):
+            kinds.setdefault((passes.dtype, weight_norms is None), []).append(index)
+        matrices = [None] * len(steps)
+        for (dtype, without_weights), indices in kinds.items():
+            kind = [steps[i] for i in indices]
+            sizes = _sizes([size for _, given, _ in kind for size in given], dtype)
+            matrix = self._statistics(
+                _fast_rows(np.concatenate([passes for passes, _, _ in kind]), sizes,
+                           self._gradient_stats)[0],
+                sizes, None if without_weights else np.concatenate([w for _, _, w in kind]))
+            ends = np.cumsum([len(given) for _, given, _ in kind])
+            for index, rows in zip(indices, np.split(matrix, ends[:-1])):
+                matrices[index] = rows
+        return matrices
 
     def _statistics(self, rows, sizes, weight_norms):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return statistics.statistics_from_reductions(
                 statistics.NumpyOps, rows, sizes, weight_norms, self._gradient_stats)
-
-
-@dataclasses.dataclass(eq=False)
-class _Deferred:
-    """A trusted full step's host arrays, waiting for `FullSteps._finish`."""
-
-    passes: np.ndarray
-    given_sizes: list
-    weight_norms: Optional[np.ndarray]
-    matrix: Optional[np.ndarray] = None
 
 
 def _fast_rows(passes, sizes, gradient_stats):
