@@ -271,13 +271,15 @@ def test_the_python_float_pre_check_trusts_only_what_the_check_trusts(dtype, sta
 
     ordinary = [(rng.standard_normal(n) * scale).astype(dtype)
                 for n, scale in ((65536, 1e-3), (256, 1.0), (10, 1e3))]
-    passes, sizes = statistics.pass_matrix(
+    passes = statistics.pass_matrix(
         statistics.NumpyOps, [(g, g.size) for g in ordinary] + [None], dtype, stats)
+    sizes = np.array([g.size for g in ordinary] + [np.nan], dtype)
     assert verdicts(passes, sizes) == (True, True)
     for gradient in gradients:
         with np.errstate(all="ignore"):  # the NaN, Inf and overflowing ones
-            passes, sizes = statistics.pass_matrix(
+            passes = statistics.pass_matrix(
                 statistics.NumpyOps, [(gradient, gradient.size)], dtype, stats)
+        sizes = np.array([gradient.size], dtype)
         surely, trusted = verdicts(passes, sizes)
         assert trusted or not surely, gradient
     # Random rows: log-uniform magnitudes over the dtype's whole range, random signs, exact

@@ -34,8 +34,10 @@ class TorchOps(statistics.ArrayOps):
     static_size = staticmethod(lambda x: x.numel())
     reshape = staticmethod(torch.reshape)
     concat = staticmethod(torch.cat)
-    take_rows = staticmethod(
-        lambda matrix, indices: matrix[torch.as_tensor(indices, device=matrix.device)])
+    # The index made once per order (the same at every step): a tensor from Python numbers is a
+    # host-to-device copy, and on the CPU a dispatch with cold caches (see `_counts`).
+    take_rows = staticmethod(lambda matrix, indices: torch.index_select(
+        matrix, 0, _indices(tuple(int(i) for i in indices), matrix.device)))
     sum = staticmethod(lambda x, axis=None: torch.sum(x) if axis is None else torch.sum(x, axis))
     count = staticmethod(lambda mask, like, axis=None: (
         mask.sum() if axis is None else mask.sum(axis)).to(like.dtype))
@@ -133,6 +135,23 @@ class TorchOps(statistics.ArrayOps):
             return cls._required_pass_rows(values)
         return super().pass_rows(values, passes)
 
+    @classmethod
+    def _rows_of_arrays_alone(cls, arrays, passes):
+        # `statistics.ArrayOps`' rows of the arrays reduced one by one, from ONE stack of all
+        # their results (and the counts made once) where the generic one stacks them once per
+        # pass: five dispatches for the rows instead of ten, each a few microseconds more with
+        # the caches cold after `backward` (benchmarks/NOTES.md, "The full steps' numpy in one
+        # batch").
+        found = [cls.array_reductions(a, passes) for a in arrays]
+        measured = [name for name in passes if name != "count"]
+        keys = ["nonzeros" if name == "zeros" else name for name in measured]
+        rows = torch.stack([f[key] for f in found for key in keys]).reshape(len(arrays), -1)
+        counts = _counts(tuple(a.numel() for a in arrays), rows.dtype, rows.device)
+        if "zeros" in measured:  # the rows are a new tensor: changed in place
+            zeros = measured.index("zeros")
+            rows[:, zeros] = counts - rows[:, zeros]
+        return torch.cat([counts[:, None], rows], 1) if "count" in passes else rows
+
     @staticmethod
     def array_reductions(array, passes):
         """`statistics.ArrayOps.array_reductions`, a kernel each. On CPU: the deviations'
@@ -206,6 +225,11 @@ _REQUIRED_PASSES = statistics.passes_for(columns.REQUIRED_STATS)
 
 # Made once: a tensor built from Python numbers is a host-to-device copy (and on the CPU a few
 # microseconds that a step after `backward` pays with cold caches); `torch.stack` copies them.
+@functools.lru_cache(maxsize=64)
+def _indices(indices, device):
+    return torch.tensor(indices, dtype=torch.int64, device=device)
+
+
 @functools.lru_cache(maxsize=64)
 def _counts(sizes, dtype, device):
     return torch.tensor([float(size) for size in sizes], dtype=dtype, device=device)

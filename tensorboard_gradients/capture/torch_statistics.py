@@ -133,7 +133,7 @@ class FullSteps:
         ``ops.device`` in ``dtype``), with ``weight_l2_norm`` when ``weights`` (the parameters)
         are given."""
         device = ops.device
-        passes, _ = statistics.pass_matrix(ops, entries, dtype, self._gradient_stats)
+        passes = statistics.pass_matrix(ops, entries, dtype, self._gradient_stats)
         if weights is not None:
             weights = [on_device(w, device, dtype) for w in weights]  # under no_grad
             passes = torch.cat([passes, ops.square_sums(weights)[:, None]], 1)

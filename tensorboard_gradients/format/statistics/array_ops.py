@@ -284,13 +284,14 @@ def known_when_traced(numbers):
 
 def rows_in_order(ops, gradients, present_rows, missing_row):
     """One row per variable: ``present_rows(values)`` (``[len(values), C]`` for the given
-    gradients' values, in order) with ``missing_row`` (``[1, C]``) where the gradient is None."""
+    gradients' values, in order) with ``missing_row()`` (``[1, C]``, made only when a gradient
+    is None) where the gradient is None."""
     present = [g[0] for g in gradients if g is not None]
     if len(present) == len(gradients):
         return present_rows(present)
     if not present:
-        return ops.concat([missing_row] * len(gradients))
-    rows = ops.concat([present_rows(present), missing_row])
+        return ops.concat([missing_row()] * len(gradients))
+    rows = ops.concat([present_rows(present), missing_row()])
     next_present = iter(range(len(present)))
     return ops.take_rows(rows, [len(present) if g is None else next(next_present)
                                 for g in gradients])

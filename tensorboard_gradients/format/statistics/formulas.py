@@ -256,7 +256,8 @@ def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STAT
     """``([variables, REDUCTIONS], [variables] dense sizes)`` of one step (`statistics_matrix`'s
     arguments): the per-variable partial results, sums scaled by the row's ``abs_max`` (by 1 when
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
-    passes, sizes = pass_matrix(ops, gradients, dtype, gradient_stats)
+    passes = pass_matrix(ops, gradients, dtype, gradient_stats)
+    sizes = _dense_sizes(ops, gradients, ops.to_float(0, dtype))
     rows = fast_reductions(ops, passes, gradient_stats)
     scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype, gradient_stats)
     # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
@@ -265,17 +266,18 @@ def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STAT
 
 
 def pass_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STATS):
-    """``([variables, passes], [variables] dense sizes)``: the `MATRIX_REDUCTIONS` that
-    ``gradient_stats`` need (`passes_for`) of every variable, a NaN row for a missing gradient:
-    all the work over the entries. `fast_reductions` derives the rest from this small matrix,
-    on the device or, for a caller that copies it to the host anyway (the PyTorch monitor:
-    one copy, no host sync deciding the masked pass on the device), there."""
-    like = ops.to_float(0, dtype)
-    sizes = _dense_sizes(ops, gradients, like)
+    """``[variables, passes]``: the `MATRIX_REDUCTIONS` that ``gradient_stats`` need
+    (`passes_for`) of every variable, a NaN row for a missing gradient: all the work over the
+    entries. `fast_reductions` derives the rest from this small matrix, on the device or, for a
+    caller that copies it to the host anyway (the PyTorch monitor: one copy, no host sync
+    deciding the masked pass on the device), there. Nothing else: each array op is a dispatch
+    on the PyTorch monitor's training thread, where the first ones after ``backward`` run with
+    cold caches (the dense sizes and the NaN row took 0.1 ms there; benchmarks/NOTES.md, "The
+    full steps' numpy in one batch")."""
     passes = passes_for(tuple(gradient_stats))
-    missing = ops.reshape(ops.stack([ops.constant(np.nan, like)] * len(passes)), (1, -1))
-    return rows_in_order(ops, gradients, lambda values: ops.pass_rows(values, passes),
-                          missing), sizes
+    return rows_in_order(
+        ops, gradients, lambda values: ops.pass_rows(values, passes),
+        lambda: ops.reshape(ops.stack([ops.to_float(np.nan, dtype)] * len(passes)), (1, -1)))
 
 
 def _dense_sizes(ops, gradients, like):

@@ -93,7 +93,7 @@ def histogram_matrix(ops, gradients, dtype):
         return counts + ops.reshape(implicit_zeros, (-1, 1)) * ops.constant(zero_column, like)
 
     return rows_in_order(ops, gradients, present_rows,
-                          ops.constant(np.zeros((1, columns.HISTOGRAM_BINS)), like))
+                          lambda: ops.constant(np.zeros((1, columns.HISTOGRAM_BINS)), like))
 
 
 def _implicit_zeros(ops, entries, like):
