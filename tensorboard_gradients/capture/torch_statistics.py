@@ -180,12 +180,11 @@ class FullSteps:
 
 
 def _fast_rows(passes, sizes, gradient_stats):
-    """``(rows, trusted)``: `statistics.checked_fast_rows` of the `fast_reductions` of the host
-    ``passes`` (a `statistics.pass_matrix`) of gradients of the dense ``sizes``."""
+    """``(rows, trusted)``: `statistics.checked_fast_rows` of the host ``passes`` (a
+    `statistics.pass_matrix`) of gradients of the dense ``sizes``."""
     # Inf / Inf in rows the check rejects, NaN rows of missing gradients: expected here.
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        rows = statistics.fast_reductions(statistics.NumpyOps, passes, gradient_stats)
-        return statistics.checked_fast_rows(statistics.NumpyOps, rows, sizes, passes.dtype,
+        return statistics.checked_fast_rows(statistics.NumpyOps, passes, sizes, passes.dtype,
                                             gradient_stats)
 
 

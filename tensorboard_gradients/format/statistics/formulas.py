@@ -258,8 +258,7 @@ def reduction_matrix(ops, gradients, dtype, gradient_stats=columns.GRADIENT_STAT
     it is 0). Rows of the shards of one variable combine with `combine_shards`."""
     passes = pass_matrix(ops, gradients, dtype, gradient_stats)
     sizes = _dense_sizes(ops, gradients, ops.to_float(0, dtype))
-    rows = fast_reductions(ops, passes, gradient_stats)
-    scaled, trusted = checked_fast_rows(ops, rows, sizes, dtype, gradient_stats)
+    scaled, trusted = checked_fast_rows(ops, passes, sizes, dtype, gradient_stats)
     # The masked pass runs only on steps with NaN/Inf, overflow or underflow: the rare ones.
     return ops.cond(trusted, lambda: scaled,
                     lambda: masked_reduction_matrix(ops, gradients, dtype)), sizes
@@ -295,11 +294,12 @@ def fast_reductions(ops, passes, gradient_stats=columns.GRADIENT_STATS):
     return _fast_reductions(ops, passes, passes_for(tuple(gradient_stats)))
 
 
-def checked_fast_rows(ops, rows, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
-    """``(scaled rows, trusted)``: `fast_reductions` rows (of ``gradient_stats``) computed
-    in ``dtype`` with their sums scaled (`scaled_sums`), and whether they are exact to rounding:
-    no non-finite or overflowing sum, no lost squares (`_no_square_underflows`); missing rows
-    aside."""
+def checked_fast_rows(ops, passes, sizes, dtype, gradient_stats=columns.GRADIENT_STATS):
+    """``(scaled rows, trusted)``: the `fast_reductions` of ``passes`` (a `pass_matrix` of
+    ``gradient_stats`` computed in ``dtype``) with their sums scaled (`scaled_sums`), and
+    whether they are exact to rounding: no non-finite or overflowing sum, no lost squares
+    (`_no_square_underflows`); missing rows (NaN ``sizes``) aside."""
+    rows = fast_reductions(ops, passes, gradient_stats)
     scaled = scaled_sums(ops, rows)
     checked = ops.stack([_column(scaled, name) for name in _CHECKED_REDUCTIONS], axis=1)
     deviations = "m2" in passes_for(tuple(gradient_stats))
