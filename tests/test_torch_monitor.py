@@ -498,6 +498,37 @@ def test_clip_grad_norm_clips_as_pytorch_does_and_logs_the_gradients_before_it(t
     assert min(coefficients.values()) < 1.0, "these gradients were clipped"
 
 
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
+@pytest.mark.parametrize("foreach", [None, False])
+def test_clip_grad_norm_of_gradients_in_two_dtypes_and_with_a_graph_clips_as_pytorch_does(
+        tmp_path, foreach):
+    """The monitor scales the groups of its own pass (`torch_clip.PendingClip.run`): with two
+    dtypes (two groups, their norms promoted), per tensor (``foreach=False``) and gradients
+    that carry a graph (``create_graph=True``), the same bits as PyTorch's function, and no
+    graph recorded by the scaling."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Sigmoid(),
+                                torch.nn.Linear(32, 4))
+    model[2].double()
+    reference = copy.deepcopy(model)
+    with GradientMonitor(model, tmp_path, stats_every_n_steps=2) as monitor:
+        for step, (x, y) in enumerate(batches(4)):
+            for net in (model, reference):
+                net.zero_grad()
+                logits = net[2](net[1](net[0](x)).double())
+                torch.nn.functional.cross_entropy(logits, y).backward(create_graph=True)
+            total = monitor.clip_grad_norm_(0.05, foreach=foreach, step=step)
+            expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05,
+                                                      foreach=foreach)
+            assert torch.equal(total, expected)
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.equal(p.grad, q.grad)
+                assert type(p.grad.grad_fn) is type(q.grad.grad_fn)
+    assert series_of(tmp_path).steps.tolist() == [0, 1, 2, 3]
+
+
 def test_clip_grad_norm_logs_a_non_finite_step_before_it_refuses_to_clip(tmp_path):
     torch.manual_seed(0)
     model = sigmoid_mlp(depth=2)

@@ -85,9 +85,8 @@ Order of calls in the usual recipes:
   not (pipeline stages) all fail with a ValueError at the first logged step.
 """
 
-import dataclasses
 import logging
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -96,8 +95,7 @@ from tensorboard_gradients.capture import options, torch_clip, torch_statistics
 from tensorboard_gradients.capture.torch_distributed import Distribution, squared_norm, writes_here
 from tensorboard_gradients.capture.torch_models import (
     deepspeed_engine, unwrapped, user_parameter_name)
-from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
-from tensorboard_gradients.capture.torch_statistics import on_device
+from tensorboard_gradients.capture.torch_ops import ops_for
 from tensorboard_gradients.capture.torch_optimizer import OptimizerReader, optimizer_note
 from tensorboard_gradients.format import columns, metadata, statistics
 from tensorboard_gradients.format.layout import Layout, MissingGradientWarnings
@@ -115,8 +113,7 @@ def _detached(loss):  # a loss tensor's value is all the writer takes
     return loss.detach() if isinstance(loss, torch.Tensor) else loss
 
 
-@dataclasses.dataclass(frozen=True)
-class _Extras:
+class _Extras(NamedTuple):  # a tuple: made at every logged step
     """What a logged step writes besides the gradients: the loss and the scalars' inputs."""
 
     loss: object = None
@@ -196,6 +193,7 @@ class GradientMonitor:
             if parameter.requires_grad
             and options.selected((user_parameter_name(parameter_name),), include, exclude)
         ]
+        self._watched_places = torch_clip.watched_places(self._model_parameters, self._parameters)
         if not self._parameters:
             raise ValueError("no trainable parameter left to watch (check include/exclude and "
                              "requires_grad)")
@@ -209,6 +207,7 @@ class GradientMonitor:
                                      gradient_stats=self._gradient_stats,
                                      with_optimizer=bool(self._optimizer and self._optimizer.adam),
                                      stats_every=self.stats_every_n_steps)
+        self._l2_column = columns.position(self._layout.stats, "l2_norm")
         self.log_dir = run_directory(log_dir)
         self._writer = None  # created on the first logged step, on the writing rank only
         self._strict = bool(strict)
@@ -273,10 +272,12 @@ class GradientMonitor:
           dropped: see ``strict``; the events are written on the writer's background thread,
           so a disk that refuses them is known a write later).
         """
-        return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
+        with torch.no_grad():
+            return self._step(step, loss=loss, total_norm=total_norm, scaler=scaler)[1]
 
     def _step(self, step, **extras):
-        """`step`: (the step number it logged at or would have, whether it logged)."""
+        """`step` under the caller's ``no_grad``: (the step number it logged at or would
+        have, whether it logged)."""
         self._write_pending()  # the last logged step's optimizer step never came (skipped)
         if self._distribution.accumulating():
             return None, False  # a micro-batch of an accumulation: its gradients are incomplete
@@ -285,8 +286,7 @@ class GradientMonitor:
         every_histograms = self.histograms_every_n_steps
         statistics_due = self.next_statistics() if step % self.every_n_steps == 0 else False
         histograms_due = every_histograms is not None and step % every_histograms == 0
-        return step, self.log(step, statistics=statistics_due, histograms=histograms_due,
-                              **extras)
+        return step, self._log_step(step, statistics_due, histograms_due, **extras)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
                         step: Optional[int] = None, loss=None, scaler=None):
@@ -326,6 +326,7 @@ class GradientMonitor:
             self._model_parameters, max_norm, norm_type, error_if_nonfinite, foreach,
             log=lambda: self._step(step, loss=loss, scaler=scaler))[0]
 
+    @torch.no_grad()
     def clip_and_log(self, parameters, max_norm, norm_type, error_if_nonfinite, foreach, *,
                      log, clipped_norm=False):
         """`clip_grad_norm_` for integrations whose trainer clips (Lightning's): ``log()``
@@ -333,6 +334,8 @@ class GradientMonitor:
         gradients of ``parameters`` are clipped as ``torch.nn.utils.clip_grad_norm_(parameters,
         ...)`` does. ``clipped_norm``: also write ``global_norm_clipped`` (``global_norm`` x
         ``clip_coefficient``). Returns (the total norm, what ``log`` returned)."""
+        # The model's own parameters: where each watched one is among them is known.
+        places = self._watched_places if parameters is self._model_parameters else None
         max_norm, norm_type, parameters = float(max_norm), float(norm_type), list(parameters)
         clip = None
         if self._distribution.in_pieces():
@@ -341,14 +344,13 @@ class GradientMonitor:
         elif not torch_clip.is_fsdp1(self._model):
             clip = torch_clip.PendingClip.shared(parameters, self._parameters, max_norm,
                                                  norm_type, error_if_nonfinite, foreach,
-                                                 clipped_norm)
+                                                 clipped_norm, places)
         self._clip = clip
         try:
             logged = log()
             if clip is None or clip.total is None:  # not shared (or a step not gathered)
-                with torch.no_grad():
-                    total = torch_clip.clip_grad_norm_(self._model, parameters, max_norm,
-                                                       norm_type, error_if_nonfinite, foreach)
+                total = torch_clip.clip_grad_norm_(self._model, parameters, max_norm,
+                                                   norm_type, error_if_nonfinite, foreach)
                 if logged[1] and writes_here():
                     self.write_scalars(logged[0], torch_clip.clip_scalars(total, max_norm))
                 return total, logged
@@ -378,6 +380,11 @@ class GradientMonitor:
         if statistics not in (True, False, _NORMS):
             raise ValueError(f"statistics must be True, False or {_NORMS!r}, got "
                              f"{statistics!r}")
+        with torch.no_grad():
+            return self._log_step(step, statistics, histograms, loss, total_norm, scaler)
+
+    def _log_step(self, step, statistics, histograms, loss=None, total_norm=None, scaler=None):
+        """`log` under the caller's ``no_grad``."""
         statistics = _FULL if statistics is True else statistics
         if not (statistics or histograms):
             return False
@@ -394,10 +401,9 @@ class GradientMonitor:
             return False
         dropped = self.dropped_steps
         log = self._log_pieces if in_pieces else self._log
-        with torch.no_grad():
-            logged = log(int(step), statistics, bool(histograms),
-                         _Extras(_detached(loss) if statistics else None, total_norm, scaler,
-                                 statistics == _FULL))
+        logged = log(int(step), statistics, bool(histograms),
+                     _Extras(_detached(loss) if statistics else None, total_norm, scaler,
+                             statistics == _FULL))
         return logged and self.dropped_steps == dropped
 
     def write_scalars(self, step: int, scalars) -> None:
@@ -437,30 +443,6 @@ class GradientMonitor:
                                           on_alert=self._on_alert)
         return self._writer
 
-    def _entries(self):
-        """Per parameter None (no gradient) or (present values, dense size), in one dtype on
-        the first gradient's device (a model split over devices is reduced there); the dtype."""
-        gradients = [p.grad for _, p in self._parameters]
-        scale = self._distribution.loss_scale()
-        if scale:
-            gradients = [None if g is None else g / scale for g in gradients]
-        present = [g for g in gradients if g is not None]
-        if len(present) < len(gradients):
-            self._missing.warn([n for (n, _), g in zip(self._parameters, gradients) if g is None])
-        if not present:
-            return None, None
-        dtype, device = TorchOps.computation_dtype([g.dtype for g in present]), present[0].device
-        entries = []
-        for gradient, size in zip(gradients, self._sizes):
-            if gradient is None:
-                entries.append(None)
-            elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
-                values = gradient.coalesce().values()
-                entries.append((on_device(values.reshape(-1), device, dtype), int(size)))
-            else:
-                entries.append((on_device(gradient, device, dtype), gradient.numel()))
-        return entries, dtype
-
     def _log_pieces(self, step, stats_due, histograms_due, extras):
         """`_log` for parameters in pieces: every rank reduces its own, rank 0 combines them
         (`Distribution.gather_step`) and writes."""
@@ -493,7 +475,8 @@ class GradientMonitor:
                  if stats_due == _NORMS else None)
         if stats is not None and not histograms_due:
             return self._write(step, stats, None, extras)  # the gradients not read again
-        entries, dtype = self._entries()
+        entries, dtype = torch_statistics.gradient_entries(
+            self._parameters, self._sizes, self._distribution.loss_scale(), self._missing)
         if entries is None:
             logger.warning("step %s: no watched parameter has a gradient; nothing logged", step)
             return False
@@ -561,8 +544,8 @@ class GradientMonitor:
             writer.write_histograms(step, self._layout, counts)
         else:  # the global norms with the matrix, on the writer's thread (`torch_statistics`)
             writer.write_statistics_later(step, self._layout, stats.with_global_norm(
-                columns.position(self._layout.stats, "l2_norm"), clipped,
-                self._global_norm_scalar), counts, loss=loss, scalars=scalars)
+                self._l2_column, clipped, self._global_norm_scalar), counts, loss=loss,
+                scalars=scalars)
         return True
 
     def alerts(self, wait: bool = False):

@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 from torch.utils._foreach_utils import (
-    _device_has_foreach_support, _group_tensors_by_device_and_dtype, _has_foreach_support)
+    _device_has_foreach_support, _has_foreach_support)
 
 
 @functools.lru_cache(maxsize=None)  # asked at every clip
@@ -61,19 +61,23 @@ def clip_grad_norm_(model, parameters, max_norm: float, norm_type: float,
 def tensor_norms(gradients, norm_type: float, foreach):
     """``(total norm, norms, positions, groups)`` of ``gradients`` (plain tensors), computed
     exactly as ``torch.nn.utils.get_total_norm`` computes the total: the same grouping by device
-    and dtype (``groups`` of them), the same multi-tensor (or per-tensor) norms, stacked in the
-    same order into ``norms`` (the vector whose norm is the total, on the first gradient's
-    device, in the groups' promoted dtype); ``positions[i]`` is gradient i's place in it.
-    Raises RuntimeError as it does for ``foreach=True`` where the device has no multi-tensor
+    and dtype, the same multi-tensor (or per-tensor) norms, stacked in the same order into
+    ``norms`` (the vector whose norm is the total, on the first gradient's device, in the
+    groups' promoted dtype); ``positions[i]`` is gradient i's place in it; ``groups``: per
+    group ``(device, its gradients, whether they take the multi-tensor kernels)``, the very
+    groups ``torch.nn.utils.clip_grads_with_norm_`` scales (`PendingClip.run`). Raises
+    RuntimeError as it does for ``foreach=True`` where the device has no multi-tensor
     kernels."""
     if not gradients:
-        return torch.tensor(0.0), torch.zeros(0), [], 0
+        return torch.tensor(0.0), torch.zeros(0), [], []
     first_device = gradients[0].device
-    norms, order = [], []
-    groups = _group_tensors_by_device_and_dtype([gradients], with_indices=True)
-    for (device, _), ([tensors], indices) in groups.items():
-        if (foreach is None and _has_foreach_support(tensors, device)) or (
-                foreach and _device_has_foreach_support(device)):
+    norms, order, groups = [], [], []
+    # PyTorch's grouping without its Python wrapper's grad-mode switch: grouping records nothing.
+    grouped = torch._C._group_tensors_by_device_and_dtype([gradients], True)
+    for (device, _), ([tensors], indices) in grouped.items():
+        multi_tensor = (foreach is None and _has_foreach_support(tensors, device)) or (
+            foreach and _device_has_foreach_support(device))
+        if multi_tensor:
             norms.extend(torch._foreach_norm(tensors, norm_type))
         elif foreach:
             raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on "
@@ -81,18 +85,29 @@ def tensor_norms(gradients, norm_type: float, foreach):
         else:
             norms.extend([torch.linalg.vector_norm(g, norm_type) for g in tensors])
         order.extend(indices)
-    if len(groups) > 1 or next(iter(groups))[0] != first_device:  # else a no-op per norm
+        groups.append((device, tensors, bool(multi_tensor)))
+    if len(groups) == 1:  # one group keeps the gradients' order, on their device
+        positions = order
+    else:
         norms = [n.to(first_device) for n in norms]
+        positions = [0] * len(gradients)
+        for place, gradient_index in enumerate(order):
+            positions[gradient_index] = place
     stacked = torch.stack(norms)
-    positions = [0] * len(gradients)
-    for place, gradient_index in enumerate(order):
-        positions[gradient_index] = place
-    return torch.linalg.vector_norm(stacked, norm_type), stacked, positions, len(groups)
+    return torch.linalg.vector_norm(stacked, norm_type), stacked, positions, groups
+
+
+def watched_places(parameters, watched):
+    """Per ``watched`` (name, parameter) pair its parameter's index in ``parameters``, or None."""
+    index = {id(parameter): i for i, parameter in enumerate(parameters)}
+    return [index.get(id(parameter)) for _, parameter in watched]
 
 
 def host_norm(total_norm) -> float:
     """A norm ``clip_grad_norm_`` returned, as a number (a DTensor's value: the whole norm)."""
-    return float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
+    if type(total_norm) is not torch.Tensor and hasattr(total_norm, "full_tensor"):
+        total_norm = total_norm.full_tensor()
+    return float(total_norm)
 
 
 def check_finite(total, norm_type: float) -> None:
@@ -145,29 +160,35 @@ class PendingClip:
     refused: bool
     clipped_norm: bool  # also log the watched gradients' norm after clipping
     done: bool = False
+    groups: list = None  # `tensor_norms`' groups, which `run` scales
 
     @classmethod
-    @torch.no_grad()
     def shared(cls, parameters, watched, max_norm, norm_type, error_if_nonfinite, foreach,
-               clipped_norm) -> Optional["PendingClip"]:
-        """The clip of the dense gradients of ``parameters`` whose pass (`tensor_norms`) gives
-        the ``watched`` (name, parameter) pairs' norms; None where the monitor leaves the clip
-        to PyTorch's own call: a sparse gradient, a norm other than L2 (the monitor logs L2
-        norms)."""
-        clipped, gradients = [], []
-        for parameter in parameters:
-            if parameter.grad is not None:
-                clipped.append(parameter)
-                gradients.append(parameter.grad)
+               clipped_norm, places=None) -> Optional["PendingClip"]:
+        """The clip of the dense gradients of ``parameters`` (a list) whose pass
+        (`tensor_norms`) gives the ``watched`` (name, parameter) pairs' norms, under the
+        caller's ``no_grad``; None where the monitor leaves the clip to PyTorch's own call: a
+        sparse gradient, a norm other than L2 (the monitor logs L2 norms). ``places``: the
+        `watched_places` of these ``parameters`` if known (computed at every clip if not)."""
+        gradients = [p.grad for p in parameters]
+        clipped = parameters
+        if any(g is None for g in gradients):
+            clipped = [p for p, g in zip(parameters, gradients) if g is not None]
+            gradients = [g for g in gradients if g is not None]
+            places = None  # among those with a gradient
         if norm_type != 2.0 or any(g.is_sparse for g in gradients):
             return None
-        total, norms, positions, groups = tensor_norms(gradients, norm_type, foreach)
-        place = {id(p): position for p, position in zip(clipped, positions)}
+        total, norms, _, groups = tensor_norms(gradients, norm_type, foreach)
         # Gradients of several dtypes or devices: their norms, stacked in a promoted dtype,
-        # are not what the monitor would compute; it computes its own.
-        watched_places = [place.get(id(p)) for _, p in watched] if groups == 1 else None
-        return cls(norms, watched_places, clipped, max_norm, total, foreach,
-                   error_if_nonfinite and not bool(torch.isfinite(total)), clipped_norm)
+        # are not what the monitor would compute; it computes its own. One group keeps the
+        # gradients' order: a parameter's place in the norms is its place among ``clipped``.
+        if len(groups) > 1:
+            places = None
+        elif places is None:
+            places = watched_places(clipped, watched)
+        return cls(norms, places, clipped, max_norm, total, foreach,
+                   error_if_nonfinite and not bool(torch.isfinite(total)), clipped_norm,
+                   groups=groups)
 
     @property
     def logged_norms(self):
@@ -176,9 +197,20 @@ class PendingClip:
 
     def run(self) -> None:
         if not (self.done or self.refused):
-            torch.nn.utils.clip_grads_with_norm_(self.clipped, self.max_norm, self.total,
-                                                 self.foreach)
+            self._scale()
         self.done = True
+
+    def _scale(self) -> None:
+        """``torch.nn.utils.clip_grads_with_norm_(clipped, max_norm, total, foreach)``: its
+        arithmetic on the groups of the pass (`tensor_norms`), not a second grouping."""
+        coefficient = torch.clamp(self.max_norm / (self.total + 1e-6), max=1.0)
+        for device, gradients, multi_tensor in self.groups:
+            if multi_tensor:
+                torch._foreach_mul_(gradients, coefficient.to(device))
+            else:
+                on_device = coefficient.to(device)
+                for gradient in gradients:
+                    gradient.mul_(on_device)
 
     @property
     def returned_total(self):
@@ -220,13 +252,12 @@ class ShardedClip(PendingClip):
         self.total = torch.tensor(total, dtype=dtype, device=device)
         self.refused = self.error_if_nonfinite and not np.isfinite(total)
 
-    def run(self) -> None:
+    def _scale(self) -> None:
         # PyTorch's scaling (its arithmetic, its grouping), given the pieces where it reads
         # parameters' ``.grad``.
-        if not self.done:
-            self.clipped = [types.SimpleNamespace(grad=piece) for piece in self.clipped
-                            if piece is not None]
-        super().run()
+        torch.nn.utils.clip_grads_with_norm_(
+            [types.SimpleNamespace(grad=piece) for piece in self.clipped if piece is not None],
+            self.max_norm, self.total, self.foreach)
 
     @property
     def returned_total(self):

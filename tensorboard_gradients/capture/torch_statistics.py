@@ -24,12 +24,43 @@ with warm caches, where the training thread would run it cold after every ``back
 import dataclasses
 import math
 import threading
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
 
+from tensorboard_gradients.capture.torch_ops import TorchOps
 from tensorboard_gradients.format import columns, statistics
+
+# The dtypes the matrices are computed in, and numpy's for them.
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+
+
+def gradient_entries(parameters, sizes, loss_scale, missing):
+    """The gradients of the (name, parameter) pairs ``parameters`` of the dense ``sizes`` as
+    `statistics`' entries: per parameter None (no gradient: ``missing``, a
+    `layout.MissingGradientWarnings`, warns of it) or (present values, dense size), divided by
+    ``loss_scale`` (None: not), in one dtype on the first gradient's device (a model split over
+    devices is reduced there); and that dtype. ``(None, None)`` without any gradient."""
+    gradients = [p.grad for _, p in parameters]
+    if loss_scale:
+        gradients = [None if g is None else g / loss_scale for g in gradients]
+    present = [g for g in gradients if g is not None]
+    if len(present) < len(gradients):
+        missing.warn([n for (n, _), g in zip(parameters, gradients) if g is None])
+    if not present:
+        return None, None
+    dtype, device = TorchOps.computation_dtype([g.dtype for g in present]), present[0].device
+    entries = []
+    for gradient, size in zip(gradients, sizes):
+        if gradient is None:
+            entries.append(None)
+        elif gradient.is_sparse:  # nn.Embedding(sparse=True): repeated rows summed
+            values = gradient.coalesce().values()
+            entries.append((on_device(values.reshape(-1), device, dtype), int(size)))
+        else:
+            entries.append((on_device(gradient, device, dtype), gradient.numel()))
+    return entries, dtype
 
 
 def on_device(tensor, device, dtype):
@@ -40,8 +71,7 @@ def on_device(tensor, device, dtype):
     return tensor.to(device=device, dtype=dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class HostStats:
+class HostStats(NamedTuple):  # a tuple: made at every logged step
     """A logged step's stats matrix whose device work is done: ``finish()`` returns it (numpy,
     ``dtype``), from host arrays nothing changes later."""
 
@@ -205,6 +235,7 @@ class NormsOnly:
         self._missing = missing_warnings  # a `layout.MissingGradientWarnings`
         self._least = {}  # numpy dtype -> per parameter, the least norm trusted (a list)
         self._templates = {}  # see `_template`
+        self._every_place = list(range(len(names)))  # the places of norms of every parameter
         self._clip_doubted = False  # `from_clip`'s verdict on this step, for `from_entries`
 
     def from_clip(self, clip, weights, every_step) -> Optional[HostStats]:
@@ -217,15 +248,16 @@ class NormsOnly:
         ``every_step`` as `norms_only_matrix`'s."""
         self._clip_doubted = False
         norms, places = (clip and clip.logged_norms) or (None, None)
-        if (norms is None or norms.dtype not in (torch.float32, torch.float64)
-                or all(p is None for p in places)):
+        if (norms is None or norms.dtype not in _NUMPY_DTYPES
+                or places.count(None) == len(places)):
             return None
-        computed_weights = _weights_due(weights, every_step, norms.device, norms.dtype)
+        computed_weights = (_weights_due(weights, every_step, norms.device, norms.dtype)
+                            if weights is not None else [])
         weight_start = len(norms) if computed_weights else None
         if computed_weights:  # in the same host copy
             norms = torch.cat([norms, torch.stack(torch._foreach_norm(computed_weights, 2))])
         stats = self._matrix(norms, places, weights is not None, weight_start)
-        if stats is not None:
+        if stats is not None and None in places:
             self._missing.warn([n for n, place in zip(self._names, places) if place is None])
         self._clip_doubted = stats is None
         return stats
@@ -255,13 +287,16 @@ class NormsOnly:
         ``with_weights``), in ONE host copy; None when `statistics.trusted_norm_floats` doubts
         a norm (non-finite, or so small its squares may have underflowed: the masked pass's)."""
         copied = norms.tolist()  # one host copy, exact floats
-        in_order = [None if place is None else copied[place] for place in places]
-        dtype = np.dtype(str(norms.dtype).removeprefix("torch."))
+        if places == self._every_place:  # every parameter, in order: the common case
+            in_order = gradient_norms = copied[:len(places)]
+        else:
+            in_order = [None if place is None else copied[place] for place in places]
+            gradient_norms = [np.nan if norm is None else norm for norm in in_order]
+        dtype = _NUMPY_DTYPES[norms.dtype]
         if dtype not in self._least:
             self._least[dtype] = statistics.least_trusted_norms(self._sizes, dtype).tolist()
         if not all(statistics.trusted_norm_floats(in_order, self._least[dtype])):
             return None
-        gradient_norms = [np.nan if norm is None else norm for norm in in_order]
 
         def finish():
             template, norm_column, weight_column = self._template(dtype, places, with_weights)
