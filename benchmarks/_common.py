@@ -323,7 +323,7 @@ def target_table(rows, targets):
     one round in ten that holds a histogram step), its 90% interval (`bootstrap_interval`, the
     rounds resampled), the median and spread of the per-round ratios, and whether the target
     is met: "yes" when the whole interval is within it, "estimate only" when the ratio is and
-    the interval reaches past it, else "no"."""
+    the interval reaches past it, else "no" (a target None: a ratio reported beside them)."""
     cells = []
     for r in rows:
         for variant, baseline, target, label in targets:
@@ -333,8 +333,9 @@ def target_table(rows, targets):
             low, high = bootstrap_interval(rounds, ratio_of_totals)
             cells.append([f"{r['batch']:,}", label, f"{overall:.3f}x",
                           f"{low:.3f}-{high:.3f}", f"{statistics.median(per_round):.3f}x",
-                          ratio_range(per_round), f"<= {target:.2f}x",
-                          "yes" if high <= target else
+                          ratio_range(per_round),
+                          "-" if target is None else f"<= {target:.2f}x",
+                          "-" if target is None else "yes" if high <= target else
                           "estimate only" if overall <= target else "no"])
     return table(["batch", "what", "all steps", "90% interval", "median round", "per round",
                   "target", "met"], cells)

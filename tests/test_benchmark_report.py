@@ -66,3 +66,5 @@ def test_a_target_counts_every_step_so_a_rare_slow_round_weighs_as_in_training()
     cells = _common.target_table([row], [("ours", "none", 1.01, "defaults")]).splitlines()[-1]
     assert [c.strip() for c in cells.strip("|").split("|")] == [
         "256", "defaults", "1.020x", "1.010-1.030", "1.000x", "1.00-1.20", "<= 1.01x", "no"]
+    reference = _common.target_table([row], [("ours", "none", None, "beside")]).splitlines()[-1]
+    assert [c.strip() for c in reference.strip("|").split("|")][-2:] == ["-", "-"]

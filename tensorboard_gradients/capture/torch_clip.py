@@ -8,6 +8,10 @@ For plain tensors the clip is done in two halves (`tensor_norms`, then `PendingC
 very operations of ``torch.nn.utils.clip_grad_norm_`` in its order (its ``_get_total_norm`` and
 ``_clip_grads_with_norm_``): the same bits, and the per-tensor L2 norms of its pass are what the
 monitor logs at a norms-only step, so clipping and logging take one pass over the gradients.
+The scaling reuses the pass's grouping by device and dtype, and the monitor its list of the
+model's parameters, where PyTorch's function walks the modules and groups the gradients twice
+per call: its Python, about 0.15 ms a call on the benchmark MLP, pays for the monitor's own
+(benchmarks/NOTES.md, "Clip and norms below the clip recipe").
 
 For gradients in pieces (`ShardedClip`: DTensors, FSDP1's shards) the total norm comes with the
 logged step: every rank sends its pieces' squared norms in the monitor's gather of that step,
