@@ -9,6 +9,7 @@ import datetime
 import importlib.metadata
 import importlib.util
 import math
+import multiprocessing
 import os
 import platform
 import random
@@ -278,20 +279,41 @@ def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3,
     return times
 
 
-def rows_per_batch(settings, measure, pairs=()):
+def in_fresh_processes(processes, measure, *args):
+    """``measure(*args)`` ({name: [seconds per round]}; picklable, e.g. a `functools.partial`
+    of a module's function) run in ``processes`` fresh Python processes one after another, their
+    rounds joined in order. Two identical variants of the PyTorch benchmark, each training its
+    own copy of one model, read up to 1.2% apart in one process and by another amount in the
+    next (each model keeps its memory placement for the life of the process): a ratio near a
+    2% target needs the rounds of several processes (NOTES.md, "Clip and norms below the clip
+    recipe")."""
+    joined = {}
+    for _ in range(processes):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            times = pool.apply(measure, args)
+        for name, seconds in times.items():
+            joined.setdefault(name, []).extend(seconds)
+    return joined
+
+
+def rows_per_batch(settings, measure, pairs=(), processes=1):
     """Per batch size: the median seconds per step of each variant, ours/none per round and,
     for each ``(variant, baseline)`` of ``pairs``, both one's seconds per step in each round
     (``"pairs"``: ``[[variant, baseline], ...]``).
 
     `measure(width, batch, features, rounds, steps_per_round)` -> {variant: [seconds per round]},
-    with at least the variants "none" and "ours".
+    with at least the variants "none" and "ours". ``processes`` > 1: the rounds are split among
+    that many fresh processes (`in_fresh_processes`; ``"processes"`` in each row).
     """
     rows = []
     for batch in settings["batch"]:
-        times = measure(settings["width"], batch, settings["features"], settings["rounds"],
-                        settings["steps_per_round"])
+        sizes = (settings["width"], batch, settings["features"],
+                 settings["rounds"] // processes, settings["steps_per_round"])
+        times = (measure(*sizes) if processes == 1
+                 else in_fresh_processes(processes, measure, *sizes))
         rows.append({
             "batch": batch,
+            "processes": processes,
             "seconds": {name: statistics.median(t) for name, t in times.items()},
             "ours_per_round": [o / n for o, n in zip(times["ours"], times["none"])],
             "pairs": {f"{a}/{b}": [[x, y] for x, y in zip(times[a], times[b])] for a, b in pairs},
@@ -306,13 +328,24 @@ def ratio_of_totals(rounds):
     return sum(v for v, _ in rounds) / sum(b for _, b in rounds)
 
 
-def bootstrap_interval(samples, estimate, resamples=2000, seed=0):
+def bootstrap_interval(samples, estimate, resamples=2000, seed=0, groups=1):
     """The 90% bootstrap interval of ``estimate(samples)`` (resampled with a fixed seed, so a
     report renders the same twice): how far the estimate itself may be off from noise, where
-    the per-round spread says how far one round is."""
+    the per-round spread says how far one round is. ``groups`` > 1: the samples are that many
+    equal runs in a row (processes), resampled first, then the samples within each: a bias
+    one run carries through widens the interval."""
     generator = random.Random(seed)
-    estimates = sorted(estimate(generator.choices(samples, k=len(samples)))
-                       for _ in range(resamples))
+    if groups == 1:
+        def resample():
+            return generator.choices(samples, k=len(samples))
+    else:
+        size = len(samples) // groups
+        runs = [samples[i:i + size] for i in range(0, len(samples), size)]
+
+        def resample():
+            return [sample for run in generator.choices(runs, k=len(runs))
+                    for sample in generator.choices(run, k=len(run))]
+    estimates = sorted(estimate(resample()) for _ in range(resamples))
     return estimates[int(0.05 * resamples)], estimates[int(0.95 * resamples) - 1]
 
 
@@ -321,24 +354,30 @@ def target_table(rows, targets):
     variant's total time over the baseline's (every step counted, so a cadence's rare full and
     histogram steps weigh as they do in training, where the median round would leave out the
     one round in ten that holds a histogram step), its 90% interval (`bootstrap_interval`, the
-    rounds resampled), the median and spread of the per-round ratios, and whether the target
-    is met: "yes" when the whole interval is within it, "estimate only" when the ratio is and
-    the interval reaches past it, else "no" (a target None: a ratio reported beside them)."""
+    processes and their rounds resampled), the median and spread of the per-round ratios, the ratio of totals of
+    each process's rounds (`rows_per_batch`'s ``processes``), and whether the target is met:
+    "yes" when the whole interval is within it, "estimate only" when the ratio is and the
+    interval reaches past it, else "no" (a target None: a ratio reported beside them)."""
     cells = []
     for r in rows:
         for variant, baseline, target, label in targets:
             rounds = r["pairs"][f"{variant}/{baseline}"]
             per_round = [v / b for v, b in rounds]
             overall = ratio_of_totals(rounds)
-            low, high = bootstrap_interval(rounds, ratio_of_totals)
+            low, high = bootstrap_interval(rounds, ratio_of_totals,
+                                           groups=r.get("processes", 1))
+            each = len(rounds) // r.get("processes", 1)
+            per_process = [ratio_of_totals(rounds[i:i + each])
+                           for i in range(0, len(rounds), each)]
             cells.append([f"{r['batch']:,}", label, f"{overall:.3f}x",
                           f"{low:.3f}-{high:.3f}", f"{statistics.median(per_round):.3f}x",
                           ratio_range(per_round),
+                          ", ".join(f"{ratio:.3f}" for ratio in per_process),
                           "-" if target is None else f"<= {target:.2f}x",
                           "-" if target is None else "yes" if high <= target else
                           "estimate only" if overall <= target else "no"])
     return table(["batch", "what", "all steps", "90% interval", "median round", "per round",
-                  "target", "met"], cells)
+                  "per process", "target", "met"], cells)
 
 
 def step_time_table(rows, variants, peers, ours=None):

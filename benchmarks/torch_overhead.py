@@ -32,10 +32,12 @@ interleaved round by round in one process, so machine noise hits them alike:
                   torch.utils.tensorboard.SummaryWriter (the hand-written recipe)
 
     python benchmarks/torch_overhead.py [--quick] [--batch 256,1024] [--rounds N]
-        [--target_rounds N] [--width W] [--device cuda]
+        [--target_rounds N] [--target_processes N] [--width W] [--device cuda]
 
 Issue 36's targets are timed a second time, their variants alone in many short rounds
-(`TARGET_VARIANTS`), so that each ratio of total times is known to about +-0.01-0.02.
+(`TARGET_VARIANTS`), split among fresh processes (`_common.in_fresh_processes`: one process's
+models read up to 1.2% apart with the same code), so that each ratio of total times is known
+to about +-0.01-0.02.
 
 On one GPU (issue 36: a step of a model of at least 100M parameters, the defaults within 1.02x):
 
@@ -46,6 +48,7 @@ On one GPU (issue 36: a step of a model of at least 100M parameters, the default
 states take 12 x 2 GB.) The rounds are timed between `torch.cuda.synchronize()` calls.
 """
 
+import functools
 import tempfile
 
 import torch
@@ -56,9 +59,9 @@ import _common
 
 LAYERS = 14
 FULL = dict(batch=(256, 1024), width=256, features=64, rounds=25, steps_per_round=20,
-            target_rounds=150, target_steps_per_round=10, device="cpu")
+            target_rounds=150, target_steps_per_round=10, target_processes=5, device="cpu")
 QUICK = dict(FULL, batch=(256,), rounds=5, steps_per_round=10, target_rounds=5,
-             target_steps_per_round=5)
+             target_steps_per_round=5, target_processes=1)
 
 ABOUT = """\
 Cost of `tensorboard_gradients.torch.GradientMonitor` (every statistic of every parameter, one
@@ -219,8 +222,8 @@ def collect(settings):
     target_rows = _common.rows_per_batch(
         dict(settings, rounds=settings["target_rounds"],
              steps_per_round=settings["target_steps_per_round"]),
-        lambda *sizes: measure(*sizes, device=settings["device"], variants=TARGET_VARIANTS),
-        [(v, b) for v, b, _, _ in TARGETS])
+        functools.partial(measure, device=settings["device"], variants=TARGET_VARIANTS),
+        [(v, b) for v, b, _, _ in TARGETS], settings["target_processes"])
     return {"config": config, "rows": rows, "target_rows": target_rows}
 
 
@@ -252,8 +255,9 @@ def render(result):
         {"ours": "ours", "ours_all": "ours all"}))
     lines += ["", f"Targets (issue 36): their variants alone ({', '.join(TARGET_VARIANTS)}), "
               f"timed again interleaved over {c['target_rounds']} rounds x "
-              f"{c['target_steps_per_round']} steps; the ratio of their total times, its 90% "
-              "interval, and the median and spread of the per-round ratios:", "",
+              f"{c['target_steps_per_round']} steps in {c.get('target_processes', 1)} fresh "
+              "process(es); the ratio of their total times, its 90% interval, the median and "
+              "spread of the per-round ratios, and each process's ratio of totals:", "",
               _common.target_table(result["target_rows"], TARGETS)]
     return "\n".join(lines)
 
@@ -264,6 +268,8 @@ def main():
     parser.add_argument("--target_rounds", type=int,
                         help="rounds of the targets' own run (their variants alone)")
     parser.add_argument("--target_steps_per_round", type=int)
+    parser.add_argument("--target_processes", type=int,
+                        help="fresh processes the targets' rounds are split among")
     args = _common.parse_args(parser, FULL, QUICK)
     _common.run_alone(args, FULL, collect, render)
 

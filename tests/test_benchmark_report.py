@@ -65,6 +65,13 @@ def test_a_target_counts_every_step_so_a_rare_slow_round_weighs_as_in_training()
     row = {"batch": 256, "pairs": {"ours/none": rounds}}
     cells = _common.target_table([row], [("ours", "none", 1.01, "defaults")]).splitlines()[-1]
     assert [c.strip() for c in cells.strip("|").split("|")] == [
-        "256", "defaults", "1.020x", "1.010-1.030", "1.000x", "1.00-1.20", "<= 1.01x", "no"]
+        "256", "defaults", "1.020x", "1.010-1.030", "1.000x", "1.00-1.20", "1.020", "<= 1.01x",
+        "no"]
     reference = _common.target_table([row], [("ours", "none", None, "beside")]).splitlines()[-1]
     assert [c.strip() for c in reference.strip("|").split("|")][-2:] == ["-", "-"]
+    # Rounds from two processes: each one's ratio of totals beside the pooled one.
+    two = _common.target_table([dict(row, processes=2)], [("ours", "none", 1.01, "defaults")])
+    cells = [c.strip() for c in two.splitlines()[-1].strip("|").split("|")]
+    assert cells[6] == "1.000, 1.040"
+    low, high = map(float, cells[3].split("-"))  # the processes resampled: 1.00 to 1.04 apart
+    assert low < 1.005 and high > 1.035
