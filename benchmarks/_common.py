@@ -259,11 +259,14 @@ def rotated(items, round_index):
 
 
 def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3,
-                           synchronize=lambda: None):
+                           synchronize=lambda: None, settle=None):
     """{name: [seconds per step of each round]} of ``trainers`` ({name: one training step}),
     each warmed up, then timed round by round in turn (`rotated`), so machine noise hits them
     alike. ``synchronize`` waits for the work queued on an accelerator
-    (``torch.cuda.synchronize``): called before and after each timed round."""
+    (``torch.cuda.synchronize``): called before and after each timed round. ``settle``
+    ({name: callable}) finishes a trainer's background work inside its own round (a writer's
+    queued jobs, which would otherwise run during the next trainer's round)."""
+    settle = settle or {}
     for train_step in trainers.values():
         for _ in range(warmup_steps):
             train_step()
@@ -274,6 +277,7 @@ def interleaved_step_times(trainers, rounds, steps_per_round, warmup_steps=3,
             start = time.perf_counter()
             for _ in range(steps_per_round):
                 train_step()
+            settle.get(name, lambda: None)()
             synchronize()
             times[name].append((time.perf_counter() - start) / steps_per_round)
     return times

@@ -39,6 +39,10 @@ Issue 36's targets are timed a second time, their variants alone in many short r
 models read up to 1.2% apart with the same code), so that each ratio of total times is known
 to about +-0.01-0.02.
 
+Each monitor's writer runs the jobs of its round before the round's clock stops (a flush): its
+background thread runs them every 0.25 s, longer than a round of 10 steps, and they would
+otherwise run in the next variant's round, spreading one variant's cost over the others.
+
 On one GPU (issue 36: a step of a model of at least 100M parameters, the defaults within 1.02x):
 
     python benchmarks/torch_overhead.py --device cuda --width 3072 --features 3072 \
@@ -119,9 +123,9 @@ def monitor(clip=None, **settings):
         if settings.pop("optimizer", False):
             settings["optimizer"] = model_optimizer
         watching = GradientMonitor(model, log_dir, **settings)
-        if clip is not None:
-            return lambda: watching.clip_grad_norm_(clip)
-        return watching.step
+        log = watching.step if clip is None else lambda: watching.clip_grad_norm_(clip)
+        # The writer's jobs of a round, run inside it (`interleaved_step_times`' settle).
+        return log, lambda: watching._writer and watching._writer.flush(upload=False)
     return attach
 
 
@@ -184,12 +188,14 @@ def measure(width, batch, features, rounds, steps_per_round, device="cpu", varia
     x = torch.randn(batch, features, generator=generator).to(device)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)
     tmp = tempfile.mkdtemp()
-    trainers = {}
+    trainers, settle = {}, {}
     for name in variants:
         attach = VARIANTS[name]
         model = build(width, features, device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         log = attach(model, f"{tmp}/{name}", optimizer)
+        if isinstance(log, tuple):
+            log, settle[name] = log
 
         def train_step(model=model, optimizer=optimizer, log=log):
             optimizer.zero_grad()
@@ -199,7 +205,7 @@ def measure(width, batch, features, rounds, steps_per_round, device="cpu", varia
         trainers[name] = train_step
     synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (
         lambda: None)
-    return _common.interleaved_step_times(trainers, rounds, steps_per_round,
+    return _common.interleaved_step_times(trainers, rounds, steps_per_round, settle=settle,
                                           synchronize=synchronize)
 
 

@@ -89,7 +89,7 @@ def tensorflow_counts(how):
 
 def torch_counts(entries, dtype):
     torch = pytest.importorskip("torch")
-    from tensorboard_gradients.capture.torch import ops_for
+    from tensorboard_gradients.capture.torch_ops import ops_for
 
     torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
     return statistics.histogram_matrix(

@@ -68,7 +68,7 @@ def tensorflow_stats(jit):
 
 def torch_stats(entries, stats=columns.GRADIENT_STATS, norms_only=False):
     torch = pytest.importorskip("torch")
-    from tensorboard_gradients.capture.torch import ops_for
+    from tensorboard_gradients.capture.torch_ops import ops_for
 
     return _matrix(norms_only)(
         ops_for(torch.device("cpu")),

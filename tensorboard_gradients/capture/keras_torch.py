@@ -32,7 +32,7 @@ from tensorboard_gradients.capture.keras_hooks import (
     adam_second_moments,
     global_norm,
 )
-from tensorboard_gradients.capture.torch import TorchOps, ops_for
+from tensorboard_gradients.capture.torch_ops import TorchOps, ops_for
 from tensorboard_gradients.format import statistics
 
 
