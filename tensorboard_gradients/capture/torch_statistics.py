@@ -251,8 +251,7 @@ class NormsOnly:
         if (norms is None or norms.dtype not in _NUMPY_DTYPES
                 or places.count(None) == len(places)):
             return None
-        computed_weights = (_weights_due(weights, every_step, norms.device, norms.dtype)
-                            if weights is not None else [])
+        computed_weights = _weights_due(weights, every_step, norms.device, norms.dtype)
         weight_start = len(norms) if computed_weights else None
         if computed_weights:  # in the same host copy
             norms = torch.cat([norms, torch.stack(torch._foreach_norm(computed_weights, 2))])
