@@ -255,6 +255,33 @@ def _random_event(rng):
     return event
 
 
+def test_events_encoded_by_hand_are_protobufs_bytes():
+    """The writer's thread encodes each step's event itself (`wire.event`, `tensor_value`,
+    `float32_value`): byte for byte what protobuf serializes for the same messages, for every
+    shape, float dtype, tag, step (zero, multi-byte, negative) and float32 edge a run writes."""
+    from tensorboard_gradients.format.tensors import tensor_proto
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=shape).astype(dtype) for dtype in (np.float32, np.float64)
+              for shape in [(), (0,), (1,), (1, 1), (3,), (2, 0), (28, 7), (200,), (5000,)]]
+    arrays.append(np.arange(6, dtype=np.int64).reshape(2, 3))  # other dtypes: protobuf's
+    tags = ["gradients", "g/é", "t" * 300]
+    with np.errstate(over="ignore"):
+        scalars = [0.0, -0.0, 1.5, 1e-45, 3.4028235e38, 3.4028236e38, 3.5e38, -1e39, 1e308,
+                   float("inf"), -float("inf"), float("nan"), 7, 2**70]
+        expected_scalars = [np.float32(value) for value in scalars]
+    for step in [1, 0, 127, 128, 2**31, 2**62, -1, -2**40]:
+        wall_time = 1.5e9 + rng.random()
+        for tag in tags:
+            values = [(tag, array) for array in arrays] + [
+                (f"{tag}/s", value) for value in expected_scalars]
+            protobuf = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=t, tensor=tensor_proto(a)) for t, a in values]))
+            encoded = wire.event(wall_time, step, [wire.tensor_value(tag, a) for a in arrays] + [
+                wire.float32_value(f"{tag}/s", value) for value in scalars])
+            assert encoded == protobuf.SerializeToString()
+
+
 def test_a_skimmed_record_says_only_what_parsing_it_whole_says(tmp_path):
     """`wire.tensor_values` reads an event's first bytes by hand: for 3,000 random
     events and every cut of their first bytes it either declines (None) or names the step,

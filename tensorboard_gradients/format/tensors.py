@@ -10,7 +10,7 @@ from tensorboard.util import tensor_util
 from tensorboard_gradients.format import columns
 
 # The float arrays written at every logged step, with the TensorProto fields holding their values.
-_FLOAT_TENSORS = {np.dtype(np.float32): (types_pb2.DT_FLOAT, "float_val"),
+FLOAT_TENSORS = {np.dtype(np.float32): (types_pb2.DT_FLOAT, "float_val"),
                   np.dtype(np.float64): (types_pb2.DT_DOUBLE, "double_val")}
 
 
@@ -21,7 +21,7 @@ def tensor_proto(array) -> tensor_pb2.TensorProto:
     step. Values in ``tensor_content`` (native byte order, as TensorBoard writes them) unless
     there is a single one (``float_val`` / ``double_val``); other arrays go through it."""
     array = np.asarray(array)
-    kind = _FLOAT_TENSORS.get(array.dtype)
+    kind = FLOAT_TENSORS.get(array.dtype)
     if kind is None:
         return tensor_util.make_tensor_proto(array)
     proto = tensor_pb2.TensorProto(dtype=kind[0], tensor_shape=tensor_shape_pb2.TensorShapeProto(
