@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensorboard_gradients as tg
-from tensorboard_gradients.format import columns
+from tensorboard_gradients.format import columns, metadata
 from tensorboard_gradients.format.layout import layer_of
 
 from conftest import assert_row_matches, norm_rtol, reference_histogram, reference_stats
@@ -220,3 +220,19 @@ def test_the_writers_tensor_protos_are_tensorboards_byte_for_byte(array):
 
     assert (tensor_proto(array).SerializeToString()
             == tensor_util.make_tensor_proto(array).SerializeToString())
+
+
+def test_a_bytes_payload_is_written_whole_trailing_nul_bytes_included():
+    """A digest record's payload ends in NUL bytes whenever its last float is 0: numpy's bytes
+    arrays drop them, so bytes must reach the tensor as given, by protobuf and by hand."""
+    from tensorboard.compat.proto import summary_pb2
+
+    from tensorboard_gradients.format import wire
+    from tensorboard_gradients.format.writer import tensor_proto
+
+    payload = metadata.encode_digest({"last": np.array([1.5, 0.0], np.float32)})
+    assert payload.endswith(b"\x00\x00\x00\x00")
+    assert tensor_proto(payload).string_val == [payload]
+    value = summary_pb2.Summary.Value.FromString(wire.tensor_value("gradients_digest", payload))
+    assert value.tensor.string_val == [payload]
+    assert metadata.decode_digest(value.tensor.string_val[0])["last"].tolist() == [1.5, 0.0]

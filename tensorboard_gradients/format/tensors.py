@@ -14,16 +14,23 @@ FLOAT_TENSORS = {np.dtype(np.float32): (types_pb2.DT_FLOAT, "float_val"),
                   np.dtype(np.float64): (types_pb2.DT_DOUBLE, "double_val")}
 
 
-def tensor_proto(array) -> tensor_pb2.TensorProto:
-    """``tensor_util.make_tensor_proto(array)``, the same message, built directly for float32
-    and float64 arrays: the writer's thread builds several per logged step, and TensorBoard's
-    general converter (dtype and shape inference) took a third of that thread's time per
-    step. Values in ``tensor_content`` (native byte order, as TensorBoard writes them) unless
-    there is a single one (``float_val`` / ``double_val``); other arrays go through it."""
-    array = np.asarray(array)
-    kind = FLOAT_TENSORS.get(array.dtype)
-    if kind is None:
-        return tensor_util.make_tensor_proto(array)
+def float_array(value) -> Optional[np.ndarray]:
+    """``value`` as an array when it is a float32 or float64 numpy array or scalar (what the
+    writer builds its float tensors from), else None: other values go to TensorBoard's
+    converter as given (``np.asarray`` would cut a digest's bytes at their trailing NULs)."""
+    return np.asarray(value) if getattr(value, "dtype", None) in FLOAT_TENSORS else None
+
+
+def tensor_proto(value) -> tensor_pb2.TensorProto:
+    """``tensor_util.make_tensor_proto(value)``, the same message, built directly for float32
+    and float64 arrays (`float_array`): the writer's thread builds several per logged step, and
+    TensorBoard's general converter (dtype and shape inference) took a third of that thread's
+    time per step. Values in ``tensor_content`` (native byte order, as TensorBoard writes them)
+    unless there is a single one (``float_val`` / ``double_val``); other values go through it."""
+    array = float_array(value)
+    if array is None:
+        return tensor_util.make_tensor_proto(value)
+    kind = FLOAT_TENSORS[array.dtype]
     proto = tensor_pb2.TensorProto(dtype=kind[0], tensor_shape=tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]))
     if array.size > 1:

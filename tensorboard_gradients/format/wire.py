@@ -20,7 +20,7 @@ import numpy as np
 from tensorboard.compat.proto import summary_pb2
 
 from tensorboard_gradients.format.event_files import SKIM_HEAD_BYTES, parse_event
-from tensorboard_gradients.format.tensors import FLOAT_TENSORS, tensor_proto
+from tensorboard_gradients.format.tensors import FLOAT_TENSORS, float_array, tensor_proto
 
 
 class EncodedEvent(NamedTuple):
@@ -44,13 +44,13 @@ def event(wall_time: float, step: int, values: Iterable[bytes]) -> bytes:
                      _length_delimited(_SUMMARY, summary)))
 
 
-def tensor_value(tag: str, array) -> bytes:
-    """``Summary.Value(tag=tag, tensor=tensors.tensor_proto(array))`` serialized (no metadata:
-    a tag's values after its first in a file); float32 and float64 arrays encoded here, others
-    by protobuf."""
-    array = np.asarray(array)
-    if array.dtype not in FLOAT_TENSORS:
-        return summary_pb2.Summary.Value(tag=tag, tensor=tensor_proto(array)).SerializeToString()
+def tensor_value(tag: str, value) -> bytes:
+    """``Summary.Value(tag=tag, tensor=tensors.tensor_proto(value))`` serialized (no metadata:
+    a tag's values after its first in a file); float32 and float64 arrays encoded here, other
+    values (a digest's bytes) by protobuf."""
+    array = float_array(value)
+    if array is None:
+        return summary_pb2.Summary.Value(tag=tag, tensor=tensor_proto(value)).SerializeToString()
     head, tensor_head = _tensor_heads(tag, array.dtype, array.shape)
     if array.size > 1:
         values = array.tobytes()
