@@ -3,8 +3,8 @@
 Writing (`event`, `tensor_value`, `float32_value`): the event of each logged step, built by the
 writer's background thread, byte for byte what ``Event.SerializeToString()`` gives (a test checks
 it), a quarter of protobuf's time in a loop; in the benchmark's training loop the writer's thread
-took 0.18 ms of CPU per clipped norms-only step instead of 0.24 (benchmarks/NOTES.md, "Events
-encoded by hand").
+took 0.18 ms of CPU per clipped norms-only step instead of 0.24 (benchmarks/NOTES.md, "The
+targets with each writer settled in its round; events encoded by hand").
 
 Reading: locating a long run's steps from each record's first bytes (`tensor_values`), the spans
 of a record's fields (`message_fields`: a segment index keeps a record less its payloads), and a
