@@ -124,8 +124,7 @@ def monitor(clip=None, **settings):
             settings["optimizer"] = model_optimizer
         watching = GradientMonitor(model, log_dir, **settings)
         log = watching.step if clip is None else lambda: watching.clip_grad_norm_(clip)
-        # The writer's jobs of a round, run inside it (`interleaved_step_times`' settle).
-        return log, lambda: watching._writer and watching._writer.flush(upload=False)
+        return log, _common.writer_settle(watching)
     return attach
 
 

@@ -9,7 +9,7 @@ process:
   step: ``stats_every_n_steps=1``, no histograms); ``ours_defaults`` (`GradientMonitor` with its
   defaults: the norms every step, every statistic every 10th, histograms every 100th); ``floor``
   (the one-pass floor: ``torch._foreach_norm`` over every gradient and one copy of the norms to
-  the host).
+  the host). Each monitor's writes run inside its own rounds (`_common.writer_settle`).
 * Keras (TensorFlow backend), ``model.fit``: ``none``; ``monitor`` (`GradientMonitor`, every
   statistic, every step); ``monitor_defaults`` (its defaults, as PyTorch's); ``floor`` (``optimizer.apply`` wrapped to store ``tf.linalg.global_norm`` of the
   gradients in a variable inside the traced step).
@@ -172,12 +172,15 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCABULARY, (BATCH, TOKENS + 1))
     names = ("none", "ours", "ours_defaults", "floor")
-    trainers, own = {}, {name: [] for name in names}
+    trainers, own, settle = {}, {name: [] for name in names}, {}
     for name in names:
         torch.manual_seed(0)
         model = Decoder(depth)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        log = timed(torch_variants(model, f"{log_root}/torch_{depth}_{name}")[name], own[name])
+        variant = torch_variants(model, f"{log_root}/torch_{depth}_{name}")[name]
+        if hasattr(variant, "__self__"):  # a monitor's step: its writes charged to its rounds
+            settle[name] = _common.writer_settle(variant.__self__)
+        log = timed(variant, own[name])
 
         def train_step(model=model, optimizer=optimizer, log=log):
             optimizer.zero_grad()
@@ -187,7 +190,7 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
             log()
             optimizer.step()
         trainers[name] = train_step
-    times = _common.interleaved_step_times(trainers, rounds, steps_per_round)
+    times = _common.interleaved_step_times(trainers, rounds, steps_per_round, settle=settle)
     model = Decoder(depth)
     model(ids[:, :-1]).sum().backward()
     return {
