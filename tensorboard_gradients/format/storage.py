@@ -377,12 +377,13 @@ class BlockCache:
             future.add_done_callback(lambda done, key=key: self._landed(key, done))
 
     def _landed(self, key, done):
-        """A block fetched ahead is kept; one that failed is left to its reader to fetch (and
-        to raise its error)."""
-        with self._lock:
-            self._ahead.pop(key, None)
+        """A block fetched ahead is kept, then no longer on its way: a reader in between finds
+        it in one or the other (in the reverse order it found neither and fetched it again).
+        One that failed is left to its reader to fetch (and to raise its error)."""
         if not done.cancelled() and done.exception() is None:
             self._keep(key, done.result())
+        with self._lock:
+            self._ahead.pop(key, None)
 
     @staticmethod
     def fetch(file: "_RemoteFile", index: int) -> bytes:
