@@ -261,7 +261,7 @@ def rotated(items, round_index):
 def writer_settle(monitor):
     """``settle`` for a round of a monitor's variant (`interleaved_step_times`): the jobs its
     writer queued run before the round's clock stops. Its background thread runs them every
-    0.25 s, longer than a round of 10 steps: they would run in the next variant's round and
+    second, longer than a round of 10 steps: they would run in the next variant's round and
     spread one variant's cost over the others (NOTES.md, "Clip and norms below the clip
     recipe")."""
     return lambda: monitor._writer and monitor._writer.flush(upload=False)

@@ -40,7 +40,7 @@ models read up to 1.2% apart with the same code), so that each ratio of total ti
 to about +-0.01-0.02.
 
 Each monitor's writer runs the jobs of its round before the round's clock stops (a flush): its
-background thread runs them every 0.25 s, longer than a round of 10 steps, and they would
+background thread runs them every second, longer than a round of 10 steps, and they would
 otherwise run in the next variant's round, spreading one variant's cost over the others.
 
 On one GPU (issue 36: a step of a model of at least 100M parameters, the defaults within 1.02x):

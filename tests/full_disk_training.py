@@ -28,7 +28,7 @@ def disk(step, settle=lambda: None):
     FULL_UNTIL. Called before each training step with its 1-based number. ``settle`` writes
     what the writer's background thread still holds first: the steps before FULL_FROM are on
     disk, and their file exists, before its size is taken; the steps logged while the disk is
-    full are tried on it before it is freed (the thread writes in batches, every 0.25 s: a loop
+    full are tried on it before it is freed (the thread writes in batches, every second: a loop
     this fast would otherwise be past FULL_UNTIL before the thread tried them)."""
     if step == FULL_FROM:
         settle()

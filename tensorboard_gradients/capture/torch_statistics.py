@@ -17,7 +17,7 @@ Two kinds of step (format 1.6, `columns.EVERY_STEP_STATS`):
 No per-parameter ``.item()`` or ``.cpu()``, no other host sync. Both return a `HostStats`: what
 must happen while the gradients are as logged (the passes, the copy, the checks) is done; the
 numpy that finishes the matrix is left to the writer's thread
-(`GradientWriter.write_statistics_later`), which runs the steps queued every 0.25 s back to back
+(`GradientWriter.write_statistics_later`), which runs the steps queued every second back to back
 with warm caches, where the training thread would run it cold after every ``backward``.
 """
 

@@ -34,10 +34,12 @@ IDLE_SECONDS = 1.0
 # of the PyTorch benchmark (a thread switch and cold caches each time, on a core the training
 # uses), against 0.06 ms per job run back to back (benchmarks/NOTES.md, "The weight norms at the
 # full steps; writes in batches"). In the training loop, where every batch starts with caches
-# the step emptied, 0.25 s took the thread 0.20-0.21 ms a step where 0.05 s took 0.25-0.35 (the
-# benchmark's clipped norms-only steps; NOTES, "Cold caches, not Python").
-# Far below what a reader notices: TensorBoard reloads every 5 s at the most.
-BATCH_SECONDS = 0.25
+# the step emptied, the longer the batch the less each job costs: for the benchmark's clipped
+# norms-only steps 0.25-0.35 ms at 0.05 s, 0.13-0.17 at 0.25 s, 0.08-0.10 at 1 s and 0.07 at 2 s
+# (NOTES, "Cold caches, not Python" and "Writes every second"). Still below what a reader
+# notices (TensorBoard reloads every 5 s at the most); a process killed without its exit
+# handlers loses the steps of the last second at most.
+BATCH_SECONDS = 1.0
 
 # The longest `submit` waits for a slot in a full queue before it takes the thread for stuck: a
 # write takes a millisecond or less, and a busy machine may not run the thread for tens of ms;

@@ -19,7 +19,7 @@ refused at `close` are dropped, counted and reported like those a full disk refu
 
 Off the training thread: a write checks its arguments and returns; building the step's events,
 writing them and feeding the digest and the alert judgement happen in order on the writer's
-background thread (`write_queue.WriteQueue`, every 0.25 s the writes queued meanwhile). Its queue
+background thread (`write_queue.WriteQueue`, every second the writes queued meanwhile). Its queue
 holds `QUEUE_LENGTH` writes: a loop that
 logs faster than they run waits for them, a little each time; when the disk stalls, a write is not
 waited for but dropped, counted and reported like a step a full disk refused. `flush`, `close` and
@@ -320,7 +320,7 @@ class GradientWriter:
         """The `analysis.Alert`s judged since the last call, in the order judged (each
         judgement's most urgent first): findings not returned before, or grown more urgent.
         Judged in the background as steps are written (see `alert_feed`): an alert raised at
-        a step is here once the next step is written (the thread writes every 0.25 s).
+        a step is here once the next step is written (the thread writes every second).
         ``wait``: judge every step written before the last one first; after `close`, every
         step written is judged first."""
         if wait or self._closed:
