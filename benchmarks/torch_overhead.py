@@ -168,9 +168,12 @@ TARGETS = (
     ("ours_all", "none", 1.20, "every statistic every step vs plain"),
     ("ours_norms", "none", 1.08, "`stats=(\"l2_norm\",)` every step vs plain"),
     ("ours_clip_norms", "clip_recipe", 1.02, "clip + per-tensor norms vs the clip recipe"),
-    ("ours_clip", "clip_recipe", 1.02, "clip + defaults vs the clip recipe"),
-    # Not a target: the logging's own cost, the monitor's leaner Python (one list of the
-    # parameters, one grouping) set aside.
+    # Not targets. Beside the clip the defaults add every statistic every 10th step and the
+    # histograms every 100th (0.2-0.3 ms a step on the MLP): the cost of the defaults, whose
+    # target is theirs against plain; the issue sets 2% on the norms the clip's pass gives.
+    ("ours_clip", "clip_recipe", None, "clip + defaults vs the clip recipe"),
+    # The logging's own cost, the monitor's leaner Python (one list of the parameters, one
+    # grouping) set aside.
     ("ours_clip_norms", "clip_listed", None, "clip + per-tensor norms vs the listed clip"),
 )
 # The targets' variants, timed again by themselves in many short rounds: the 25 rounds of the
