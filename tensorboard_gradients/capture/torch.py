@@ -552,8 +552,8 @@ class GradientMonitor:
         """The alerts judged since the last call (`tensorboard_gradients.analysis.Alert`:
         findings the Gradients tab would show, each with the ``raised_step`` at which the
         analysis, fed step by step, raised it): judged in the background as steps are written,
-        so an alert raised at a step is here once the next step is (within a second); ``wait`` judges
-        every step logged before the last one first; after `close`, all of them. Empty on
+        so an alert raised at a step is here once the next step is (within a second); ``wait``
+        judges every step logged before the last one first; after `close`, all of them. Empty on
         processes that do not write."""
         return self._writer.alerts(wait=wait) if self._writer is not None else []
 
