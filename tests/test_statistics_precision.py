@@ -146,9 +146,10 @@ def test_combine_moments_equals_the_moments_of_the_union():
 def mixed_gradients(rng):
     """Arrays that share reduction groups (`statistics.size_groups`) yet must not mix: one size
     at scales 1e-20 to 1e15, an offset one (|mean| / std = 1e4), one size in two shapes, exact
-    zeros, a scalar, an empty array and two just over the grouped size (one with exact zeros:
-    reduced alone, by other kernels than a group); all-equal entries whose
-    squares underflow (1e-25: the sum of squares would read 0) and a scalar like them."""
+    zeros, a scalar, an empty array and three just over the grouped size (one with exact zeros:
+    reduced alone by the fast pass, by other kernels than a group; two of one size at scales
+    1 and 1e-30, which the masked pass stacks); all-equal entries whose squares underflow
+    (1e-25: the sum of squares would read 0) and a scalar like them."""
     gradients = [(scale * rng.standard_normal(256)).astype(np.float32)
                  for scale in (1e-20, 1e-3, 1.0, 1e15)]
     gradients += [offset_gradient(1e4, size=256), rng.standard_normal((16, 16)).astype(np.float32),
@@ -158,6 +159,8 @@ def mixed_gradients(rng):
                   np.where(rng.random(statistics.GROUPED_ARRAY_MAX_ENTRIES + 7) < 0.3, 0,
                            rng.standard_normal(statistics.GROUPED_ARRAY_MAX_ENTRIES + 7)
                            ).astype(np.float32),
+                  (1e-30 * rng.standard_normal(statistics.GROUPED_ARRAY_MAX_ENTRIES + 1)
+                   ).astype(np.float32),
                   rng.standard_normal(10).astype(np.float32),
                   np.full(3, 1e-25, np.float32), np.float32(-3e-30)]
     return gradients

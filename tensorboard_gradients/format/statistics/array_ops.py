@@ -25,14 +25,15 @@ GROUPED_ARRAY_MAX_ENTRIES = 2**12
 GROUP_MAX_ENTRIES = 2**22
 
 
-def size_groups(sizes, grouped=True):
+def size_groups(sizes, grouped=True, largest_grouped=None):
     """Index lists partitioning ``range(len(sizes))``: arrays of one static size up to
-    `GROUPED_ARRAY_MAX_ENTRIES` share a group of at most `GROUP_MAX_ENTRIES` entries (first
-    occurrence order); any other array (larger, of unknown size (None), or all when ``grouped`` is
-    false) is a group of its own."""
+    ``largest_grouped`` entries (`GROUPED_ARRAY_MAX_ENTRIES` when None) share a group of at most
+    `GROUP_MAX_ENTRIES` entries (first occurrence order); any other array (larger, of unknown
+    size (None), empty, or all when ``grouped`` is false) is a group of its own."""
+    largest = GROUPED_ARRAY_MAX_ENTRIES if largest_grouped is None else largest_grouped
     groups, open_group = [], {}
     for index, size in enumerate(sizes):
-        if not grouped or size is None or size > GROUPED_ARRAY_MAX_ENTRIES or size == 0:
+        if not grouped or size is None or size > largest or size == 0:
             groups.append([index])
             continue
         members = open_group.get(size)
@@ -62,10 +63,13 @@ class ArrayOps:
         return cls.stack([cls.reshape(a, (-1,)) for a in arrays])
 
     @classmethod
-    def grouped_rows(cls, arrays, reduce_matrix):
-        """``[len(arrays), C]``: ``reduce_matrix`` (``[k, n]`` -> ``[k, C]``) applied to every
-        `size_groups` group of ``arrays``, rows in the order of ``arrays``."""
-        groups = size_groups([cls.static_size(a) for a in arrays], cls.groups_arrays)
+    def grouped_rows(cls, arrays, reduce_matrix, largest_grouped=None):
+        """``[len(arrays), C]``: ``reduce_matrix`` (``[k, n]`` -> ``[k, C]``; a ``[1, ...]``
+        array for one array of its own where the adapter keeps its shape) applied to every
+        `size_groups` group of ``arrays`` (``largest_grouped``: theirs), rows in the order of
+        ``arrays``."""
+        groups = size_groups([cls.static_size(a) for a in arrays], cls.groups_arrays,
+                             largest_grouped)
         parts = [reduce_matrix(cls.rows_matrix([arrays[i] for i in group])) for group in groups]
         order = [index for group in groups for index in group]
         if order == list(range(len(arrays))):

@@ -140,35 +140,42 @@ def scaled_sums(ops, reductions):
     return stack_reductions(ops, axis=1, **by_name)
 
 
-def _masked_reductions(ops, values):
-    """Reductions over the finite entries, sums of values / abs_max: correct for any input."""
-    like = ops.constant(0, values)
-    finite = ops.isfinite(values)
-    x = ops.where(finite, values, like)
-    abs_max = ops.max(ops.abs(x), initial=like)
+def _masked_reductions(ops, matrix):
+    """``[k, REDUCTIONS]``: the reductions of each row of a ``[k, n]`` matrix (or of a
+    ``[1, ...]`` array, over its own axes) over its finite entries, sums of values / the row's
+    abs_max: correct for any input."""
+    rows = matrix.shape[0]
+    axes = tuple(range(1, len(matrix.shape)))
+    per_row = lambda vector: ops.reshape(vector, (rows,) + (1,) * len(axes))  # noqa: E731
+    like = ops.constant(0, matrix)
+    finite = ops.isfinite(matrix)
+    x = ops.where(finite, matrix, like)
+    abs_max = ops.max(ops.abs(x), initial=like, axis=axes)
     # Multiplied twice by 1/sqrt(abs_max), not divided by abs_max: XLA (JAX, TF's jit) divides
     # by multiplying with the reciprocal, and 1/3e38 is subnormal, which XLA flushes to zero
     # (it would also fold two divisions into one); 1/sqrt(3e38) = 6e-20 is a normal float.
-    inverse_root = ops.constant(1, like) / ops.sqrt(
-        ops.where(abs_max > like, abs_max, ops.constant(1, like)))
+    inverse_root = per_row(ops.constant(1, like) / ops.sqrt(
+        ops.where(abs_max > like, abs_max, ops.constant(1, like))))
     scaled = x * inverse_root * inverse_root
     infinity = ops.constant(np.inf, like)
-    finite_count = ops.count(finite, like=like)
-    total = ops.sum(scaled)
-    deviations = ops.where(finite, scaled - total / ops.maximum(finite_count, ops.constant(1, like)), like)
+    finite_count = ops.count(finite, like=like, axis=axes)
+    total = ops.sum(scaled, axis=axes)
+    mean = per_row(total / ops.maximum(finite_count, ops.constant(1, like)))
+    deviations = ops.where(finite, scaled - mean, like)
     return stack_reductions(
         ops,
-        present=ops.numel(values),
-        nan=ops.count(ops.isnan(values), like=like),
+        axis=1,
+        present=ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like),
+        nan=ops.count(ops.isnan(matrix), like=like, axis=axes),
         finite=finite_count,
         abs_max=abs_max,
         sum=total,
-        sum_squares=ops.sum(scaled * scaled),
-        sum_abs=ops.sum(ops.abs(scaled)),
-        min=ops.min(ops.where(finite, values, infinity), initial=infinity),
-        max=ops.max(ops.where(finite, values, -infinity), initial=-infinity),
-        zeros=ops.count(values == like, like=like),
-        m2=ops.sum(deviations * deviations),
+        sum_squares=ops.sum(scaled * scaled, axis=axes),
+        sum_abs=ops.sum(ops.abs(scaled), axis=axes),
+        min=ops.min(ops.where(finite, matrix, infinity), initial=infinity, axis=axes),
+        max=ops.max(ops.where(finite, matrix, -infinity), initial=-infinity, axis=axes),
+        zeros=ops.count(matrix == like, like=like, axis=axes),
+        m2=ops.sum(deviations * deviations, axis=axes),
     )
 
 
@@ -361,11 +368,18 @@ def _surely_trusted_constants(dtype, gradient_stats):
 
 
 def masked_reduction_matrix(ops, gradients, dtype):
-    """The `reduction_matrix` rows by the masked pass, one variable at a time: right for any
-    input (NaN/Inf entries, sums that would overflow or underflow)."""
-    missing_row = _missing_row(ops, ops.to_float(0, dtype))
-    return ops.stack([missing_row if g is None else _masked_reductions(ops, g[0])
-                      for g in gradients])
+    """The `reduction_matrix` rows by the masked pass: right for any input (NaN/Inf entries,
+    sums that would overflow or underflow). Gradients of one size, however large, are stacked
+    and reduced as one matrix (`ArrayOps.grouped_rows`, groups of at most `GROUP_MAX_ENTRIES`
+    entries): on this rare path a stack's copy costs little, while each reduction is an
+    operation that TensorFlow traces on every step (its ``cond`` traces both branches). One
+    variable at a time, ~30 operations each, this branch was half the Keras monitor's tracing
+    (4.9 of 10.7 s of the demo MLP's first ``fit`` under a profiler; benchmarks/NOTES.md)."""
+    return rows_in_order(
+        ops, gradients,
+        lambda values: ops.grouped_rows(values, lambda matrix: _masked_reductions(ops, matrix),
+                                        largest_grouped=math.inf),
+        lambda: ops.reshape(_missing_row(ops, ops.to_float(0, dtype)), (1, -1)))
 
 
 def _missing_row(ops, like):
