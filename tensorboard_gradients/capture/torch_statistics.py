@@ -104,7 +104,7 @@ class Batched:
     returns the ``finish`` of one step, and the first ``finish`` called runs ``run`` once on
     every item waiting (``run(items)`` returns their results, in order). On that thread, right
     after the training's step, a numpy call on a few dozen numbers takes 5-10x its time in a hot
-    loop; a batch of the steps queued in 0.25 s pays it once (benchmarks/NOTES.md, "The full
+    loop; a batch of the steps queued in a second pays it once (benchmarks/NOTES.md, "The full
     steps' numpy in one batch")."""
 
     # The most items waiting: the steps whose write was refused (a stuck queue) are never
