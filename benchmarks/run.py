@@ -34,6 +34,7 @@ NOTES = os.path.join(HERE, "NOTES.md")
 BENCHMARKS = {
     "summary_overhead": "Summary op overhead per training step (TF custom loop)",
     "keras_overhead": "Keras `GradientMonitor` in `model.fit`",
+    "keras_first_fit": "Keras `GradientMonitor`: the first `model.fit`, tracing included",
     "torch_overhead": "PyTorch `GradientMonitor` in an eager training loop",
     "sharded_overhead": "PyTorch `GradientMonitor` under FSDP2 (2 CPU ranks)",
     "transformer_overhead": "Transformer-shaped models: cost per tensor, against the one-pass floor",
