@@ -47,6 +47,8 @@ WIDTH, HEADS, TOKENS, VOCABULARY, BATCH = 128, 4, 64, 512, 16
 FULL = dict(depths=(4, 8, 12), rounds=7, steps_per_round=10, keras_steps=30, epochs=6)
 # The historical "ours": every statistic at every step (the defaults log most steps' norms only).
 EVERY_STATISTIC = dict(stats_every_n_steps=1, histograms_every_n_steps=None)
+# The monitors' variants (`torch_variant`): every statistic every step, and the defaults.
+MONITOR_OPTIONS = {"ours": EVERY_STATISTIC, "ours_defaults": {}}
 QUICK = dict(FULL, depths=(2, 4), rounds=2, steps_per_round=4, keras_steps=12, epochs=2)
 
 ABOUT = """\
@@ -145,15 +147,15 @@ def timed(call, seconds):
     return timed_call
 
 
-def torch_variants(model, log_dir):
+def torch_variant(name, model, log_dir):
+    """``(the call after backward, the monitor whose writes it queues or None)`` of the variant
+    ``name`` on ``model``."""
     from tensorboard_gradients.torch import GradientMonitor
 
-    return {
-        "none": lambda: None,
-        "ours": GradientMonitor(model, f"{log_dir}/ours", **EVERY_STATISTIC).step,
-        "ours_defaults": GradientMonitor(model, f"{log_dir}/defaults").step,
-        "floor": foreach_floor(model),
-    }
+    if name in MONITOR_OPTIONS:
+        monitor = GradientMonitor(model, f"{log_dir}/{name}", **MONITOR_OPTIONS[name])
+        return monitor.step, monitor
+    return (foreach_floor(model) if name == "floor" else lambda: None), None
 
 
 def torch_operators(model, log_dir, grouped):
@@ -177,9 +179,9 @@ def torch_depth(depth, rounds, steps_per_round, log_root):
         torch.manual_seed(0)
         model = Decoder(depth)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        variant = torch_variants(model, f"{log_root}/torch_{depth}_{name}")[name]
-        if hasattr(variant, "__self__"):  # a monitor's step: its writes charged to its rounds
-            settle[name] = _common.writer_settle(variant.__self__)
+        variant, monitor = torch_variant(name, model, f"{log_root}/torch_{depth}_{name}")
+        if monitor is not None:  # its writes charged to its own rounds
+            settle[name] = _common.writer_settle(monitor)
         log = timed(variant, own[name])
 
         def train_step(model=model, optimizer=optimizer, log=log):
