@@ -243,17 +243,32 @@ class NumpyOps(ArrayOps):
 MATRIX_REDUCTIONS = ("count", "sum", "min", "max", "m2", "sum_abs", "zeros", "sum_squares")
 
 
+def row_axes(matrix):
+    """The axes a row of a ``[k, ...]`` matrix reduces over (a ``[1, ...]`` array: its own)."""
+    return tuple(range(1, len(matrix.shape)))
+
+
+def row_counts(ops, matrix, like):
+    """``[k]``: the entries of each row of a ``[k, ...]`` matrix, in ``like``'s dtype."""
+    rows = matrix.shape[0]
+    return ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like)
+
+
+def per_row(ops, vector, matrix):
+    """A ``[k]`` vector shaped to broadcast over the ``[k, ...]`` ``matrix`` row by row."""
+    return ops.reshape(vector, (matrix.shape[0],) + (1,) * len(row_axes(matrix)))
+
+
 def _matrix_reductions(ops, matrix, passes):
     """The `MATRIX_REDUCTIONS` named in ``passes`` of each row of a ``[k, n]`` matrix (k arrays
     of n entries, or one array with a leading axis), in that order: sum, min, max, the deviations
     from the mean (two-pass M2), |x|, the zero count, squares. No masking or scaling:
     any NaN/Inf entry or overflowing sum shows up as a non-finite result, which
     `formulas.checked_fast_rows` checks."""
-    rows = matrix.shape[0]
-    axes = tuple(range(1, len(matrix.shape)))  # a [1, ...] array reduces over its own axes
+    axes = row_axes(matrix)
     like = ops.constant(0, matrix)
     infinity = ops.constant(np.inf, like)
-    count = ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like)
+    count = row_counts(ops, matrix, like)
     found = {"count": count}
     if "sum" in passes:
         found["sum"] = ops.sum(matrix, axis=axes)
@@ -263,8 +278,7 @@ def _matrix_reductions(ops, matrix, passes):
         found["max"] = ops.max(matrix, initial=-infinity, axis=axes)
     if "m2" in passes:
         mean = found["sum"] / ops.maximum(count, ops.constant(1, like))
-        found["m2"] = ops.sum_of_squares(
-            matrix - ops.reshape(mean, (rows,) + (1,) * len(axes)), axes)
+        found["m2"] = ops.sum_of_squares(matrix - per_row(ops, mean, matrix), axes)
     if "sum_abs" in passes:
         found["sum_abs"] = ops.sum(ops.abs(matrix), axis=axes)
     if "zeros" in passes:

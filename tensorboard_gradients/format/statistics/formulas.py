@@ -35,7 +35,8 @@ import numpy as np
 
 from tensorboard_gradients.format import columns
 from tensorboard_gradients.format.statistics.array_ops import (
-    MATRIX_REDUCTIONS, known_when_traced, numpy_float, rows_in_order)
+    MATRIX_REDUCTIONS, known_when_traced, numpy_float, per_row, row_axes, row_counts,
+    rows_in_order)
 
 
 # Per-variable reductions (one small vector each) that `_finalize` turns into the stats of all
@@ -144,9 +145,7 @@ def _masked_reductions(ops, matrix):
     """``[k, REDUCTIONS]``: the reductions of each row of a ``[k, n]`` matrix (or of a
     ``[1, ...]`` array, over its own axes) over its finite entries, sums of values / the row's
     abs_max: correct for any input."""
-    rows = matrix.shape[0]
-    axes = tuple(range(1, len(matrix.shape)))
-    per_row = lambda vector: ops.reshape(vector, (rows,) + (1,) * len(axes))  # noqa: E731
+    axes = row_axes(matrix)
     like = ops.constant(0, matrix)
     finite = ops.isfinite(matrix)
     x = ops.where(finite, matrix, like)
@@ -154,18 +153,18 @@ def _masked_reductions(ops, matrix):
     # Multiplied twice by 1/sqrt(abs_max), not divided by abs_max: XLA (JAX, TF's jit) divides
     # by multiplying with the reciprocal, and 1/3e38 is subnormal, which XLA flushes to zero
     # (it would also fold two divisions into one); 1/sqrt(3e38) = 6e-20 is a normal float.
-    inverse_root = per_row(ops.constant(1, like) / ops.sqrt(
-        ops.where(abs_max > like, abs_max, ops.constant(1, like))))
+    inverse_root = per_row(ops, ops.constant(1, like) / ops.sqrt(
+        ops.where(abs_max > like, abs_max, ops.constant(1, like))), matrix)
     scaled = x * inverse_root * inverse_root
     infinity = ops.constant(np.inf, like)
     finite_count = ops.count(finite, like=like, axis=axes)
     total = ops.sum(scaled, axis=axes)
-    mean = per_row(total / ops.maximum(finite_count, ops.constant(1, like)))
+    mean = per_row(ops, total / ops.maximum(finite_count, ops.constant(1, like)), matrix)
     deviations = ops.where(finite, scaled - mean, like)
     return stack_reductions(
         ops,
         axis=1,
-        present=ops.numel(matrix) / rows + ops.constant(np.zeros(rows), like),
+        present=row_counts(ops, matrix, like),
         nan=ops.count(ops.isnan(matrix), like=like, axis=axes),
         finite=finite_count,
         abs_max=abs_max,
