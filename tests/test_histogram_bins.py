@@ -147,3 +147,38 @@ def test_no_key_range_of_the_bit_tables_holds_two_edges(dtype):
         in_order = np.where(in_order == columns.HIST_NAN, columns.HIST_INF,
                             np.where(in_order == columns.HIST_INF, columns.HIST_NAN, in_order))
         np.testing.assert_array_equal(counted, in_order)
+
+
+def test_arrays_are_joined_in_batches_of_bounded_entries():
+    # GROUP_MAX_ENTRIES bounds a batch; a larger array is a batch of its own, empty ones join.
+    cap = statistics.GROUP_MAX_ENTRIES
+    assert statistics.entry_batches([cap // 2, cap // 2, 1, 0, cap + 1, 3]) == [
+        [0, 1], [2, 3], [4], [5]]
+    assert statistics.entry_batches([]) == []
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_torch_counts_exactly_across_several_batches(monkeypatch, dtype):
+    """PyTorch joins the arrays of any sizes in batches (`TorchOps.joined_histograms`); a bound
+    of 300 entries splits these gradients into many, one array over it alone."""
+    from tensorboard_gradients.format.statistics import array_ops
+
+    monkeypatch.setattr(array_ops, "GROUP_MAX_ENTRIES", 300)
+    entries = gradients(dtype)
+    np.testing.assert_array_equal(torch_counts(entries, dtype), expected_counts(entries))
+
+
+@pytest.mark.parametrize("count", ["counts_per_run", "counts_with_offsets"])
+def test_both_torch_run_counts_count_each_run(count):
+    """The CPU's count per run and the accelerators' one offset count (run here on the CPU, the
+    only device CI has) agree with numpy's count of each run, empty runs included."""
+    torch = pytest.importorskip("torch")
+    from tensorboard_gradients.capture import torch_ops
+
+    sizes = [5, 0, 1, 300, 0, 17]
+    indices = np.random.default_rng(3).integers(0, columns.HISTOGRAM_BINS, sum(sizes))
+    counted = getattr(torch_ops, count)(torch.tensor(indices, dtype=torch.int32), sizes,
+                                        columns.HISTOGRAM_BINS)
+    runs = np.split(indices, np.cumsum(sizes)[:-1])
+    np.testing.assert_array_equal(
+        counted.numpy(), [np.bincount(run, minlength=columns.HISTOGRAM_BINS) for run in runs])

@@ -7,6 +7,7 @@ measurements behind each choice are in benchmarks/NOTES.md.
 """
 
 import functools
+import threading
 
 import torch
 
@@ -84,6 +85,23 @@ class TorchOps(statistics.ArrayOps):
     @staticmethod
     def bincount(indices, length, like):
         return torch.bincount(indices.reshape(-1), minlength=length).to(like.dtype)
+
+    joins_histograms = True
+
+    @staticmethod
+    def joined_histograms(arrays, like):
+        """``[len(arrays), HISTOGRAM_BINS]``: the counts of `statistics.histogram_rows`'
+        internal bins of arrays of any sizes (one float dtype), in ``like``'s dtype: their
+        entries joined in runs of at most `statistics.GROUP_MAX_ENTRIES`
+        (`statistics.entry_batches`), each run binned in one pass (`_internal_bins`)."""
+        sizes = [a.numel() for a in arrays]
+        counts = []
+        for batch in statistics.entry_batches(sizes):
+            batch_sizes = [sizes[i] for i in batch]
+            bins = _internal_bins([arrays[i] for i in batch], sum(batch_sizes))
+            count = counts_per_run if bins.device.type == "cpu" else counts_with_offsets
+            counts.append(count(bins, batch_sizes, columns.HISTOGRAM_BINS))
+        return (counts[0] if len(counts) == 1 else torch.cat(counts)).to(like.dtype)
 
     @staticmethod
     def stack(values, axis=0):
@@ -221,6 +239,75 @@ class TorchOps(statistics.ArrayOps):
 
 
 _REQUIRED_PASSES = statistics.passes_for(columns.REQUIRED_STATS)
+
+
+def _internal_bins(arrays, entries):
+    """The internal histogram bin (`statistics.histogram_bit_tables`) of each of the
+    ``entries`` of ``arrays`` (float32 or float64, one device) in order, as integers of their
+    width: ``first_bin[k] + 1``, less one where the bits are below the key's edge (the sign bit
+    of ``bits - edge[k]``, both under 2**(width-1): no overflow).
+
+    Written into three buffers, in place, where the generic formula makes a new array per
+    operation: in the benchmark MLP's training loop on a CPU (808k entries) a histogram step
+    took ~3.5 ms so and ~7 ms by the generic grouping, most of it the first touch of fresh
+    megabytes (page faults; benchmarks/NOTES.md, "The histograms joined")."""
+    key_shift, first_bin_past_edge, edge = _bin_tables(arrays[0].dtype, arrays[0].device)
+    integer = edge.dtype
+    bits, keys, below = _buffers(entries, integer, arrays[0].device)
+    torch.cat([a.reshape(-1).view(integer) for a in arrays], out=bits)
+    bits &= torch.iinfo(integer).max
+    torch.bitwise_right_shift(bits, key_shift, out=keys)
+    torch.index_select(edge, 0, keys, out=below)
+    torch.sub(bits, below, out=below)
+    below >>= torch.iinfo(integer).bits - 1  # -1 below the edge, 0 at or past it
+    torch.index_select(first_bin_past_edge, 0, keys, out=bits)  # the bits are read: reused
+    bits += below
+    return bits
+
+
+@functools.lru_cache(maxsize=None)
+def _bin_tables(dtype, device):
+    """``(key shift, first bin + 1, edge)`` of `statistics.histogram_bit_tables` for the float
+    ``dtype``, the tables on ``device`` as integers of its width."""
+    key_shift, first_bin, edge = statistics.histogram_bit_tables(statistics.numpy_float(dtype))
+    integer = torch.int64 if dtype == torch.float64 else torch.int32
+    return (key_shift, torch.as_tensor(first_bin + 1, dtype=integer, device=device),
+            torch.as_tensor(edge, dtype=integer, device=device))
+
+
+_cpu_buffers = threading.local()  # per thread: each training thread bins into its own
+
+
+def _buffers(entries, integer, device):
+    """Three 1-D ``integer`` tensors of ``entries`` on ``device``. On the CPU, views of buffers
+    kept for the thread (grown to the largest batch, at most `statistics.GROUP_MAX_ENTRIES`
+    entries each): a fresh tensor of megabytes is mapped anew at every histogram step, and
+    its first touch, a page fault per 4 KiB, cost more than the binning. Elsewhere new ones
+    (PyTorch's caching allocator reuses the memory)."""
+    if device.type != "cpu":
+        return [torch.empty(entries, dtype=integer, device=device) for _ in range(3)]
+    kept = _cpu_buffers.__dict__.setdefault("by_dtype", {})
+    if integer not in kept or kept[integer][0].numel() < entries:
+        kept[integer] = [torch.empty(entries, dtype=integer) for _ in range(3)]
+    return [buffer[:entries] for buffer in kept[integer]]
+
+
+def counts_per_run(indices, sizes, length):
+    """``[len(sizes), length]``: the counts of each run of ``sizes`` entries of the flat
+    ``indices`` (values below ``length``), a count per run of the views: on the CPU as fast as
+    one count of them all, and no per-entry offsets to make."""
+    return torch.stack([torch.bincount(run, minlength=length)
+                        for run in torch.split(indices, list(sizes))])
+
+
+def counts_with_offsets(indices, sizes, length):
+    """`counts_per_run` in one kernel, each run's indices offset into its own ``length`` slots:
+    on an accelerator, where each count syncs with the host (for the size of its output)."""
+    offsets = torch.repeat_interleave(
+        torch.arange(len(sizes), dtype=indices.dtype, device=indices.device) * length,
+        torch.tensor(list(sizes), device=indices.device), output_size=sum(sizes))
+    return torch.bincount(indices + offsets, minlength=len(sizes) * length).reshape(
+        len(sizes), length)
 
 
 # Made once: a tensor built from Python numbers is a host-to-device copy (and on the CPU a few

@@ -12,7 +12,7 @@ Writers and adapters call the names below as ``statistics.<name>``.
 from tensorboard_gradients.format.statistics.adam import adam_rms
 from tensorboard_gradients.format.statistics.array_ops import (
     GROUP_MAX_ENTRIES, GROUPED_ARRAY_MAX_ENTRIES, MATRIX_REDUCTIONS, ArrayOps, NumpyOps,
-    numpy_float, size_groups)
+    entry_batches, numpy_float, size_groups)
 from tensorboard_gradients.format.statistics.formulas import (
     REDUCTIONS, checked_fast_rows, combine_moments, fast_reductions, masked_reduction_matrix,
     norms_only_columns, norms_only_matrix, norms_only_statistics, pass_matrix, passes_for,
@@ -23,7 +23,7 @@ from tensorboard_gradients.format.statistics.histograms import (
 from tensorboard_gradients.format.statistics.shards import combine_shards
 
 __all__ = [
-    "ArrayOps", "NumpyOps", "size_groups", "numpy_float", "GROUPED_ARRAY_MAX_ENTRIES",
+    "ArrayOps", "NumpyOps", "size_groups", "entry_batches", "numpy_float", "GROUPED_ARRAY_MAX_ENTRIES",
     "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS", "stack_reductions", "passes_for",
     "pass_matrix", "fast_reductions", "checked_fast_rows", "surely_trusted_passes",
     "scaled_sums", "masked_reduction_matrix", "norms_only_matrix", "trusted_norms",

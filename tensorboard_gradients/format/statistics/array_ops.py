@@ -44,14 +44,30 @@ def size_groups(sizes, grouped=True, largest_grouped=None):
     return groups
 
 
+def entry_batches(sizes):
+    """Index lists partitioning ``range(len(sizes))`` into runs of consecutive arrays of at most
+    `GROUP_MAX_ENTRIES` entries in all (an array larger than that: a run of its own)."""
+    batches, total = [], 0
+    for index, size in enumerate(sizes):
+        if not batches or total + size > GROUP_MAX_ENTRIES:
+            batches.append([])
+            total = 0
+        batches[-1].append(index)
+        total += size
+    return batches
+
+
 class ArrayOps:
     """Base of the array-library adapters: the elementwise ops and reductions are each library's
     own (see `NumpyOps`; reductions take an optional ``axis``); the grouped reductions below are
     written once over them. ``groups_arrays``: whether small arrays of one size are stacked and
     reduced together (`size_groups`); off where a compiler fuses every array's reductions anyway
-    (JAX's jit), so a stack would only add a copy."""
+    (JAX's jit), so a stack would only add a copy. ``joins_histograms``: whether the adapter
+    counts the histograms of arrays of any sizes itself, joined (``joined_histograms``, eager
+    PyTorch), instead of `histograms.histogram_rows` per `grouped_rows` group."""
 
     groups_arrays = True
+    joins_histograms = False
 
     @classmethod
     def rows_matrix(cls, arrays):

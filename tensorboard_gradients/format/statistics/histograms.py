@@ -2,7 +2,8 @@
 
 The bins are `columns`' (half decades, zero, below, above, NaN, Inf); each adapter counts them
 with its own `ArrayOps` in one pass over the entries (on TensorFlow without a GPU inside one
-XLA-compiled function, `capture.tensorflow_ops`).
+XLA-compiled function, `capture.tensorflow_ops`; eager PyTorch joins the arrays and reuses its
+buffers, `TorchOps.joined_histograms`, with these tables).
 """
 
 import functools
@@ -87,7 +88,9 @@ def histogram_matrix(ops, gradients, dtype):
     zero_column = np.eye(1, columns.HISTOGRAM_BINS, columns.HIST_ZERO)
 
     def present_rows(values):
-        counts = ops.grouped_rows(values, lambda matrix: histogram_rows(ops, matrix))
+        counts = (ops.take_columns(ops.joined_histograms(values, like), _COLUMN_OF_INTERNAL_BIN)
+                  if ops.joins_histograms
+                  else ops.grouped_rows(values, lambda matrix: histogram_rows(ops, matrix)))
         if implicit_zeros is None:
             return counts
         return counts + ops.reshape(implicit_zeros, (-1, 1)) * ops.constant(zero_column, like)
