@@ -2,8 +2,9 @@
 
 Shared by the PyTorch monitor (`capture.torch`) and the Keras recorder on the torch backend
 (`capture.keras_torch`). Where PyTorch has a faster way to a pass than the generic one
-(multi-tensor norms, `aminmax`, BLAS dot products on the CPU), it overrides that pass; the
-measurements behind each choice are in benchmarks/NOTES.md.
+(multi-tensor norms, `aminmax`, BLAS dot products on the CPU, histograms binned in place into
+kept buffers), it overrides that pass; the measurements behind each choice are in
+benchmarks/NOTES.md.
 """
 
 import functools
@@ -280,11 +281,12 @@ _cpu_buffers = threading.local()  # per thread: each training thread bins into i
 
 def _buffers(entries, integer, device):
     """Three 1-D ``integer`` tensors of ``entries`` on ``device``. On the CPU, views of buffers
-    kept for the thread (grown to the largest batch, at most `statistics.GROUP_MAX_ENTRIES`
-    entries each): a fresh tensor of megabytes is mapped anew at every histogram step, and
-    its first touch, a page fault per 4 KiB, cost more than the binning. Elsewhere new ones
-    (PyTorch's caching allocator reuses the memory)."""
-    if device.type != "cpu":
+    kept for the thread, grown to the largest batch of at most `statistics.GROUP_MAX_ENTRIES`
+    entries (48 MiB in int32 at most; an array larger than that gets new ones): a fresh tensor
+    of megabytes is mapped anew at every histogram step, and its first touch, a page fault per
+    4 KiB, cost more than the binning. Elsewhere new ones (PyTorch's caching allocator reuses
+    the memory)."""
+    if device.type != "cpu" or entries > statistics.GROUP_MAX_ENTRIES:
         return [torch.empty(entries, dtype=integer, device=device) for _ in range(3)]
     kept = _cpu_buffers.__dict__.setdefault("by_dtype", {})
     if integer not in kept or kept[integer][0].numel() < entries:
