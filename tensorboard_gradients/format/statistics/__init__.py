@@ -23,10 +23,11 @@ from tensorboard_gradients.format.statistics.histograms import (
 from tensorboard_gradients.format.statistics.shards import combine_shards
 
 __all__ = [
-    "ArrayOps", "NumpyOps", "size_groups", "entry_batches", "numpy_float", "GROUPED_ARRAY_MAX_ENTRIES",
-    "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS", "stack_reductions", "passes_for",
-    "pass_matrix", "fast_reductions", "checked_fast_rows", "surely_trusted_passes",
-    "scaled_sums", "masked_reduction_matrix", "norms_only_matrix", "trusted_norms",
+    "ArrayOps", "NumpyOps", "size_groups", "entry_batches", "numpy_float",
+    "GROUPED_ARRAY_MAX_ENTRIES", "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS",
+    "stack_reductions", "passes_for", "pass_matrix", "fast_reductions", "checked_fast_rows",
+    "surely_trusted_passes", "scaled_sums", "masked_reduction_matrix", "norms_only_matrix",
+    "trusted_norms",
     "trusted_norm_floats", "least_trusted_norms", "norms_only_statistics",
     "norms_only_columns", "reduction_matrix", "statistics_from_reductions",
     "statistics_matrix", "combine_moments", "combine_shards", "histogram_bit_tables",
