@@ -188,13 +188,15 @@ class TorchOps(statistics.ArrayOps):
             found["min"], found["max"] = torch.aminmax(flat)
         if "m2" in passes:
             if on_cpu:  # two-pass (see `statistics`); 10x faster on CPU than torch.var's Welford
-                deviations = torch.sub(flat, found["sum"], alpha=1 / entries)  # one kernel
+                deviations = torch.sub(flat, found["sum"], alpha=1 / entries,  # one kernel
+                                       out=_scratch(entries, flat.dtype, flat.device, 0))
                 found["m2"] = torch.dot(deviations, deviations)
             else:  # one kernel, no gradient-sized temporary on the accelerator
                 found["m2"] = torch.var(flat, correction=0) * entries
         if {"sum_abs", "zeros"} & set(passes):
             exact_count = on_cpu and entries <= 2 / torch.finfo(flat.dtype).eps  # 2**24 in float32
-            signs = torch.sign(flat) if on_cpu else None
+            signs = (torch.sign(flat, out=_scratch(entries, flat.dtype, flat.device, 1))
+                     if on_cpu else None)
             if "sum_abs" in passes:
                 found["sum_abs"] = (torch.dot(signs, flat) if on_cpu
                                     else torch.linalg.vector_norm(flat, 1))
@@ -254,7 +256,7 @@ def _internal_bins(arrays, entries):
     of fresh megabytes (page faults; benchmarks/NOTES.md, "The histograms joined")."""
     key_shift, first_bin_past_edge, edge = _bin_tables(arrays[0].dtype, arrays[0].device)
     integer = edge.dtype
-    bits, keys, below = _buffers(entries, integer, arrays[0].device)
+    bits, keys, below = (_scratch(entries, integer, arrays[0].device, index) for index in range(3))
     torch.cat([a.reshape(-1).view(integer) for a in arrays], out=bits)
     bits &= torch.iinfo(integer).max
     torch.bitwise_right_shift(bits, key_shift, out=keys)
@@ -276,22 +278,25 @@ def _bin_tables(dtype, device):
             torch.as_tensor(edge, dtype=integer, device=device))
 
 
-_cpu_buffers = threading.local()  # per thread: each training thread bins into its own
+_kept = threading.local()  # per thread: each training thread writes into its own
 
 
-def _buffers(entries, integer, device):
-    """Three 1-D ``integer`` tensors of ``entries`` on ``device``. On the CPU, views of buffers
-    kept for the thread, grown to the largest batch of at most `statistics.GROUP_MAX_ENTRIES`
-    entries (48 MiB in int32 at most; an array larger than that gets new ones): a fresh tensor
-    of megabytes is mapped anew at every histogram step, and its first touch, a page fault per
-    4 KiB, cost more than the binning. Elsewhere new ones (PyTorch's caching allocator reuses
-    the memory)."""
+def _scratch(entries, dtype, device, index):
+    """A 1-D ``dtype`` tensor of ``entries`` on ``device`` for a temporary, the ``index``-th
+    of its kind (the temporaries alive at once have distinct indices). On the CPU, a view of a
+    buffer kept for the thread, grown to the largest request of at most
+    `statistics.GROUP_MAX_ENTRIES` entries (16 MiB in float32; a larger one gets a new tensor):
+    a fresh tensor of megabytes is mapped anew at every step, and its first touch, a page fault
+    per 4 KiB, cost more than the work written into it (a histogram step took twice as long;
+    benchmarks/NOTES.md, "The histograms joined"). Elsewhere a new one (PyTorch's caching
+    allocator reuses the memory)."""
     if device.type != "cpu" or entries > statistics.GROUP_MAX_ENTRIES:
-        return [torch.empty(entries, dtype=integer, device=device) for _ in range(3)]
-    kept = _cpu_buffers.__dict__.setdefault("by_dtype", {})
-    if integer not in kept or kept[integer][0].numel() < entries:
-        kept[integer] = [torch.empty(entries, dtype=integer) for _ in range(3)]
-    return [buffer[:entries] for buffer in kept[integer]]
+        return torch.empty(entries, dtype=dtype, device=device)
+    kept = _kept.__dict__.setdefault("buffers", {})
+    key = (dtype, index)
+    if key not in kept or kept[key].numel() < entries:
+        kept[key] = torch.empty(entries, dtype=dtype)
+    return kept[key][:entries]
 
 
 def counts_per_run(indices, sizes, length):
