@@ -35,9 +35,10 @@ interleaved round by round in one process, so machine noise hits them alike:
         [--target_rounds N] [--target_processes N] [--width W] [--device cuda]
 
 Issue 36's targets are timed a second time, their variants alone in many short rounds
-(`TARGET_VARIANTS`), split among fresh processes (`_common.in_fresh_processes`: one process's
-models read up to 1.2% apart with the same code), so that each ratio of total times is known
-to about +-0.01-0.02.
+(`TARGET_VARIANTS`), all training ONE model (`measure`'s ``shared_model``: each variant's own
+copy of the model read up to ±3% apart with the same code, by an amount each process kept),
+split among fresh processes (`_common.in_fresh_processes`), so that each ratio of total times
+is known to about +-0.01.
 
 Each monitor's writer runs the jobs of its round before the round's clock stops (a flush): its
 background thread runs them every second, longer than a round of 10 steps, and they would
@@ -176,25 +177,38 @@ TARGETS = (
     # grouping) set aside.
     ("ours_clip_norms", "clip_listed", None, "clip + per-tensor norms vs the listed clip"),
 )
-# The targets' variants, timed again by themselves in many short rounds: the 25 rounds of the
-# full table leave each ratio a 90% interval of +-0.02-0.04 here, wider than the 2% targets;
-# 150 rounds of 10 steps narrow it to +-0.01-0.02 (NOTES.md, issue 36).
+# The targets' variants, timed again by themselves in many short rounds on the model they share:
+# the 25 rounds of the full table leave each ratio a 90% interval of +-0.02-0.04 here, wider
+# than the 2% targets; 150 rounds of 10 steps on one model narrow it to +-0.01 (NOTES.md,
+# issue 36).
 TARGET_VARIANTS = tuple(name for name in VARIANTS
                         if any(name in target[:2] for target in TARGETS))
 
 
-def measure(width, batch, features, rounds, steps_per_round, device="cpu", variants=VARIANTS):
+# The variants that hook the model or its optimizer: they cannot train a model the others share.
+HOOKING = ("ours_optimizer", "hook_histograms")
+
+
+def measure(width, batch, features, rounds, steps_per_round, device="cpu", variants=VARIANTS,
+            shared_model=False):
     """Per variant (of ``variants``, names): seconds per step of each round, all interleaved
-    round by round."""
+    round by round. Each variant trains its own copy of the model, or with ``shared_model`` all
+    train one (none of the `HOOKING` variants): the same tensors in the same memory, so a ratio
+    of two variants is their logging's alone, where each copy's memory placement moved it by
+    up to ±3% per process (NOTES.md, "One model for the targets")."""
+    if shared_model and set(HOOKING) & set(variants):
+        raise ValueError(f"{sorted(set(HOOKING) & set(variants))} cannot share the model")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, features, generator=generator).to(device)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)
     tmp = tempfile.mkdtemp()
     trainers, settle = {}, {}
+    model = optimizer = None
     for name in variants:
         attach = VARIANTS[name]
-        model = build(width, features, device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        if model is None or not shared_model:
+            model = build(width, features, device)
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         log = attach(model, f"{tmp}/{name}", optimizer)
         if isinstance(log, tuple):
             log, settle[name] = log
@@ -230,7 +244,8 @@ def collect(settings):
     target_rows = _common.rows_per_batch(
         dict(settings, rounds=settings["target_rounds"],
              steps_per_round=settings["target_steps_per_round"]),
-        functools.partial(measure, device=settings["device"], variants=TARGET_VARIANTS),
+        functools.partial(measure, device=settings["device"], variants=TARGET_VARIANTS,
+                          shared_model=True),
         [(v, b) for v, b, _, _ in TARGETS], settings["target_processes"])
     return {"config": config, "rows": rows, "target_rows": target_rows}
 
@@ -262,8 +277,9 @@ def render(result):
     }, {"hook_histograms": "hook histograms", "item_norms": "item norms"},
         {"ours": "ours", "ours_all": "ours all"}))
     lines += ["", f"Targets (issue 36): their variants alone ({', '.join(TARGET_VARIANTS)}), "
-              f"timed again interleaved over {c['target_rounds']} rounds x "
-              f"{c['target_steps_per_round']} steps in {c.get('target_processes', 1)} fresh "
+              f"timed again interleaved on one model they all train, over "
+              f"{c['target_rounds']} rounds x {c['target_steps_per_round']} steps in "
+              f"{c.get('target_processes', 1)} fresh "
               "process(es); the ratio of their total times, its 90% interval, the median and "
               "spread of the per-round ratios, and each process's ratio of totals:", "",
               _common.target_table(result["target_rows"], TARGETS)]
