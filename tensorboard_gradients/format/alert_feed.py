@@ -82,7 +82,11 @@ class AlertFeed:
                     return
                 self._queue.append(self._last)
                 self._start()
-                self._changed.notify_all()
+                # Woken only with work to do: woken at every step to find none, the thread
+                # switched in and out once a step and took the GIL from the writer each time
+                # (benchmarks/NOTES.md, "The alert thread woken only with work").
+                if self._due():
+                    self._changed.notify_all()
             self._last = (int(step), np.asarray(stats), loss)  # as written (float64 kept)
 
     def loss(self, step: int, loss: float) -> None:
