@@ -27,9 +27,8 @@ __all__ = [
     "GROUPED_ARRAY_MAX_ENTRIES", "GROUP_MAX_ENTRIES", "MATRIX_REDUCTIONS", "REDUCTIONS",
     "stack_reductions", "passes_for", "pass_matrix", "fast_reductions", "checked_fast_rows",
     "surely_trusted_passes", "scaled_sums", "masked_reduction_matrix", "norms_only_matrix",
-    "trusted_norms",
-    "trusted_norm_floats", "least_trusted_norms", "norms_only_statistics",
-    "norms_only_columns", "reduction_matrix", "statistics_from_reductions",
-    "statistics_matrix", "combine_moments", "combine_shards", "histogram_bit_tables",
-    "histogram_rows", "histogram_matrix", "adam_rms",
+    "trusted_norms", "trusted_norm_floats", "least_trusted_norms", "norms_only_statistics",
+    "norms_only_columns", "reduction_matrix", "statistics_from_reductions", "statistics_matrix",
+    "combine_moments", "combine_shards", "histogram_bit_tables", "histogram_rows",
+    "histogram_matrix", "adam_rms",
 ]
